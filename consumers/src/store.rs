@@ -1,0 +1,207 @@
+//! The ClickHouse store: connection settings and the migration runner.
+//!
+//! Migrations are the files under `schemas/clickhouse/` (embedded by `weft-schemas`). Each is
+//! applied once, in version order, and recorded in `weft_schema_migrations` with a checksum,
+//! so re-running is a no-op and an edited, already-applied file is refused loudly instead of
+//! silently diverging from production.
+
+use clickhouse::Client;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::{info, instrument};
+use weft_schemas::migrations::{self, Migration};
+
+/// How to reach ClickHouse. Defaults match the local stack (`deploy/local/stack.sh`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClickHouseConfig {
+    /// HTTP endpoint, e.g. `http://127.0.0.1:18123`.
+    pub url: String,
+    /// Database holding weft's tables; created by `weft migrate` when missing.
+    pub database: String,
+    pub user: String,
+    pub password: String,
+}
+
+impl Default for ClickHouseConfig {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:18123".into(),
+            database: "weft".into(),
+            user: "default".into(),
+            password: String::new(),
+        }
+    }
+}
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("clickhouse at {url}: {source}")]
+    ClickHouse {
+        url: String,
+        #[source]
+        source: clickhouse::error::Error,
+    },
+    #[error("database name `{0}` must be 1..=64 characters of [A-Za-z0-9_]")]
+    BadDatabase(String),
+    #[error("migration {version} ({name}) was changed after it was applied (checksum {applied} != {now}); add a new migration instead of editing an old one")]
+    Edited {
+        version: u32,
+        name: String,
+        applied: String,
+        now: String,
+    },
+}
+
+/// A handle on weft's ClickHouse database.
+#[derive(Clone)]
+pub struct Store {
+    cfg: ClickHouseConfig,
+    client: Client,
+}
+
+#[derive(Debug, clickhouse::Row, Deserialize)]
+struct Applied {
+    version: u32,
+    checksum: String,
+}
+
+#[derive(Debug, clickhouse::Row, Serialize)]
+struct AppliedRow<'a> {
+    version: u32,
+    name: &'a str,
+    checksum: &'a str,
+}
+
+/// What `migrate` did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MigrateReport {
+    pub applied: Vec<u32>,
+    pub already: Vec<u32>,
+}
+
+fn checksum(m: &Migration) -> String {
+    hex::encode(Sha256::digest(m.sql.as_bytes()))
+}
+
+impl Store {
+    /// Connect lazily (no I/O until the first query).
+    pub fn new(cfg: ClickHouseConfig) -> Result<Self, StoreError> {
+        let db_ok = (1..=64).contains(&cfg.database.len())
+            && cfg
+                .database
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !db_ok {
+            return Err(StoreError::BadDatabase(cfg.database));
+        }
+        let client = Self::client_for(&cfg).with_database(cfg.database.clone());
+        Ok(Self { cfg, client })
+    }
+
+    fn client_for(cfg: &ClickHouseConfig) -> Client {
+        Client::default()
+            .with_url(cfg.url.clone())
+            .with_user(cfg.user.clone())
+            .with_password(cfg.password.clone())
+    }
+
+    /// The client, bound to weft's database.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The settings this store was built from.
+    pub fn config(&self) -> &ClickHouseConfig {
+        &self.cfg
+    }
+
+    fn err(&self) -> impl Fn(clickhouse::error::Error) -> StoreError + '_ {
+        move |source| StoreError::ClickHouse {
+            url: self.cfg.url.clone(),
+            source,
+        }
+    }
+
+    /// `true` when ClickHouse answers a trivial query.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        Self::client_for(&self.cfg)
+            .query("SELECT 1")
+            .execute()
+            .await
+            .map_err(self.err())
+    }
+
+    /// Apply every pending migration, in order. Safe to run concurrently and repeatedly:
+    /// all DDL is `IF NOT EXISTS`, and applied versions are skipped.
+    #[instrument(skip(self), fields(database = %self.cfg.database))]
+    pub async fn migrate(&self) -> Result<MigrateReport, StoreError> {
+        // The database name was checked against [A-Za-z0-9_] in `new`; identifiers cannot be
+        // query parameters, so this is the one place a name is formatted into SQL.
+        Self::client_for(&self.cfg)
+            .query(&format!(
+                "CREATE DATABASE IF NOT EXISTS `{}`",
+                self.cfg.database
+            ))
+            .execute()
+            .await
+            .map_err(self.err())?;
+        self.client
+            .query(
+                "CREATE TABLE IF NOT EXISTS weft_schema_migrations (
+                    version UInt32, name String, checksum String,
+                    applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+                 ) ENGINE = MergeTree ORDER BY version",
+            )
+            .execute()
+            .await
+            .map_err(self.err())?;
+        let applied: Vec<Applied> = self
+            .client
+            .query("SELECT version, any(checksum) AS checksum FROM weft_schema_migrations GROUP BY version")
+            .fetch_all()
+            .await
+            .map_err(self.err())?;
+        let mut report = MigrateReport::default();
+        for m in migrations::all() {
+            let sum = checksum(&m);
+            if let Some(a) = applied.iter().find(|a| a.version == m.version) {
+                if a.checksum != sum {
+                    return Err(StoreError::Edited {
+                        version: m.version,
+                        name: m.name.clone(),
+                        applied: a.checksum.clone(),
+                        now: sum,
+                    });
+                }
+                report.already.push(m.version);
+                continue;
+            }
+            for stmt in m.statements() {
+                self.client
+                    .query(&stmt)
+                    .execute()
+                    .await
+                    .map_err(self.err())?;
+            }
+            let mut insert = self
+                .client
+                .insert::<AppliedRow>("weft_schema_migrations")
+                .await
+                .map_err(self.err())?;
+            insert
+                .write(&AppliedRow {
+                    version: m.version,
+                    name: &m.name,
+                    checksum: &sum,
+                })
+                .await
+                .map_err(self.err())?;
+            insert.end().await.map_err(self.err())?;
+            info!(version = m.version, name = %m.name, "migration applied");
+            report.applied.push(m.version);
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,173 @@
+//! The envelope: the unit that travels through weft.
+//!
+//! On Kafka the envelope is split the way Kafka tools expect: the record *value* is the bare
+//! contract payload (JSON, or Avro in one of two framings), the *key* is the request id, and
+//! the envelope's metadata rides in *headers* (see [`crate::wire`]). Keeping the value a pure
+//! contract means ClickHouse's `AvroConfluent`, Kafka Connect and Java consumers can read the
+//! topics without knowing about weft.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::identity::{self, IdentityError};
+use crate::validate::{Validator, Violation};
+use crate::Kind;
+
+/// The tenant used when an envelope names none.
+pub const DEFAULT_TENANT: &str = "default";
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.to_owned()
+}
+
+/// One event with its routing metadata. The payload is kept as the producer's exact JSON
+/// text (`RawValue`), so what is published is byte-for-byte what was submitted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub kind: Kind,
+    /// Groups the events of one agent request into one narrative; also the Kafka key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    /// Set by the publisher when absent: which process emitted the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer_id: Option<String>,
+    /// Set by the publisher when absent: per-producer sequence number, strictly increasing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    /// Set by the publisher when absent: RFC 3339 time the event entered weft.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emitted_at: Option<String>,
+    pub payload: Box<RawValue>,
+}
+
+/// Why an envelope is not acceptable. Each variant is a distinct, reportable reason.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("payload is not valid JSON: {0}")]
+    PayloadJson(serde_json::Error),
+    #[error("payload must be a JSON object")]
+    PayloadNotObject,
+    #[error("payload is not a valid {kind}: {}", first(.violations))]
+    Schema {
+        kind: Kind,
+        violations: Vec<Violation>,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("tenant must be 1..=128 characters of [A-Za-z0-9_.-]")]
+    BadTenant,
+}
+
+fn first(v: &[Violation]) -> String {
+    match v {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [one, rest @ ..] => format!("{one} (and {} more)", rest.len()),
+    }
+}
+
+/// `true` for a tenant name weft accepts: short, and safe in paths, headers and metrics.
+pub fn is_valid_tenant(t: &str) -> bool {
+    (1..=128).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+impl Envelope {
+    /// Wrap a serializable payload.
+    pub fn new(kind: Kind, payload: &impl Serialize) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            kind,
+            request_id: None,
+            tenant: default_tenant(),
+            producer_id: None,
+            seq: None,
+            emitted_at: None,
+            payload: serde_json::value::to_raw_value(payload)?,
+        })
+    }
+
+    /// Builder-style request id.
+    pub fn with_request_id(mut self, id: impl Into<String>) -> Self {
+        self.request_id = Some(id.into());
+        self
+    }
+
+    /// Builder-style tenant.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
+    }
+
+    /// The payload parsed as a JSON value.
+    pub fn payload_value(&self) -> Result<Value, EnvelopeError> {
+        serde_json::from_str(self.payload.get()).map_err(EnvelopeError::PayloadJson)
+    }
+
+    /// Check the tenant and the payload against its schema; on success return the parsed
+    /// payload and its natural identity, which every later stage needs.
+    pub fn validate(&self) -> Result<(Value, String), EnvelopeError> {
+        if !is_valid_tenant(&self.tenant) {
+            return Err(EnvelopeError::BadTenant);
+        }
+        let payload = self.payload_value()?;
+        if !payload.is_object() {
+            return Err(EnvelopeError::PayloadNotObject);
+        }
+        let violations = Validator::global()
+            .check(self.kind.schema_name(), &payload)
+            .unwrap_or_default();
+        if !violations.is_empty() {
+            return Err(EnvelopeError::Schema {
+                kind: self.kind,
+                violations,
+            });
+        }
+        let id = identity::identity(self.kind, &payload)?;
+        Ok((payload, id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_minimal_envelope_with_defaults_and_keeps_payload_bytes() {
+        let text = r#"{"kind":"trace_event","payload":{"event_type":"flow_started","event_id":"e1",  "timestamp":"2026-01-01T00:00:00Z","x_acme_k":[1,2]}}"#;
+        let env: Envelope = serde_json::from_str(text).unwrap();
+        assert_eq!(env.tenant, DEFAULT_TENANT);
+        assert_eq!(
+            env.payload.get(),
+            r#"{"event_type":"flow_started","event_id":"e1",  "timestamp":"2026-01-01T00:00:00Z","x_acme_k":[1,2]}"#
+        );
+        let (_, id) = env.validate().unwrap();
+        assert_eq!(id, "e1");
+    }
+
+    #[test]
+    fn rejects_unknown_kind_unknown_keys_and_bad_payloads() {
+        let e =
+            serde_json::from_str::<Envelope>(r#"{"kind":"tracevent","payload":{}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown variant `tracevent`"), "{e}");
+        assert!(serde_json::from_str::<Envelope>(
+            r#"{"kind":"frame","requestId":"r","payload":{}}"#
+        )
+        .is_err());
+        let env: Envelope =
+            serde_json::from_str(r#"{"kind":"frame","payload":{"frame_id":"f"}}"#).unwrap();
+        match env.validate() {
+            Err(EnvelopeError::Schema { violations, .. }) => {
+                assert!(violations.iter().any(|v| v.keyword == "required"))
+            }
+            other => panic!("expected schema error, got {other:?}"),
+        }
+        let env: Envelope =
+            serde_json::from_str(r#"{"kind":"frame","tenant":"a b","payload":{}}"#).unwrap();
+        assert!(matches!(env.validate(), Err(EnvelopeError::BadTenant)));
+    }
+}

@@ -1,0 +1,28 @@
+//! `weft-schemas`: everything weft knows about what an event *is*.
+//!
+//! - [`contracts`]: typed weaver-spec 0.9.0 contracts that keep unknown and extension keys;
+//! - [`validate`] and [`conformance`]: JSON Schema validation and the single-document
+//!   invariant checks (I-01, I-02, I-06), against the spec files embedded by [`spec`];
+//! - [`Envelope`] and [`Kind`]: the unit that travels through weft;
+//! - [`identity`]: natural ids and RFC 8785 content hashes;
+//! - [`wire`] and [`avro`]: the Kafka record layout and the JSON / Avro encodings;
+//! - [`migrations`]: the ClickHouse DDL, versioned.
+//!
+//! No I/O lives here: producers, consumers, the router and the audit tools all depend on
+//! this crate, so it stays small, synchronous and free of network clients.
+
+pub mod avro;
+pub mod conformance;
+pub mod contracts;
+pub mod envelope;
+pub mod identity;
+pub mod kind;
+pub mod migrations;
+pub mod spec;
+pub mod time;
+pub mod validate;
+pub mod wire;
+
+pub use envelope::{Envelope, EnvelopeError, DEFAULT_TENANT};
+pub use kind::Kind;
+pub use validate::{Validator, Violation};

@@ -1,0 +1,329 @@
+//! How an [`Envelope`] maps onto a Kafka record, and back.
+//!
+//! - key: the request id (so one request's events stay ordered within a partition);
+//! - value: the bare payload, as JSON text or Avro (single-object or Confluent framing);
+//! - headers: the envelope metadata plus `content-type`.
+//!
+//! Decoding is strict and every failure is a distinct [`WireError`], because the consumer
+//! turns each one into a dead-letter reason.
+
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::avro::{AvroError, AvroSchemas};
+use crate::{Envelope, Kind};
+
+/// Kafka header names. Lower-case, `weft-` prefixed, stable: dashboards and DLQ tools read them.
+pub mod header {
+    pub const KIND: &str = "weft-kind";
+    pub const TENANT: &str = "weft-tenant";
+    pub const REQUEST_ID: &str = "weft-request-id";
+    pub const PRODUCER_ID: &str = "weft-producer-id";
+    pub const SEQ: &str = "weft-seq";
+    pub const EMITTED_AT: &str = "weft-emitted-at";
+    pub const CONTENT_TYPE: &str = "content-type";
+}
+
+/// How the record value is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ContentType {
+    /// The payload's JSON text, byte-for-byte as submitted. What the Python siblings send.
+    #[default]
+    Json,
+    /// Avro single-object encoding: `C3 01` + CRC-64-AVRO fingerprint + datum. No registry.
+    AvroSingleObject,
+    /// Confluent wire format: `00` + 4-byte big-endian schema id + datum. Needs a registry.
+    AvroConfluent,
+}
+
+impl ContentType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContentType::Json => "application/json",
+            ContentType::AvroSingleObject => "application/avro; framing=single-object",
+            ContentType::AvroConfluent => "application/avro; framing=confluent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            ContentType::Json,
+            ContentType::AvroSingleObject,
+            ContentType::AvroConfluent,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
+
+    /// Guess from the first bytes when a record has no content-type header.
+    pub fn sniff(value: &[u8]) -> Option<Self> {
+        match value {
+            [0xC3, 0x01, ..] => Some(ContentType::AvroSingleObject),
+            [0x00, ..] => Some(ContentType::AvroConfluent),
+            [b'{', ..] | [b' ' | b'\n' | b'\r' | b'\t', ..] => Some(ContentType::Json),
+            _ => None,
+        }
+    }
+}
+
+/// Confluent schema ids known to this process (filled from a schema registry).
+#[derive(Debug, Clone, Default)]
+pub struct SchemaIds {
+    by_kind: BTreeMap<Kind, u32>,
+    by_id: BTreeMap<u32, Kind>,
+}
+
+impl SchemaIds {
+    pub fn insert(&mut self, kind: Kind, id: u32) {
+        self.by_kind.insert(kind, id);
+        self.by_id.insert(id, kind);
+    }
+    pub fn id_of(&self, kind: Kind) -> Option<u32> {
+        self.by_kind.get(&kind).copied()
+    }
+    pub fn kind_of(&self, id: u32) -> Option<Kind> {
+        self.by_id.get(&id).copied()
+    }
+}
+
+/// Why a record cannot be turned into an envelope (each is a dead-letter reason).
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("record has no weft-kind header and its kind cannot be inferred")]
+    MissingKind,
+    #[error(transparent)]
+    UnknownKind(#[from] crate::kind::UnknownKind),
+    #[error("header `{0}` is not valid UTF-8 or has a bad value")]
+    BadHeader(&'static str),
+    #[error("unknown content-type `{0}`")]
+    UnknownContentType(String),
+    #[error("empty record value")]
+    Empty,
+    #[error("value is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("single-object fingerprint matches no known schema")]
+    UnknownFingerprint,
+    #[error("confluent schema id {0} is not registered")]
+    UnknownSchemaId(u32),
+    #[error("confluent schema id {0} is for {1}, but the record says {2}")]
+    KindMismatch(u32, Kind, Kind),
+    #[error("avro framing is truncated")]
+    Truncated,
+    #[error("no confluent schema id is known for {0}; configure a schema registry")]
+    NoSchemaId(Kind),
+    #[error(transparent)]
+    Avro(#[from] AvroError),
+}
+
+/// The short, stable code of a wire error, used as the DLQ `weft-dlq-reason` and a metric label.
+impl WireError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            WireError::MissingKind | WireError::UnknownKind(_) => "unknown_kind",
+            WireError::BadHeader(_) | WireError::UnknownContentType(_) => "bad_header",
+            WireError::Empty | WireError::Json(_) => "undecodable_json",
+            WireError::UnknownFingerprint
+            | WireError::UnknownSchemaId(_)
+            | WireError::KindMismatch(..)
+            | WireError::NoSchemaId(_) => "unknown_schema",
+            WireError::Truncated | WireError::Avro(_) => "undecodable_avro",
+        }
+    }
+}
+
+/// The record value for an envelope in the given content type.
+pub fn encode_value(
+    env: &Envelope,
+    content_type: ContentType,
+    ids: &SchemaIds,
+) -> Result<Vec<u8>, WireError> {
+    let avro = AvroSchemas::global();
+    match content_type {
+        ContentType::Json => Ok(env.payload.get().as_bytes().to_vec()),
+        ContentType::AvroSingleObject => {
+            let payload: Value = serde_json::from_str(env.payload.get())?;
+            let mut out = avro.get(env.kind).single_object_header.to_vec();
+            out.extend(avro.encode_datum(env.kind, &payload)?);
+            Ok(out)
+        }
+        ContentType::AvroConfluent => {
+            let id = ids.id_of(env.kind).ok_or(WireError::NoSchemaId(env.kind))?;
+            let payload: Value = serde_json::from_str(env.payload.get())?;
+            let mut out = vec![0u8];
+            out.extend(id.to_be_bytes());
+            out.extend(avro.encode_datum(env.kind, &payload)?);
+            Ok(out)
+        }
+    }
+}
+
+/// The headers for an envelope. Absent optional fields produce no header.
+pub fn encode_headers(env: &Envelope, content_type: ContentType) -> Vec<(&'static str, String)> {
+    let mut h = vec![
+        (header::KIND, env.kind.as_str().to_owned()),
+        (header::TENANT, env.tenant.clone()),
+        (header::CONTENT_TYPE, content_type.as_str().to_owned()),
+    ];
+    if let Some(r) = &env.request_id {
+        h.push((header::REQUEST_ID, r.clone()));
+    }
+    if let Some(p) = &env.producer_id {
+        h.push((header::PRODUCER_ID, p.clone()));
+    }
+    if let Some(s) = env.seq {
+        h.push((header::SEQ, s.to_string()));
+    }
+    if let Some(t) = &env.emitted_at {
+        h.push((header::EMITTED_AT, t.clone()));
+    }
+    h
+}
+
+/// Rebuild the envelope from a record's headers and value. `topic_kind` is the kind implied
+/// by the topic, used only when neither header nor framing names one.
+pub fn decode(
+    headers: &[(&str, &[u8])],
+    value: &[u8],
+    topic_kind: Option<Kind>,
+    ids: &SchemaIds,
+) -> Result<(Envelope, ContentType), WireError> {
+    let get = |name: &'static str| -> Result<Option<String>, WireError> {
+        headers
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| {
+                std::str::from_utf8(v)
+                    .map(str::to_owned)
+                    .map_err(|_| WireError::BadHeader(name))
+            })
+            .transpose()
+    };
+    if value.is_empty() {
+        return Err(WireError::Empty);
+    }
+    let content_type = match get(header::CONTENT_TYPE)? {
+        Some(ct) => ContentType::parse(&ct).ok_or(WireError::UnknownContentType(ct))?,
+        None => ContentType::sniff(value).ok_or(WireError::Empty)?,
+    };
+    let header_kind = get(header::KIND)?.map(|k| k.parse::<Kind>()).transpose()?;
+    let avro = AvroSchemas::global();
+    let (kind, payload_text) = match content_type {
+        ContentType::Json => {
+            let kind = header_kind.or(topic_kind).ok_or(WireError::MissingKind)?;
+            let text = std::str::from_utf8(value).map_err(|_| WireError::Empty)?;
+            // Parse to validate it is JSON; keep the producer's exact text.
+            let _: &RawValue = serde_json::from_str(text)?;
+            (kind, text.trim().to_owned())
+        }
+        ContentType::AvroSingleObject => {
+            let ks = avro
+                .by_single_object_header(value)
+                .ok_or(WireError::UnknownFingerprint)?;
+            if let Some(h) = header_kind.filter(|h| *h != ks.kind) {
+                return Err(WireError::KindMismatch(0, ks.kind, h));
+            }
+            let payload = avro.decode_datum(ks.kind, &value[10..])?;
+            (ks.kind, payload.to_string())
+        }
+        ContentType::AvroConfluent => {
+            let id_bytes: [u8; 4] = value
+                .get(1..5)
+                .and_then(|b| b.try_into().ok())
+                .ok_or(WireError::Truncated)?;
+            let id = u32::from_be_bytes(id_bytes);
+            let kind = ids.kind_of(id).ok_or(WireError::UnknownSchemaId(id))?;
+            if let Some(h) = header_kind.filter(|h| *h != kind) {
+                return Err(WireError::KindMismatch(id, kind, h));
+            }
+            let payload = avro.decode_datum(kind, &value[5..])?;
+            (kind, payload.to_string())
+        }
+    };
+    let seq = get(header::SEQ)?
+        .map(|s| {
+            s.parse::<u64>()
+                .map_err(|_| WireError::BadHeader(header::SEQ))
+        })
+        .transpose()?;
+    let env = Envelope {
+        kind,
+        request_id: get(header::REQUEST_ID)?,
+        tenant: get(header::TENANT)?.unwrap_or_else(|| crate::DEFAULT_TENANT.to_owned()),
+        producer_id: get(header::PRODUCER_ID)?,
+        seq,
+        emitted_at: get(header::EMITTED_AT)?,
+        payload: RawValue::from_string(payload_text)?,
+    };
+    Ok((env, content_type))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Envelope {
+        let mut e: Envelope = serde_json::from_str(
+            r#"{"kind":"trace_event","request_id":"req-1","tenant":"acme","producer_id":"p1","seq":7,
+                "emitted_at":"2026-01-01T00:00:00.000001Z",
+                "payload":{"event_id":"e","event_type":"flow_started","timestamp":"2026-01-01T00:00:00Z",
+                           "frame_id":null,"metadata":{"flow_id":"f1"},"x_acme_k":1.5}}"#,
+        )
+        .unwrap();
+        e.seq = Some(7);
+        e
+    }
+
+    fn round_trip(ct: ContentType, ids: &SchemaIds) -> Envelope {
+        let env = sample();
+        let value = encode_value(&env, ct, ids).unwrap();
+        let hdrs = encode_headers(&env, ct);
+        let borrowed: Vec<(&str, &[u8])> = hdrs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        let (back, got_ct) = decode(&borrowed, &value, None, ids).unwrap();
+        assert_eq!(got_ct, ct);
+        assert_eq!(back.kind, env.kind);
+        assert_eq!(back.request_id, env.request_id);
+        assert_eq!(back.tenant, env.tenant);
+        assert_eq!(back.producer_id, env.producer_id);
+        assert_eq!(back.seq, env.seq);
+        assert_eq!(back.emitted_at, env.emitted_at);
+        let a: Value = serde_json::from_str(env.payload.get()).unwrap();
+        let b: Value = serde_json::from_str(back.payload.get()).unwrap();
+        assert_eq!(a, b);
+        back
+    }
+
+    #[test]
+    fn json_is_byte_identical() {
+        let back = round_trip(ContentType::Json, &SchemaIds::default());
+        assert_eq!(back.payload.get(), sample().payload.get());
+    }
+
+    #[test]
+    fn avro_framings_round_trip() {
+        round_trip(ContentType::AvroSingleObject, &SchemaIds::default());
+        let mut ids = SchemaIds::default();
+        ids.insert(Kind::TraceEvent, 42);
+        round_trip(ContentType::AvroConfluent, &ids);
+    }
+
+    #[test]
+    fn sniffing_and_errors() {
+        assert_eq!(ContentType::sniff(b"{}"), Some(ContentType::Json));
+        assert_eq!(
+            ContentType::sniff(&[0xC3, 0x01, 0]),
+            Some(ContentType::AvroSingleObject)
+        );
+        let ids = SchemaIds::default();
+        let err = decode(&[], b"\x00\x00\x00\x00\x09xx", None, &ids).unwrap_err();
+        assert!(matches!(err, WireError::UnknownSchemaId(9)));
+        let err = decode(&[], b"{not json", Some(Kind::Frame), &ids).unwrap_err();
+        assert_eq!(err.code(), "undecodable_json");
+        let err = decode(&[], b"{}", None, &ids).unwrap_err();
+        assert!(matches!(err, WireError::MissingKind));
+        let err = decode(&[("weft-kind", b"bogus")], b"{}", None, &ids).unwrap_err();
+        assert_eq!(err.code(), "unknown_kind");
+    }
+}

@@ -1,0 +1,4 @@
+//! One module per subcommand. Each exposes `Args` (clap) and `run`.
+
+pub mod migrate;
+pub mod validate;

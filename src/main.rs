@@ -1,0 +1,74 @@
+//! `weft`: the single entry point to the pipeline. Each subcommand lives in `cmd/`; all
+//! configuration is resolved once, in `config`.
+
+mod cmd;
+mod config;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{GlobalArgs, LogFormat, Settings};
+
+/// weft: the event-sourced audit and feedback pipeline for Weaver agent stacks.
+///
+/// Events (TraceEvent, PolicyDecision, Frame, Handle, CapabilityToken, RoutingDecision,
+/// ExecutionRoutingDecision, ExecutionFeedback; weaver-spec 0.9.0) are published to Kafka,
+/// ingested exactly once into ClickHouse, chained into per-request narratives, and used to
+/// route and to audit.
+///
+/// Configuration: flags > WEFT_* environment > --config TOML file > defaults.
+/// Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=weft=debug) to change the level.
+#[derive(Debug, Parser)]
+#[command(name = "weft", version, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Validate(cmd::validate::ValidateArgs),
+    Migrate(cmd::migrate::MigrateArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.global.log_format);
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let settings = || Settings::load(&cli.global);
+    match cli.command {
+        // Offline, with its own 0/1/2 exit contract; needs neither config nor a runtime.
+        Command::Validate(a) => Ok(cmd::validate::run(a)),
+        Command::Migrate(a) => block_on(cmd::migrate::run(a, settings()?)),
+    }
+}
+
+/// Run one async command to completion and map success to exit status 0.
+fn block_on(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<ExitCode> {
+    tokio::runtime::Runtime::new()?.block_on(f)?;
+    Ok(ExitCode::SUCCESS)
+}
