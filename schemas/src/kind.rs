@@ -78,17 +78,17 @@ impl Kind {
         }
     }
 
-    /// The default Kafka topic for this kind (configurable; see the producer config).
-    pub fn default_topic(self) -> &'static str {
+    /// The topic name after the prefix, e.g. `trace_events` in `weaver.trace_events`.
+    pub fn topic_suffix(self) -> &'static str {
         match self {
-            Kind::TraceEvent => "weaver.trace_events",
-            Kind::PolicyDecision => "weaver.policy_decisions",
-            Kind::ExecutionFeedback => "weaver.execution_feedback",
-            Kind::ExecutionRoutingDecision => "weaver.execution_routing_decisions",
-            Kind::RoutingDecision => "weaver.routing_decisions",
-            Kind::Frame => "weaver.frames",
-            Kind::Handle => "weaver.handles",
-            Kind::CapabilityToken => "weaver.capability_tokens",
+            Kind::TraceEvent => "trace_events",
+            Kind::PolicyDecision => "policy_decisions",
+            Kind::ExecutionFeedback => "execution_feedback",
+            Kind::ExecutionRoutingDecision => "execution_routing_decisions",
+            Kind::RoutingDecision => "routing_decisions",
+            Kind::Frame => "frames",
+            Kind::Handle => "handles",
+            Kind::CapabilityToken => "capability_tokens",
         }
     }
 }
@@ -125,7 +125,7 @@ mod tests {
         for k in Kind::ALL {
             assert_eq!(k.as_str().parse::<Kind>(), Ok(k));
             assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
-            assert!(topics.insert(k.default_topic()), "duplicate topic for {k}");
+            assert!(topics.insert(k.topic_suffix()), "duplicate topic for {k}");
         }
         assert!("trace_events".parse::<Kind>().is_err());
     }

@@ -20,9 +20,11 @@ pub mod kind;
 pub mod migrations;
 pub mod spec;
 pub mod time;
+pub mod topics;
 pub mod validate;
 pub mod wire;
 
 pub use envelope::{Envelope, EnvelopeError, DEFAULT_TENANT};
 pub use kind::Kind;
+pub use topics::Topics;
 pub use validate::{Validator, Violation};
