@@ -1,1 +1,12 @@
-//! placeholder
+//! `weft-producers`: the publish path.
+//!
+//! - [`Publisher`]: validates, encodes and sends events to Kafka; an event is confirmed only
+//!   once it is durable (acknowledged by Kafka, or written to the on-disk [`spool`]);
+//! - [`spool`]: append-only, checksummed segments that hold events while Kafka cannot;
+//! - [`gateway`]: the HTTP ingest endpoint for producers that are not written in Rust;
+//! - [`config`], [`auth`], [`metrics`], [`registry`]: what those need.
+
+pub mod config;
+pub mod spool;
+
+pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};

@@ -1,0 +1,331 @@
+//! Configuration of the publish path: the `[publisher]` and `[gateway]` TOML sections.
+//!
+//! Every knob has a default that is safe for production (acks=all, idempotence, fsync per
+//! group commit), so an empty section is a working configuration. Unknown keys are errors:
+//! a typo must not silently fall back to a default.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use weft_schemas::wire::ContentType;
+use weft_schemas::Topics;
+
+/// How the record value is encoded, as written in configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ValueFormat {
+    /// The payload's JSON text, byte-for-byte as submitted.
+    #[default]
+    Json,
+    /// Avro single-object encoding (`C3 01` + fingerprint + datum); needs no registry.
+    Avro,
+    /// Confluent framing (`00` + schema id + datum); needs `schema_registry_url`.
+    AvroConfluent,
+}
+
+impl ValueFormat {
+    /// The wire content type this format produces.
+    pub fn content_type(self) -> ContentType {
+        match self {
+            ValueFormat::Json => ContentType::Json,
+            ValueFormat::Avro => ContentType::AvroSingleObject,
+            ValueFormat::AvroConfluent => ContentType::AvroConfluent,
+        }
+    }
+}
+
+impl FromStr for ValueFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "json" => Ok(Self::Json),
+            "avro" => Ok(Self::Avro),
+            "avro-confluent" => Ok(Self::AvroConfluent),
+            other => Err(format!(
+                "unknown content type `{other}` (expected json, avro or avro-confluent)"
+            )),
+        }
+    }
+}
+
+/// When the spool calls `fsync`, and therefore what a spooled receipt promises.
+///
+/// - `always`: every group of appends is fsynced before its receipts resolve (survives power
+///   loss; appends are batched, so this costs one fsync per batch, not per event);
+/// - `interval:<ms>`: fsync at most every `ms`; receipts resolve after the fsync that covers
+///   them, so latency grows by up to `ms` but the promise is the same as `always`;
+/// - `never`: receipts resolve once the bytes are written to the OS (survives a crash of the
+///   process, not of the machine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    #[default]
+    Always,
+    Interval(Duration),
+    Never,
+}
+
+impl FromStr for FsyncPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => other
+                .strip_prefix("interval:")
+                .and_then(|ms| ms.trim_end_matches("ms").parse::<u64>().ok())
+                .filter(|ms| *ms > 0)
+                .map(|ms| Self::Interval(Duration::from_millis(ms)))
+                .ok_or_else(|| {
+                    format!(
+                        "bad fsync policy `{other}` (expected always, never or interval:<ms>, ms > 0)"
+                    )
+                }),
+        }
+    }
+}
+
+impl fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Always => f.write_str("always"),
+            Self::Never => f.write_str("never"),
+            Self::Interval(d) => write!(f, "interval:{}", d.as_millis()),
+        }
+    }
+}
+
+impl Serialize for FsyncPolicy {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FsyncPolicy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Settings of the [`crate::Publisher`]: where events go, how they are encoded, how the
+/// Kafka producer batches, and where and how the durable spool lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PublisherConfig {
+    /// Kafka bootstrap servers, comma-separated. Empty means "use `[kafka] brokers`".
+    pub brokers: String,
+    /// Topic names (one per kind). Consumers read the same section, so both sides agree.
+    pub topics: Topics,
+    /// Partitions given to topics that `ensure_topics` creates. Per-request order holds within
+    /// a partition, so more partitions only spread load, never reorder one request.
+    pub partitions: i32,
+    /// Replication factor for created topics (1 on a single local broker).
+    pub replication_factor: i32,
+    /// Record value encoding: `json` (default), `avro` (single-object) or `avro-confluent`.
+    pub content_type: ValueFormat,
+    /// Confluent schema registry base URL; required by `avro-confluent`, which registers each
+    /// kind's schema under `<topic>-value` at start-up to learn its id.
+    pub schema_registry_url: Option<String>,
+    /// Stamped on events that carry none. Default `<hostname>-<pid>`, unique per process, so
+    /// `(producer_id, seq)` identifies an emission even across restarts.
+    pub producer_id: Option<String>,
+    /// How long librdkafka waits to fill a batch (`linger.ms`): throughput vs latency.
+    pub linger_ms: u64,
+    /// Maximum batch size in bytes (`batch.size`).
+    pub batch_bytes: u64,
+    /// Maximum messages per batch (`batch.num.messages`).
+    pub batch_messages: u64,
+    /// Batch compression (`compression.type`): none, gzip, snappy, lz4 or zstd.
+    pub compression: String,
+    /// Producer acknowledgement level (`acks`). Idempotence requires `all`; a receipt means
+    /// "acknowledged by all in-sync replicas" only with `all`.
+    pub acks: String,
+    /// Idempotent producer (`enable.idempotence`): no duplicates from internal retries.
+    pub idempotence: bool,
+    /// How long a message may wait for delivery before it counts as failed and is spooled
+    /// (`message.timeout.ms`). This is how long a broker outage goes unnoticed.
+    pub message_timeout_ms: u64,
+    /// In-memory queue bound, in messages (`queue.buffering.max.messages`). When full, new
+    /// events go to the spool instead of blocking the caller.
+    pub queue_bound: u64,
+    /// Extra librdkafka properties, applied last (e.g. `"socket.keepalive.enable" = "true"`).
+    pub kafka_properties: BTreeMap<String, String>,
+    /// Directory of the durable spool. It must be stable across restarts (a restart replays
+    /// it) and owned by one process at a time (a lock file enforces that).
+    pub spool_dir: PathBuf,
+    /// When the spool fsyncs: `always`, `interval:<ms>` or `never` (see [`FsyncPolicy`]).
+    pub fsync: FsyncPolicy,
+    /// Upper bound of spool disk use in bytes. When reached, `publish` returns `SpoolFull`
+    /// (back-pressure) rather than dropping anything.
+    pub spool_max_bytes: u64,
+    /// Size at which the spool starts a new segment file; delivered segments are deleted.
+    pub spool_segment_bytes: u64,
+    /// Records the replayer sends to Kafka per round before it commits its cursor.
+    pub replay_batch: usize,
+}
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            topics: Topics::default(),
+            partitions: 4,
+            replication_factor: 1,
+            content_type: ValueFormat::Json,
+            schema_registry_url: None,
+            producer_id: None,
+            linger_ms: 5,
+            batch_bytes: 1_000_000,
+            batch_messages: 10_000,
+            compression: "lz4".into(),
+            acks: "all".into(),
+            idempotence: true,
+            message_timeout_ms: 10_000,
+            queue_bound: 200_000,
+            kafka_properties: BTreeMap::new(),
+            spool_dir: PathBuf::from(".weft/spool"),
+            fsync: FsyncPolicy::Always,
+            spool_max_bytes: 1 << 30,
+            spool_segment_bytes: 64 << 20,
+            replay_batch: 5_000,
+        }
+    }
+}
+
+/// A configuration that cannot work, caught before any connection is made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("publisher: no Kafka brokers configured")]
+    NoBrokers,
+    #[error("publisher: content_type = \"avro-confluent\" needs schema_registry_url")]
+    NoRegistry,
+    #[error("publisher: partitions must be >= 1 (got {0})")]
+    Partitions(i32),
+    #[error("publisher: spool_max_bytes must be >= spool_segment_bytes ({0} < {1})")]
+    SpoolBounds(u64, u64),
+    #[error("publisher: idempotence requires acks = \"all\" (got `{0}`)")]
+    Acks(String),
+    #[error("publisher: replay_batch and queue_bound must be >= 1")]
+    Zero,
+}
+
+impl PublisherConfig {
+    /// Reject combinations that would fail later, or silently weaken a guarantee.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.brokers.trim().is_empty() {
+            return Err(ConfigError::NoBrokers);
+        }
+        if self.content_type == ValueFormat::AvroConfluent && self.schema_registry_url.is_none() {
+            return Err(ConfigError::NoRegistry);
+        }
+        if self.partitions < 1 {
+            return Err(ConfigError::Partitions(self.partitions));
+        }
+        if self.spool_max_bytes < self.spool_segment_bytes {
+            return Err(ConfigError::SpoolBounds(
+                self.spool_max_bytes,
+                self.spool_segment_bytes,
+            ));
+        }
+        if self.idempotence && self.acks != "all" && self.acks != "-1" {
+            return Err(ConfigError::Acks(self.acks.clone()));
+        }
+        if self.replay_batch == 0 || self.queue_bound == 0 {
+            return Err(ConfigError::Zero);
+        }
+        Ok(())
+    }
+
+    /// The producer id to stamp: configured, or `<hostname>-<pid>`.
+    pub fn effective_producer_id(&self) -> String {
+        self.producer_id
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()))
+    }
+}
+
+/// This machine's host name (`unknown` if the OS will not say).
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its whole length; gethostname NUL-terminates within it
+    // or truncates, and we stop at the first NUL or the end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_section_is_the_default_and_unknown_keys_fail() {
+        let c: PublisherConfig = toml::from_str("").unwrap();
+        assert_eq!(c, PublisherConfig::default());
+        assert!(toml::from_str::<PublisherConfig>("linger = 3").is_err());
+    }
+
+    #[test]
+    fn parses_every_knob() {
+        let c: PublisherConfig = toml::from_str(
+            r#"
+            brokers = "a:1,b:2"
+            partitions = 8
+            content_type = "avro-confluent"
+            schema_registry_url = "http://reg:8081"
+            fsync = "interval:50"
+            compression = "zstd"
+            [topics]
+            prefix = "staging."
+            [kafka_properties]
+            "socket.keepalive.enable" = "true"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.partitions, 8);
+        assert_eq!(c.content_type, ValueFormat::AvroConfluent);
+        assert_eq!(c.fsync, FsyncPolicy::Interval(Duration::from_millis(50)));
+        assert_eq!(c.topics.prefix, "staging.");
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn fsync_policy_round_trips_and_rejects_garbage() {
+        for s in ["always", "never", "interval:250"] {
+            assert_eq!(s.parse::<FsyncPolicy>().unwrap().to_string(), s);
+        }
+        assert!("interval:0".parse::<FsyncPolicy>().is_err());
+        assert!("sometimes".parse::<FsyncPolicy>().is_err());
+    }
+
+    #[test]
+    fn check_catches_weakened_guarantees() {
+        let ok = PublisherConfig {
+            brokers: "k:1".into(),
+            ..Default::default()
+        };
+        ok.check().unwrap();
+        let c = PublisherConfig {
+            acks: "1".into(),
+            ..ok.clone()
+        };
+        assert!(matches!(c.check(), Err(ConfigError::Acks(_))));
+        let c = PublisherConfig {
+            content_type: ValueFormat::AvroConfluent,
+            ..ok.clone()
+        };
+        assert!(matches!(c.check(), Err(ConfigError::NoRegistry)));
+        assert!(matches!(
+            PublisherConfig::default().check(),
+            Err(ConfigError::NoBrokers)
+        ));
+        assert!(!hostname().is_empty());
+    }
+}

@@ -1,0 +1,828 @@
+//! The durable spool: where events wait, on disk, while Kafka cannot take them.
+//!
+//! Layout of the spool directory:
+//! - `LOCK`: held with `flock` by the one process that owns the spool;
+//! - `NNNNNNNNNNNNNNNNNNNN.seg`: append-only segment files, numbered in write order. Each
+//!   record is `len: u32 LE | crc32(body): u32 LE | body`, where body is a [`SpoolRecord`];
+//! - `cursor`: the durable read position (segment, offset) up to which records are known
+//!   to be delivered to Kafka, written by atomic rename.
+//!
+//! Why this shape: appends never rewrite bytes, so a crash can only leave a torn record at the
+//! tail of the last segment, which the CRC detects on open (it is truncated with a warning,
+//! never accepted). Delivery is tracked by the cursor rather than by rewriting records, and
+//! whole segments are deleted once the cursor has passed them, so disk use stays bounded.
+//!
+//! This type is synchronous and does no locking of its own: the publisher wraps it in a mutex
+//! and calls it from its writer and replayer threads.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use tracing::{error, warn};
+
+use crate::config::FsyncPolicy;
+
+/// Bytes before each record body: length and CRC32.
+const FRAME: u64 = 8;
+/// Largest body accepted when reading; anything larger is corruption.
+const MAX_RECORD: u32 = 64 << 20;
+const BODY_VERSION: u8 = 1;
+
+/// Why the spool failed. `Full` is back-pressure; the others are I/O or corruption.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error("spool is full ({used} of {max} bytes used); retry later or raise spool_max_bytes")]
+    Full { used: u64, max: u64 },
+    #[error("spool directory {0} is locked by another process (one spool per process)")]
+    Locked(PathBuf),
+    #[error("spool I/O on {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("spool record is corrupt: {0}")]
+    Corrupt(&'static str),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SpoolError + '_ {
+    move |source| SpoolError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One Kafka record exactly as it will be produced: the spool stores the encoded record, so a
+/// replay sends the very bytes the caller's event became.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpoolRecord {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl SpoolRecord {
+    /// Encoded body length (what the spool bound counts, plus [`FRAME`]).
+    pub fn encoded_len(&self) -> usize {
+        1 + 2
+            + self.topic.len()
+            + 4
+            + self.key.as_ref().map_or(0, Vec::len)
+            + 4
+            + self.value.len()
+            + 2
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| 2 + k.len() + 4 + v.len())
+                .sum::<usize>()
+    }
+
+    /// Append the binary body to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.push(BODY_VERSION);
+        out.extend((self.topic.len() as u16).to_le_bytes());
+        out.extend(self.topic.as_bytes());
+        match &self.key {
+            Some(k) => {
+                out.extend((k.len() as u32).to_le_bytes());
+                out.extend(k);
+            }
+            None => out.extend(u32::MAX.to_le_bytes()),
+        }
+        out.extend((self.value.len() as u32).to_le_bytes());
+        out.extend(&self.value);
+        out.extend((self.headers.len() as u16).to_le_bytes());
+        for (k, v) in &self.headers {
+            out.extend((k.len() as u16).to_le_bytes());
+            out.extend(k.as_bytes());
+            out.extend((v.len() as u32).to_le_bytes());
+            out.extend(v);
+        }
+    }
+
+    /// Parse a body written by [`SpoolRecord::encode_into`].
+    pub fn decode(mut b: &[u8]) -> Result<Self, SpoolError> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], SpoolError> {
+            if b.len() < n {
+                return Err(SpoolError::Corrupt("record body is truncated"));
+            }
+            let (h, t) = b.split_at(n);
+            *b = t;
+            Ok(h)
+        }
+        fn u16_(b: &mut &[u8]) -> Result<usize, SpoolError> {
+            let s = take(b, 2)?;
+            Ok(u16::from_le_bytes([s[0], s[1]]) as usize)
+        }
+        fn u32_(b: &mut &[u8]) -> Result<u32, SpoolError> {
+            let s = take(b, 4)?;
+            Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        }
+        fn string(b: &mut &[u8], n: usize) -> Result<String, SpoolError> {
+            String::from_utf8(take(b, n)?.to_vec())
+                .map_err(|_| SpoolError::Corrupt("name is not UTF-8"))
+        }
+        if take(&mut b, 1)?[0] != BODY_VERSION {
+            return Err(SpoolError::Corrupt("unknown record version"));
+        }
+        let n = u16_(&mut b)?;
+        let topic = string(&mut b, n)?;
+        let key = match u32_(&mut b)? {
+            u32::MAX => None,
+            n => Some(take(&mut b, n as usize)?.to_vec()),
+        };
+        let n = u32_(&mut b)? as usize;
+        let value = take(&mut b, n)?.to_vec();
+        let count = u16_(&mut b)?;
+        let mut headers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let n = u16_(&mut b)?;
+            let name = string(&mut b, n)?;
+            let n = u32_(&mut b)? as usize;
+            headers.push((name, take(&mut b, n)?.to_vec()));
+        }
+        if !b.is_empty() {
+            return Err(SpoolError::Corrupt("trailing bytes after record"));
+        }
+        Ok(Self {
+            topic,
+            key,
+            value,
+            headers,
+        })
+    }
+}
+
+/// A place in the spool: a segment and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Position {
+    pub segment: u64,
+    pub offset: u64,
+}
+
+/// Limits and durability of a spool.
+#[derive(Debug, Clone)]
+pub struct SpoolOptions {
+    pub fsync: FsyncPolicy,
+    pub max_bytes: u64,
+    pub segment_bytes: u64,
+}
+
+/// What [`Spool::open`] found on disk.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Records not yet delivered, which will be replayed.
+    pub pending: u64,
+    /// Bytes cut off torn or corrupt records.
+    pub truncated_bytes: u64,
+}
+
+/// A batch handed to the replayer, and where the cursor goes once it is delivered.
+#[derive(Debug)]
+pub struct ReadBatch {
+    pub records: Vec<SpoolRecord>,
+    pub end: Position,
+}
+
+/// The spool itself. See the module docs for the format.
+#[derive(Debug)]
+pub struct Spool {
+    dir: PathBuf,
+    opts: SpoolOptions,
+    /// Segment id -> bytes written (only valid, complete records).
+    segments: BTreeMap<u64, u64>,
+    active: u64,
+    writer: File,
+    /// Durable: everything before it is delivered.
+    cursor: Position,
+    /// Where the next `read_batch` starts (>= cursor; rewound on failure).
+    read_pos: Position,
+    reader: Option<(u64, File)>,
+    /// Records between the cursor and the end.
+    pending: u64,
+    /// Records between read_pos and the end.
+    unread: u64,
+    dirty: bool,
+    last_sync: Instant,
+    buf: Vec<u8>,
+    _lock: File,
+}
+
+fn seg_name(id: u64) -> String {
+    format!("{id:020}.seg")
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), SpoolError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+impl Spool {
+    /// Open (or create) the spool in `dir`: take the lock, read the cursor, drop delivered
+    /// segments, and scan the rest, truncating any torn tail.
+    pub fn open(dir: &Path, opts: SpoolOptions) -> Result<(Self, OpenReport), SpoolError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let lock_path = dir.join("LOCK");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        // SAFETY: flock on a valid, owned file descriptor.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(SpoolError::Locked(dir.to_owned()));
+        }
+        let mut cursor = read_cursor(dir)?;
+        let mut ids = Vec::new();
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if let Some(id) = name
+                .strip_suffix(".seg")
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        let mut report = OpenReport::default();
+        let mut segments = BTreeMap::new();
+        for id in ids {
+            let path = dir.join(seg_name(id));
+            if id < cursor.segment {
+                fs::remove_file(&path).map_err(io_err(&path))?;
+                continue;
+            }
+            let start = if id == cursor.segment {
+                cursor.offset
+            } else {
+                0
+            };
+            let (valid_end, records) = scan_segment(&path, start)?;
+            let len = fs::metadata(&path).map_err(io_err(&path))?.len();
+            if valid_end < len {
+                let cut = len - valid_end;
+                report.truncated_bytes += cut;
+                warn!(
+                    segment = %path.display(),
+                    at = valid_end,
+                    bytes = cut,
+                    "spool: torn or corrupt record found; truncating it (it was never acknowledged as durable)"
+                );
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_err(&path))?;
+                f.set_len(valid_end).map_err(io_err(&path))?;
+                f.sync_all().map_err(io_err(&path))?;
+            }
+            report.pending += records;
+            segments.insert(id, valid_end);
+        }
+        let active = match segments.iter().next_back() {
+            Some((&id, &size)) if size < opts.segment_bytes => id,
+            Some((&id, _)) => id + 1,
+            None => cursor.segment.max(1),
+        };
+        segments.entry(active).or_insert(0);
+        match segments.get(&cursor.segment) {
+            // A torn tail may have been cut below a stale cursor.
+            Some(&size) => cursor.offset = cursor.offset.min(size),
+            // The cursor's segment is gone (fully delivered, or none yet): start at the oldest.
+            None => {
+                cursor = Position {
+                    segment: segments.keys().next().copied().unwrap_or(active),
+                    offset: 0,
+                }
+            }
+        }
+        let path = dir.join(seg_name(active));
+        let writer = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        fsync_dir(dir)?;
+        let spool = Self {
+            dir: dir.to_owned(),
+            opts,
+            segments,
+            active,
+            writer,
+            cursor,
+            read_pos: cursor,
+            reader: None,
+            pending: report.pending,
+            unread: report.pending,
+            dirty: false,
+            last_sync: Instant::now(),
+            buf: Vec::new(),
+            _lock: lock,
+        };
+        Ok((spool, report))
+    }
+
+    /// Bytes the segments occupy on disk (what `max_bytes` bounds).
+    pub fn bytes(&self) -> u64 {
+        self.segments.values().sum()
+    }
+
+    /// Records appended but not yet delivered.
+    pub fn pending(&self) -> u64 {
+        self.pending
+    }
+
+    /// Records appended but not yet handed to the replayer.
+    pub fn unread(&self) -> u64 {
+        self.unread
+    }
+
+    /// The spool's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bytes `records` would take on disk.
+    pub fn size_of(records: &[SpoolRecord]) -> u64 {
+        records.iter().map(|r| FRAME + r.encoded_len() as u64).sum()
+    }
+
+    /// Append records in order. All or nothing with respect to the bound: if they do not fit,
+    /// nothing is written and [`SpoolError::Full`] is returned. Syncs when the policy is
+    /// `always`; returns whether the data is now fsynced.
+    pub fn append(&mut self, records: &[SpoolRecord]) -> Result<bool, SpoolError> {
+        if records.is_empty() {
+            return Ok(!self.dirty);
+        }
+        let need = Self::size_of(records);
+        let used = self.bytes();
+        if used + need > self.opts.max_bytes {
+            return Err(SpoolError::Full {
+                used,
+                max: self.opts.max_bytes,
+            });
+        }
+        let mut i = 0;
+        while i < records.len() {
+            if self.segments[&self.active] >= self.opts.segment_bytes {
+                self.rotate()?;
+            }
+            // Fill the active segment up to its size, at least one record per round.
+            let room = self
+                .opts
+                .segment_bytes
+                .saturating_sub(self.segments[&self.active]);
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.clear();
+            let mut n = 0;
+            while i < records.len() && (n == 0 || (buf.len() as u64) < room) {
+                let start = buf.len();
+                buf.extend([0u8; FRAME as usize]);
+                records[i].encode_into(&mut buf);
+                let body = &buf[start + FRAME as usize..];
+                let len = body.len() as u32;
+                let crc = crc32fast::hash(body);
+                buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+                buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+                i += 1;
+                n += 1;
+            }
+            let path = self.dir.join(seg_name(self.active));
+            let res = self.writer.write_all(&buf);
+            if let Err(e) = res {
+                // Leave no partial record behind: cut back to the last good size.
+                let good = self.segments[&self.active];
+                let _ = self.writer.set_len(good);
+                self.buf = buf;
+                return Err(io_err(&path)(e));
+            }
+            *self.segments.entry(self.active).or_insert(0) += buf.len() as u64;
+            self.pending += n;
+            self.unread += n;
+            self.dirty = true;
+            self.buf = buf;
+        }
+        if self.opts.fsync == FsyncPolicy::Always {
+            self.sync()?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// fsync the active segment if anything was written since the last sync.
+    pub fn sync(&mut self) -> Result<(), SpoolError> {
+        if self.dirty {
+            let path = self.dir.join(seg_name(self.active));
+            self.writer.sync_data().map_err(io_err(&path))?;
+            self.dirty = false;
+        }
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// For `interval:<ms>`: sync if the interval has passed. Returns whether data is synced.
+    pub fn sync_if_due(&mut self) -> Result<bool, SpoolError> {
+        match self.opts.fsync {
+            FsyncPolicy::Interval(d) if self.dirty && self.last_sync.elapsed() >= d => {
+                self.sync()?;
+                Ok(true)
+            }
+            FsyncPolicy::Interval(_) | FsyncPolicy::Always => Ok(!self.dirty),
+            FsyncPolicy::Never => Ok(true),
+        }
+    }
+
+    /// Whether appended bytes are waiting for an fsync.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    fn rotate(&mut self) -> Result<(), SpoolError> {
+        self.sync()?;
+        let next = self.active + 1;
+        let path = self.dir.join(seg_name(next));
+        self.writer = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        fsync_dir(&self.dir)?;
+        self.segments.insert(next, 0);
+        self.active = next;
+        Ok(())
+    }
+
+    /// Up to `max` records from the read position, in append order. Empty when everything
+    /// appended so far has been handed out.
+    pub fn read_batch(&mut self, max: usize) -> Result<ReadBatch, SpoolError> {
+        let mut records = Vec::new();
+        let mut pos = self.read_pos;
+        while records.len() < max {
+            let Some(&size) = self.segments.get(&pos.segment) else {
+                break;
+            };
+            if pos.offset >= size {
+                // End of this segment: move on if a later one exists.
+                match self.segments.range(pos.segment + 1..).next() {
+                    Some((&next, _)) => {
+                        pos = Position {
+                            segment: next,
+                            offset: 0,
+                        };
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            let path = self.dir.join(seg_name(pos.segment));
+            if self.reader.as_ref().map(|(id, _)| *id) != Some(pos.segment) {
+                let f = File::open(&path).map_err(io_err(&path))?;
+                self.reader = Some((pos.segment, f));
+            }
+            let Some((_, f)) = self.reader.as_mut() else {
+                break;
+            };
+            f.seek(SeekFrom::Start(pos.offset)).map_err(io_err(&path))?;
+            // Read a chunk of whole records, bounded by the segment's valid size.
+            let chunk = (size - pos.offset).min(4 << 20);
+            let mut data = vec![0u8; chunk as usize];
+            f.read_exact(&mut data).map_err(io_err(&path))?;
+            let mut at = 0usize;
+            while records.len() < max && at + FRAME as usize <= data.len() {
+                let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
+                    as usize;
+                let end = at + FRAME as usize + len;
+                if end > data.len() {
+                    if at == 0 {
+                        // One record larger than the chunk: read it whole.
+                        let mut big = vec![0u8; FRAME as usize + len];
+                        f.seek(SeekFrom::Start(pos.offset)).map_err(io_err(&path))?;
+                        f.read_exact(&mut big).map_err(io_err(&path))?;
+                        data = big;
+                        continue;
+                    }
+                    break;
+                }
+                let crc =
+                    u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
+                let body = &data[at + FRAME as usize..end];
+                if crc32fast::hash(body) != crc {
+                    error!(segment = %path.display(), offset = pos.offset + at as u64, "spool: CRC mismatch while replaying");
+                    return Err(SpoolError::Corrupt("CRC mismatch while replaying"));
+                }
+                records.push(SpoolRecord::decode(body)?);
+                at = end;
+            }
+            pos.offset += at as u64;
+            if at == 0 {
+                break;
+            }
+        }
+        self.unread -= records.len() as u64;
+        self.read_pos = pos;
+        Ok(ReadBatch { records, end: pos })
+    }
+
+    /// Go back to the durable cursor (after a failed delivery: everything since is resent).
+    pub fn rewind(&mut self) {
+        self.read_pos = self.cursor;
+        self.unread = self.pending;
+    }
+
+    /// Mark everything up to `end` (which covers `n` records) as delivered: persist the cursor
+    /// and delete segments that are wholly behind it. When everything is delivered the active
+    /// segment is retired too, so an idle spool takes no disk.
+    pub fn commit(&mut self, end: Position, n: u64) -> Result<(), SpoolError> {
+        self.pending = self.pending.saturating_sub(n);
+        let mut cursor = end;
+        let at_end = self.pending == 0
+            && end.segment == self.active
+            && end.offset >= self.segments[&self.active];
+        if at_end && end.offset > 0 {
+            self.rotate()?;
+            cursor = Position {
+                segment: self.active,
+                offset: 0,
+            };
+            self.read_pos = cursor;
+        }
+        write_cursor(&self.dir, cursor)?;
+        self.cursor = cursor;
+        let done: Vec<u64> = self
+            .segments
+            .range(..cursor.segment)
+            .map(|(k, _)| *k)
+            .collect();
+        for id in done {
+            let path = self.dir.join(seg_name(id));
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+            self.segments.remove(&id);
+            if self.reader.as_ref().map(|(r, _)| *r) == Some(id) {
+                self.reader = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Scan a segment from `start`; return the end of the last valid record and how many valid
+/// records follow `start`.
+fn scan_segment(path: &Path, start: u64) -> Result<(u64, u64), SpoolError> {
+    let data = fs::read(path).map_err(io_err(path))?;
+    let mut at = (start as usize).min(data.len());
+    let mut n = 0;
+    loop {
+        if at + FRAME as usize > data.len() {
+            break;
+        }
+        let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
+        if len > MAX_RECORD {
+            break;
+        }
+        let end = at + FRAME as usize + len as usize;
+        if end > data.len() {
+            break;
+        }
+        let crc = u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
+        let body = &data[at + FRAME as usize..end];
+        if crc32fast::hash(body) != crc || SpoolRecord::decode(body).is_err() {
+            break;
+        }
+        at = end;
+        n += 1;
+    }
+    Ok((at as u64, n))
+}
+
+fn read_cursor(dir: &Path) -> Result<Position, SpoolError> {
+    let path = dir.join("cursor");
+    let data = match fs::read(&path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Position::default()),
+        Err(e) => return Err(io_err(&path)(e)),
+    };
+    if data.len() != 20 || crc32fast::hash(&data[..16]).to_le_bytes() != data[16..20] {
+        // A bad cursor only costs duplicates: replay from the oldest segment.
+        warn!(path = %path.display(), "spool: cursor file is corrupt; replaying from the oldest segment");
+        return Ok(Position::default());
+    }
+    let mut seg = [0u8; 8];
+    let mut off = [0u8; 8];
+    seg.copy_from_slice(&data[..8]);
+    off.copy_from_slice(&data[8..16]);
+    Ok(Position {
+        segment: u64::from_le_bytes(seg),
+        offset: u64::from_le_bytes(off),
+    })
+}
+
+fn write_cursor(dir: &Path, pos: Position) -> Result<(), SpoolError> {
+    let mut data = Vec::with_capacity(20);
+    data.extend(pos.segment.to_le_bytes());
+    data.extend(pos.offset.to_le_bytes());
+    data.extend(crc32fast::hash(&data).to_le_bytes());
+    let tmp = dir.join("cursor.tmp");
+    let path = dir.join("cursor");
+    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(&data).map_err(io_err(&tmp))?;
+    f.sync_data().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> SpoolOptions {
+        SpoolOptions {
+            fsync: FsyncPolicy::Always,
+            max_bytes: 1 << 20,
+            segment_bytes: 1024,
+        }
+    }
+
+    fn rec(i: usize) -> SpoolRecord {
+        SpoolRecord {
+            topic: "t.trace_events".into(),
+            key: (!i.is_multiple_of(3)).then(|| format!("req-{}", i % 7).into_bytes()),
+            value: format!("{{\"event_id\":\"e{i}\"}}").into_bytes(),
+            headers: vec![
+                ("weft-kind".into(), b"trace_event".to_vec()),
+                ("weft-seq".into(), i.to_string().into_bytes()),
+            ],
+        }
+    }
+
+    fn drain(s: &mut Spool) -> Vec<SpoolRecord> {
+        let mut out = Vec::new();
+        loop {
+            let b = s.read_batch(7).unwrap();
+            if b.records.is_empty() {
+                return out;
+            }
+            let n = b.records.len() as u64;
+            out.extend(b.records);
+            s.commit(b.end, n).unwrap();
+        }
+    }
+
+    #[test]
+    fn record_body_round_trips_and_rejects_truncation() {
+        let r = rec(1);
+        let mut b = Vec::new();
+        r.encode_into(&mut b);
+        assert_eq!(b.len(), r.encoded_len());
+        assert_eq!(SpoolRecord::decode(&b).unwrap(), r);
+        assert!(SpoolRecord::decode(&b[..b.len() - 1]).is_err());
+        let none = SpoolRecord {
+            key: None,
+            ..rec(3)
+        };
+        let mut b = Vec::new();
+        none.encode_into(&mut b);
+        assert_eq!(SpoolRecord::decode(&b).unwrap().key, None);
+    }
+
+    #[test]
+    fn appends_rotate_replay_in_order_and_reclaim_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, rep) = Spool::open(dir.path(), opts()).unwrap();
+        assert_eq!(rep.pending, 0);
+        let recs: Vec<_> = (0..100).map(rec).collect();
+        s.append(&recs[..40]).unwrap();
+        s.append(&recs[40..]).unwrap();
+        assert!(s.segments.len() > 3, "segments rotate at 1 KiB");
+        assert_eq!(s.pending(), 100);
+        assert_eq!(drain(&mut s), recs);
+        assert_eq!(s.pending(), 0);
+        assert_eq!(s.bytes(), 0, "delivered segments are deleted");
+        let segs = fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("seg".as_ref()))
+            .count();
+        assert_eq!(segs, 1, "only the fresh active segment remains");
+    }
+
+    #[test]
+    fn restart_replays_undelivered_records_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs: Vec<_> = (0..50).map(rec).collect();
+        {
+            let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
+            s.append(&recs).unwrap();
+            let b = s.read_batch(20).unwrap();
+            s.commit(b.end, 20).unwrap();
+            // Read but not committed: must come back after a restart.
+            let _ = s.read_batch(10).unwrap();
+        }
+        let (mut s, rep) = Spool::open(dir.path(), opts()).unwrap();
+        assert_eq!(rep.pending, 30);
+        assert_eq!(drain(&mut s), recs[20..].to_vec());
+    }
+
+    #[test]
+    fn rewind_resends_from_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
+        let recs: Vec<_> = (0..10).map(rec).collect();
+        s.append(&recs).unwrap();
+        let first = s.read_batch(5).unwrap();
+        assert_eq!(s.unread(), 5);
+        s.rewind();
+        assert_eq!(s.unread(), 10);
+        assert_eq!(s.read_batch(5).unwrap().records, first.records);
+    }
+
+    #[test]
+    fn torn_tail_is_truncated_with_the_good_records_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs: Vec<_> = (0..5).map(rec).collect();
+        let big = SpoolOptions {
+            segment_bytes: 1 << 20,
+            ..opts()
+        };
+        {
+            let (mut s, _) = Spool::open(dir.path(), big.clone()).unwrap();
+            s.append(&recs).unwrap();
+        }
+        let seg = dir.path().join(seg_name(1));
+        let good_len = fs::metadata(&seg).unwrap().len();
+        // A crash mid-write: a frame promising more bytes than were written.
+        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
+        f.write_all(&200u32.to_le_bytes()).unwrap();
+        f.write_all(&[1, 2, 3, 4, 5, 6]).unwrap();
+        drop(f);
+        let (mut s, rep) = Spool::open(dir.path(), big.clone()).unwrap();
+        assert_eq!(rep.pending, 5);
+        assert_eq!(rep.truncated_bytes, 10);
+        assert_eq!(fs::metadata(&seg).unwrap().len(), good_len);
+        // Appends after the repair are readable, in order.
+        s.append(&[rec(9)]).unwrap();
+        let mut want = recs.clone();
+        want.push(rec(9));
+        assert_eq!(drain(&mut s), want);
+        drop(s);
+
+        // A flipped bit in the last record is caught by the CRC, not accepted.
+        {
+            let (mut s, _) = Spool::open(dir.path(), big.clone()).unwrap();
+            s.append(&recs[..2]).unwrap();
+        }
+        let seg = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension() == Some("seg".as_ref()))
+            .max()
+            .unwrap();
+        let mut data = fs::read(&seg).unwrap();
+        let last = data.len() - 3;
+        data[last] ^= 0x40;
+        fs::write(&seg, &data).unwrap();
+        let (mut s, rep) = Spool::open(dir.path(), big).unwrap();
+        assert_eq!(rep.pending, 1);
+        assert!(rep.truncated_bytes > 0);
+        assert_eq!(drain(&mut s), recs[..1].to_vec());
+    }
+
+    #[test]
+    fn full_spool_refuses_whole_batches_and_a_second_owner_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = SpoolOptions {
+            max_bytes: 2048,
+            segment_bytes: 1024,
+            fsync: FsyncPolicy::Never,
+        };
+        let (mut s, _) = Spool::open(dir.path(), small.clone()).unwrap();
+        let recs: Vec<_> = (0..200).map(rec).collect();
+        let mut stored = 0;
+        for r in &recs {
+            match s.append(std::slice::from_ref(r)) {
+                Ok(_) => stored += 1,
+                Err(SpoolError::Full { used, max }) => {
+                    assert!(used <= max);
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(stored > 5 && stored < 200);
+        assert!(s.bytes() <= 2048);
+        assert!(matches!(
+            Spool::open(dir.path(), small),
+            Err(SpoolError::Locked(_))
+        ));
+        // Draining frees the space again.
+        assert_eq!(drain(&mut s).len(), stored);
+        s.append(&recs[..5]).unwrap();
+    }
+}
