@@ -10,3 +10,5 @@ pub mod config;
 pub mod spool;
 
 pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};
+
+pub mod simulate;
