@@ -33,6 +33,8 @@ struct Cli {
 enum Command {
     Validate(cmd::validate::ValidateArgs),
     Migrate(cmd::migrate::MigrateArgs),
+    // Boxed: its many flags would make every variant as large as it.
+    Simulate(Box<cmd::simulate::SimulateArgs>),
 }
 
 fn init_logging(format: LogFormat) {
@@ -64,6 +66,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // Offline, with its own 0/1/2 exit contract; needs neither config nor a runtime.
         Command::Validate(a) => Ok(cmd::validate::run(a)),
         Command::Migrate(a) => block_on(cmd::migrate::run(a, settings()?)),
+        // Offline and synchronous: writes files, needs no config.
+        Command::Simulate(a) => cmd::simulate::run(*a).map(|()| ExitCode::SUCCESS),
     }
 }
 

@@ -1,0 +1,336 @@
+//! `weft simulate`: realistic agent-kernel + ChainWeaver traffic as JSONL envelopes, with
+//! the ground truth that ingest, narrative and audit tests check against.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use weft_producers::simulate::{Mix, SimConfig, Simulation, DEFAULT_START};
+
+/// Generate realistic Weaver traffic (envelopes, one per line) and its ground truth.
+///
+/// Each flow is one request, like the seed scenario (research, then code generation):
+/// RoutingDecision; ExecutionRoutingDecision for the compiled flow; flow_started; per step
+/// flow_step_started, CapabilityToken, PolicyDecision, capability_authorized,
+/// capability_executed, Frame, Handle, flow_step_completed; flow_completed or flow_failed;
+/// ExecutionFeedback. Every payload is a valid weaver-spec 0.9.0 contract.
+///
+/// Each flow gets at most one variation, drawn with the probabilities below (the rest are
+/// clean). Some are legitimate (deny, partial, failure); the others inject exactly one
+/// violation for `weft audit check` to find: I-06 (expired token, reused single-use token,
+/// out-of-scope capability), I-02 (execution without an allow decision, after a deny, or
+/// without capability_authorized), I-01 (raw_output on a Frame), an orphan reference, or
+/// an id conflict.
+///
+/// The same flags and seed always give byte-identical output: times count from --start,
+/// never from the clock, and ids embed the seed (req-<seed>-<n>), so runs with different
+/// seeds never collide.
+///
+/// Examples:
+///   weft simulate --flows 300 --truth truth.json --out events.jsonl
+///   weft simulate --events 1000000 --clean --out /dev/null
+///   weft simulate --shuffle --no-request-id 0.2 --duplicates 0.05 --delay 0.1 \
+///       --held-back-out late.jsonl --truth truth.json --out events.jsonl
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct SimulateArgs {
+    /// How many flows (requests) to generate; a flow is 9 to 30 envelopes (about 21 on average).
+    #[arg(
+        help_heading = "What to generate",
+        long,
+        default_value_t = 100,
+        value_name = "N"
+    )]
+    pub flows: u64,
+
+    /// Generate whole flows until at least N envelopes are out (overrides --flows). Use it
+    /// to size benchmarks in events rather than flows.
+    #[arg(help_heading = "What to generate", long, value_name = "N")]
+    pub events: Option<u64>,
+
+    /// Seeds every random choice and is part of every id. Change it to get different, non
+    /// colliding traffic; keep it to reproduce a run byte for byte.
+    #[arg(help_heading = "What to generate", long, default_value_t = 1)]
+    pub seed: u64,
+
+    /// RFC 3339 time of the first flow; all timestamps derive from it.
+    #[arg(help_heading = "What to generate", long, default_value = DEFAULT_START, value_name = "TIME")]
+    pub start: String,
+
+    /// Mean gap between flow starts in event time (ms). Flows last seconds, so with the
+    /// default many overlap, as in real traffic.
+    #[arg(
+        help_heading = "What to generate",
+        long,
+        default_value_t = 100,
+        value_name = "MS"
+    )]
+    pub flow_interval_ms: u64,
+
+    /// Tenant written on every envelope.
+    #[arg(help_heading = "What to generate", long, default_value = weft_schemas::DEFAULT_TENANT)]
+    pub tenant: String,
+
+    /// Where the envelopes go, one JSON object per line (`-` = standard output). Feed it to
+    /// `weft publish` or POST it to the gateway.
+    #[arg(
+        help_heading = "Output",
+        long,
+        short,
+        default_value = "-",
+        value_name = "FILE"
+    )]
+    pub out: PathBuf,
+
+    /// Write the held-back envelopes (--delay) here instead of at the end of --out, so a
+    /// test can publish them only after the rest has been ingested.
+    #[arg(help_heading = "Output", long, value_name = "FILE")]
+    pub held_back_out: Option<PathBuf>,
+
+    /// Write the ground truth here (JSON): per request its members [{kind,id}], links
+    /// [{from,to,via}], dangling references, events without request id and injected
+    /// violations; plus stream totals. Kept in memory until the end (~300 B per event).
+    #[arg(help_heading = "Output", long, value_name = "FILE")]
+    pub truth: Option<PathBuf>,
+
+    /// Pace the output at N envelopes per second (0 = as fast as possible). Event
+    /// timestamps do not change with the pace.
+    #[arg(help_heading = "Output", long, default_value_t = 0.0, value_name = "N")]
+    pub rate: f64,
+
+    /// Shuffle the stream, as partitions and retries do. Only the order changes.
+    #[arg(help_heading = "Narrative-builder stressors", long)]
+    pub shuffle: bool,
+
+    /// Shuffle within windows of N envelopes (0 = the whole stream, held in memory).
+    #[arg(
+        help_heading = "Narrative-builder stressors",
+        long,
+        default_value_t = 10_000,
+        value_name = "N"
+    )]
+    pub shuffle_window: usize,
+
+    /// Fraction of envelopes held back and written after all others (late arrivals, to
+    /// exercise late binding).
+    #[arg(
+        help_heading = "Narrative-builder stressors",
+        long,
+        default_value_t = 0.0,
+        value_name = "P"
+    )]
+    pub delay: f64,
+
+    /// Fraction of envelopes sent twice, byte for byte (retries; ingest must store once).
+    #[arg(
+        help_heading = "Narrative-builder stressors",
+        long,
+        default_value_t = 0.0,
+        value_name = "P"
+    )]
+    pub duplicates: f64,
+
+    /// Fraction of events sent without a request id. Only events linked by id to an event
+    /// of their request that keeps its id lose it, so the narrative builder can recover
+    /// them through the decision → frame → handle chain.
+    #[arg(
+        help_heading = "Narrative-builder stressors",
+        long,
+        default_value_t = 0.0,
+        value_name = "P"
+    )]
+    pub no_request_id: f64,
+
+    /// Only clean flows: no denials, failures or violations (sets every variation to 0).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, conflicts_with_all = ["deny", "partial", "failure", "expired_token",
+        "reused_token", "out_of_scope", "unauthorized", "raw_output", "orphan", "id_conflict"])]
+    pub clean: bool,
+
+    /// Share of flows with a denied step (capability_denied, flow_failed). Legitimate.
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().deny, value_name = "P")]
+    pub deny: f64,
+
+    /// Share of flows with a partial execution (outcome partial). Legitimate.
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().partial, value_name = "P")]
+    pub partial: f64,
+
+    /// Share of flows whose tool fails (flow_failed). Legitimate.
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().failure, value_name = "P")]
+    pub failure: f64,
+
+    /// Share of flows using a token after its expires_at (I-06).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().expired_token, value_name = "P")]
+    pub expired_token: f64,
+
+    /// Share of flows reusing a single-use token in a second step (I-06).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().reused_token, value_name = "P")]
+    pub reused_token: f64,
+
+    /// Share of flows executing a capability outside the token's scope (I-06).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().out_of_scope, value_name = "P")]
+    pub out_of_scope: f64,
+
+    /// Share of flows executing without an allow decision, after a deny, or without
+    /// capability_authorized first (I-02).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().unauthorized, value_name = "P")]
+    pub unauthorized: f64,
+
+    /// Share of flows with a Frame carrying raw_output (I-01).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().raw_output, value_name = "P")]
+    pub raw_output: f64,
+
+    /// Share of flows whose capability_executed references a Handle never sent (orphan).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().orphan, value_name = "P")]
+    pub orphan: f64,
+
+    /// Share of flows sending one id twice with different content (id conflict).
+    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().id_conflict, value_name = "P")]
+    pub id_conflict: f64,
+}
+
+impl SimulateArgs {
+    fn config(&self) -> SimConfig {
+        let mix = if self.clean {
+            Mix::clean()
+        } else {
+            Mix {
+                deny: self.deny,
+                partial: self.partial,
+                failure: self.failure,
+                expired_token: self.expired_token,
+                reused_token: self.reused_token,
+                out_of_scope: self.out_of_scope,
+                unauthorized: self.unauthorized,
+                raw_output: self.raw_output,
+                orphan: self.orphan,
+                id_conflict: self.id_conflict,
+            }
+        };
+        SimConfig {
+            seed: self.seed,
+            flows: self.flows,
+            min_events: self.events,
+            start: self.start.clone(),
+            flow_interval_ms: self.flow_interval_ms,
+            tenant: self.tenant.clone(),
+            mix,
+            no_request_id: self.no_request_id,
+            duplicates: self.duplicates,
+            delay: self.delay,
+            shuffle: self.shuffle,
+            shuffle_window: self.shuffle_window,
+            record_truth: self.truth.is_some(),
+        }
+    }
+}
+
+fn create(path: &Path) -> anyhow::Result<Box<dyn Write>> {
+    Ok(if path.as_os_str() == "-" {
+        Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock()))
+    } else {
+        let f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        Box::new(BufWriter::with_capacity(1 << 16, f))
+    })
+}
+
+/// Holds output to `--rate` envelopes per second by sleeping when ahead of schedule.
+struct Pace {
+    per_event: Option<Duration>,
+    started: Instant,
+}
+
+impl Pace {
+    fn new(rate: f64) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            rate.is_finite() && rate >= 0.0,
+            "--rate must be a non-negative number"
+        );
+        Ok(Self {
+            per_event: (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate)),
+            started: Instant::now(),
+        })
+    }
+
+    /// Wait until envelope number `n` is due; flush first so readers see what is out.
+    fn wait(&self, n: u64, out: &mut dyn Write) -> io::Result<()> {
+        let Some(step) = self.per_event else {
+            return Ok(());
+        };
+        let due = self.started + step.mul_f64(n as f64);
+        let now = Instant::now();
+        if due > now {
+            out.flush()?;
+            std::thread::sleep(due - now);
+        }
+        Ok(())
+    }
+}
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let cfg = args.config();
+    let span = tracing::info_span!("simulate", seed = cfg.seed);
+    let _guard = span.enter();
+    let mut sim = Simulation::new(cfg).context("invalid simulation options")?;
+    let pace = Pace::new(args.rate)?;
+    let mut out = create(&args.out)?;
+    let mut late: Option<Box<dyn Write>> = None;
+    let started = Instant::now();
+    let mut written = 0u64;
+    let result: io::Result<()> = (|| {
+        while let Some(env) = sim.next() {
+            pace.wait(written, out.as_mut())?;
+            let w: &mut dyn Write = match (&args.held_back_out, sim.emitting_held_back()) {
+                (Some(path), true) => {
+                    if late.is_none() {
+                        out.flush()?;
+                        late = Some(create(path).map_err(io::Error::other)?);
+                    }
+                    late.as_deref_mut().unwrap_or(out.as_mut())
+                }
+                _ => out.as_mut(),
+            };
+            serde_json::to_writer(&mut *w, &env)?;
+            w.write_all(b"\n")?;
+            written += 1;
+        }
+        out.flush()?;
+        if let Some(l) = late.as_mut() {
+            l.flush()?;
+        }
+        Ok(())
+    })();
+    match result {
+        // A reader that stops early (`| head`) is not an error.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+            tracing::info!(written, "output closed by the reader; stopping");
+            return Ok(());
+        }
+        other => other.context("cannot write the envelopes")?,
+    }
+    let elapsed = started.elapsed();
+    let truth = sim.truth();
+    let t = &truth.totals;
+    tracing::info!(
+        flows = t.flows,
+        envelopes = t.envelopes,
+        distinct_events = t.distinct_events,
+        duplicates = t.duplicates,
+        held_back = t.held_back,
+        without_request_id = t.without_request_id,
+        violations = t.violations.values().sum::<u64>(),
+        seconds = elapsed.as_secs_f64(),
+        events_per_second = (t.envelopes as f64 / elapsed.as_secs_f64().max(1e-9)).round(),
+        "simulation written"
+    );
+    if let Some(path) = &args.truth {
+        let mut w = create(path)?;
+        serde_json::to_writer(&mut w, truth).context("cannot write the ground truth")?;
+        w.write_all(b"\n")?;
+        w.flush()
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
