@@ -215,10 +215,11 @@ launch_kafka() {
   [[ -x $TANSU ]] || die "no tansu at $TANSU: run deploy/local/install.sh"
   # cwd = run folder, because the sqlite path is resolved against it. The
   # unset variables would otherwise switch on tansu features from the
-  # caller's environment (OTLP export, schema registry, data lake).
+  # caller's environment (OTLP export, schema registry, data lake);
+  # NO_COLOR keeps ANSI colour codes out of the log file.
   (
     cd "$WEFT_RUN_DIR"
-    exec env -u OTEL_EXPORTER_OTLP_ENDPOINT -u SCHEMA_REGISTRY -u DATA_LAKE \
+    exec env -u OTEL_EXPORTER_OTLP_ENDPOINT -u SCHEMA_REGISTRY -u DATA_LAKE NO_COLOR=1 \
       setsid "$TANSU" broker \
       --listener-url "tcp://127.0.0.1:$WEFT_KAFKA_PORT" \
       --advertised-listener-url "tcp://127.0.0.1:$WEFT_KAFKA_PORT" \
@@ -288,6 +289,9 @@ start_service() {
   if pid=$(service_pid "$name"); then
     # Already ours: leave it alone, but make sure it does answer.
     log "$name: already running (pid $pid)"
+    if [[ $name == kafka ]] && [[ $(kafka_running_url "$pid") != "$KAFKA_STORAGE_URL" ]]; then
+      log "WARNING: kafka runs with $(kafka_running_url "$pid"), not $KAFKA_STORAGE_URL (WEFT_KAFKA_STORAGE=$WEFT_KAFKA_STORAGE): 'stack.sh restart kafka' to switch"
+    fi
   else
     rm -f "$(pidfile "$name")"
     for port in $(service_ports "$name"); do
@@ -322,9 +326,9 @@ start_service() {
     sleep 0.05
   done
   if [[ -n ${offset:-} ]]; then
-    log "$name ready in $(elapsed "$t0") s (pid $pid, $(describe "$name"))"
+    log "$name ready in $(elapsed "$t0") s (pid $pid, $(describe "$name" "$pid"))"
   else
-    log "$name answering (pid $pid, $(describe "$name"))"
+    log "$name answering (pid $pid, $(describe "$name" "$pid"))"
   fi
 }
 
@@ -343,9 +347,14 @@ stop_service() {
   rm -f "$(pidfile "$name")"
 }
 
+# The --storage-engine a running broker (pid $1) was started with.
+kafka_running_url() {
+  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -A1 -x -e '--storage-engine' | tail -n 1
+}
+
 describe() {
   case $1 in
-    kafka) printf '127.0.0.1:%s, %s\n' "$WEFT_KAFKA_PORT" "$KAFKA_STORAGE_URL" ;;
+    kafka) printf '127.0.0.1:%s, %s\n' "$WEFT_KAFKA_PORT" "$(kafka_running_url "$2")" ;;
     clickhouse) printf 'http 127.0.0.1:%s, tcp 127.0.0.1:%s\n' "$WEFT_CH_HTTP_PORT" "$WEFT_CH_TCP_PORT" ;;
   esac
 }
@@ -371,7 +380,8 @@ status_line() {
     up=$(ps -o etime= -p "$pid" | tr -d ' ')
     local state=running
     ready "$name" "$pid" || state="running (not answering)"
-    printf '%-10s %-8s pid %-7s port %-11s uptime %s\n' "$name" "$state" "$pid" "$ports" "$up"
+    printf '%-10s %-8s pid %-7s port %-11s uptime %s%s\n' "$name" "$state" "$pid" "$ports" "$up" \
+      "$([[ $name == kafka ]] && printf '  storage %s' "$(kafka_running_url "$pid")")"
     [[ $state == running ]]
   else
     printf '%-10s %-8s pid %-7s port %-11s uptime -\n' "$name" stopped - "$ports"
