@@ -130,6 +130,8 @@ pub struct PublisherConfig {
     /// Confluent schema registry base URL; required by `avro-confluent`, which registers each
     /// kind's schema under `<topic>-value` at start-up to learn its id.
     pub schema_registry_url: Option<String>,
+    /// Tenant of events published through the typed helpers (`publish_trace_event`, ...).
+    pub tenant: String,
     /// Stamped on events that carry none. Default `<hostname>-<pid>`, unique per process, so
     /// `(producer_id, seq)` identifies an emission even across restarts.
     pub producer_id: Option<String>,
@@ -152,6 +154,9 @@ pub struct PublisherConfig {
     /// In-memory queue bound, in messages (`queue.buffering.max.messages`). When full, new
     /// events go to the spool instead of blocking the caller.
     pub queue_bound: u64,
+    /// Largest encoded record (key + value + headers) accepted. Larger events are refused by
+    /// `publish` up front, because Kafka would refuse them forever and block the spool.
+    pub max_message_bytes: usize,
     /// Extra librdkafka properties, applied last (e.g. `"socket.keepalive.enable" = "true"`).
     pub kafka_properties: BTreeMap<String, String>,
     /// Directory of the durable spool. It must be stable across restarts (a restart replays
@@ -177,6 +182,7 @@ impl Default for PublisherConfig {
             replication_factor: 1,
             content_type: ValueFormat::Json,
             schema_registry_url: None,
+            tenant: weft_schemas::DEFAULT_TENANT.into(),
             producer_id: None,
             linger_ms: 5,
             batch_bytes: 1_000_000,
@@ -186,6 +192,7 @@ impl Default for PublisherConfig {
             idempotence: true,
             message_timeout_ms: 10_000,
             queue_bound: 200_000,
+            max_message_bytes: 1_000_000,
             kafka_properties: BTreeMap::new(),
             spool_dir: PathBuf::from(".weft/spool"),
             fsync: FsyncPolicy::Always,

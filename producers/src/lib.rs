@@ -7,8 +7,13 @@
 //! - [`config`], [`auth`], [`metrics`], [`registry`]: what those need.
 
 pub mod config;
+pub mod metrics;
+pub mod publisher;
+pub mod registry;
 pub mod spool;
 
 pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};
+pub use metrics::Metrics;
+pub use publisher::{Delivery, PublishError, Publisher, PublisherError, Receipt};
 
 pub mod simulate;
