@@ -1,6 +1,11 @@
 //! `weft-consumers`: the storage side of weft.
 //!
-//! - [`store`]: ClickHouse connection settings, the migration runner (`weft migrate`) and
-//!   shared query helpers that the router and the audit tools reuse.
+//! - [`decode`]: one Kafka record to a validated [`decode::Fact`] or a dead-letter reason;
+//! - [`facts`]: the `weft_events` rows, identity deduplication and exactly-once progress;
+//! - [`narrative`]: the per-request narratives (assignment rule, projector, queries);
+//! - [`store`]: ClickHouse settings and the migration runner (`weft migrate`).
 
+pub mod decode;
+pub mod facts;
+pub mod narrative;
 pub mod store;

@@ -117,7 +117,8 @@ impl Store {
         &self.cfg
     }
 
-    fn err(&self) -> impl Fn(clickhouse::error::Error) -> StoreError + '_ {
+    /// Wrap a ClickHouse error with the URL it came from.
+    pub(crate) fn err(&self) -> impl Fn(clickhouse::error::Error) -> StoreError + '_ {
         move |source| StoreError::ClickHouse {
             url: self.cfg.url.clone(),
             source,

@@ -8,12 +8,14 @@
 -- * PARTITION BY the ingest month: the consumer stamps one ingested_at per batch, so each
 --   batch lands in exactly one part and an insert is all-or-nothing.
 -- * No TTL: audit facts are kept until a tenant's retention says otherwise.
+-- * Exactly-once: the consumer resumes each partition after max(offset) stored here
+--   (projection `progress`), so a replayed batch is never inserted twice.
 CREATE TABLE IF NOT EXISTS weft_events
 (
     tenant        LowCardinality(String),
     kind          LowCardinality(String),
     id            String,
-    content_hash  FixedString(64),
+    content_hash  FixedString(32),
     ts            DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1)),
     request_id    String,
     producer_id   LowCardinality(String),
@@ -32,6 +34,10 @@ CREATE TABLE IF NOT EXISTS weft_events
     handle_refs   Array(String),
     candidate_id  LowCardinality(String),
     flow_id       String,
+    -- Every id link of the payload (see weft_schemas::links): (via, target kind, target id).
+    links         Array(Tuple(via String, kind String, id String)),
+    -- 1 when an event with this (tenant, kind, id) but different content was seen before.
+    conflict      UInt8,
     topic         LowCardinality(String),
     partition     UInt32,
     offset        UInt64,
@@ -42,9 +48,18 @@ CREATE TABLE IF NOT EXISTS weft_events
     INDEX idx_decision decision_id TYPE bloom_filter(0.001) GRANULARITY 1,
     INDEX idx_principal principal TYPE bloom_filter(0.01) GRANULARITY 1,
     INDEX idx_token token_id TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_ts ts TYPE minmax GRANULARITY 1
+    INDEX idx_ts ts TYPE minmax GRANULARITY 1,
+    -- Exactly-once progress: the highest offset stored per source partition. Part of each
+    -- inserted part, so it is exactly as atomic as the insert itself.
+    PROJECTION progress (SELECT topic, partition, max(offset) GROUP BY topic, partition),
+    -- Identities per source partition, to reload the dedup window when a partition is assigned.
+    PROJECTION by_partition (
+        SELECT topic, partition, offset, tenant, kind, id, content_hash, ingested_at
+        ORDER BY topic, partition, offset
+    )
 )
 ENGINE = MergeTree
 PARTITION BY toYYYYMM(ingested_at)
 ORDER BY (tenant, kind, toStartOfHour(ts), id)
-SETTINGS non_replicated_deduplication_window = 10000;
+SETTINGS lightweight_mutation_projection_mode = 'rebuild',
+         deduplicate_merge_projection_mode = 'rebuild';

@@ -17,6 +17,7 @@ pub mod contracts;
 pub mod envelope;
 pub mod identity;
 pub mod kind;
+pub mod links;
 pub mod migrations;
 pub mod spec;
 pub mod time;

@@ -101,6 +101,8 @@ pub enum WireError {
     UnknownContentType(String),
     #[error("empty record value")]
     Empty,
+    #[error("value is neither JSON nor a known Avro framing")]
+    Unrecognized,
     #[error("value is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("single-object fingerprint matches no known schema")]
@@ -123,7 +125,8 @@ impl WireError {
         match self {
             WireError::MissingKind | WireError::UnknownKind(_) => "unknown_kind",
             WireError::BadHeader(_) | WireError::UnknownContentType(_) => "bad_header",
-            WireError::Empty | WireError::Json(_) => "undecodable_json",
+            WireError::Empty | WireError::Unrecognized => "undecodable",
+            WireError::Json(_) => "undecodable_json",
             WireError::UnknownFingerprint
             | WireError::UnknownSchemaId(_)
             | WireError::KindMismatch(..)
@@ -206,14 +209,14 @@ pub fn decode(
     }
     let content_type = match get(header::CONTENT_TYPE)? {
         Some(ct) => ContentType::parse(&ct).ok_or(WireError::UnknownContentType(ct))?,
-        None => ContentType::sniff(value).ok_or(WireError::Empty)?,
+        None => ContentType::sniff(value).ok_or(WireError::Unrecognized)?,
     };
     let header_kind = get(header::KIND)?.map(|k| k.parse::<Kind>()).transpose()?;
     let avro = AvroSchemas::global();
     let (kind, payload_text) = match content_type {
         ContentType::Json => {
             let kind = header_kind.or(topic_kind).ok_or(WireError::MissingKind)?;
-            let text = std::str::from_utf8(value).map_err(|_| WireError::Empty)?;
+            let text = std::str::from_utf8(value).map_err(|_| WireError::Unrecognized)?;
             // Parse to validate it is JSON; keep the producer's exact text.
             let _: &RawValue = serde_json::from_str(text)?;
             (kind, text.trim().to_owned())

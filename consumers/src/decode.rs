@@ -1,0 +1,187 @@
+//! Decode and validate one Kafka record into a [`Fact`], or say exactly why not.
+//!
+//! Shared by the facts writer and the narrative projector, so both make the same decision
+//! about every record: what one stores, the other links; what one dead-letters, the other skips.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use weft_schemas::links::{self, Link};
+use weft_schemas::wire::{self, ContentType, SchemaIds};
+use weft_schemas::{identity, time, Envelope, EnvelopeError, Topics};
+
+/// A record as read from Kafka, borrowed from the consumer's message.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: &'a [(&'a str, &'a [u8])],
+    /// Broker timestamp (ms), used for ingest freshness metrics only.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// A valid event, with everything the stores need computed once.
+#[derive(Debug, Clone)]
+pub struct Fact {
+    pub envelope: Envelope,
+    pub payload: Value,
+    /// The natural identity (see `weft_schemas::identity`).
+    pub id: String,
+    /// SHA-256 of the payload's RFC 8785 canonical form.
+    pub content_hash: [u8; 32],
+    /// The event's own time (micros), falling back to emitted_at, then the broker time.
+    pub ts_micros: i64,
+    pub emitted_micros: i64,
+    pub links: Vec<Link>,
+    pub content_type: ContentType,
+}
+
+/// Why a record cannot be ingested; becomes the dead-letter headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Stable, short: `undecodable`, `undecodable_json`, `undecodable_avro`, `unknown_kind`,
+    /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`.
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// Decode, validate and enrich one record.
+pub fn decode(rec: &Record<'_>, topics: &Topics, ids: &SchemaIds) -> Result<Fact, Rejection> {
+    let value = rec.value.unwrap_or_default();
+    let (envelope, content_type) = wire::decode(rec.headers, value, topics.kind_of(rec.topic), ids)
+        .map_err(|e| Rejection {
+            code: e.code(),
+            message: e.to_string(),
+        })?;
+    let (payload, id) = envelope.validate().map_err(|e| Rejection {
+        code: match &e {
+            EnvelopeError::Schema { .. } => "schema_invalid",
+            EnvelopeError::BadTenant => "bad_tenant",
+            EnvelopeError::Identity(_) => "no_identity",
+            EnvelopeError::PayloadJson(_) | EnvelopeError::PayloadNotObject => "undecodable_json",
+        },
+        message: e.to_string(),
+    })?;
+    let canonical = identity::canonical_json(&payload).map_err(|e| Rejection {
+        code: "undecodable_json",
+        message: e.to_string(),
+    })?;
+    let content_hash: [u8; 32] = Sha256::digest(&canonical).into();
+    let broker_micros = rec.timestamp_ms.map(|ms| ms * 1000);
+    let emitted_micros = envelope
+        .emitted_at
+        .as_deref()
+        .and_then(time::parse_micros)
+        .or(broker_micros)
+        .unwrap_or(0);
+    let ts_micros = payload
+        .get(envelope.kind.time_field())
+        .and_then(Value::as_str)
+        .and_then(time::parse_micros)
+        .unwrap_or(emitted_micros);
+    let links = links::extract(envelope.kind, &payload);
+    // The identity of an ExecutionFeedback is its content hash: reuse the one just computed.
+    let id = if envelope.kind.id_field().is_none() {
+        format!("jcs-sha256:{}", hex::encode(content_hash))
+    } else {
+        id
+    };
+    Ok(Fact {
+        envelope,
+        payload,
+        id,
+        content_hash,
+        ts_micros,
+        emitted_micros,
+        links,
+        content_type,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec<'a>(topic: &'a str, value: &'a [u8], headers: &'a [(&'a str, &'a [u8])]) -> Record<'a> {
+        Record {
+            topic,
+            partition: 0,
+            offset: 0,
+            key: None,
+            value: Some(value),
+            headers,
+            timestamp_ms: Some(1_700_000_000_000),
+        }
+    }
+
+    #[test]
+    fn valid_event_is_enriched() {
+        let t = Topics::default();
+        let v = br#"{"event_id":"e1","event_type":"capability_executed","timestamp":"2026-03-08T06:00:05Z","decision_id":"pd","frame_id":"f"}"#;
+        let f = decode(
+            &rec("weaver.trace_events", v, &[]),
+            &t,
+            &SchemaIds::default(),
+        )
+        .unwrap();
+        assert_eq!(f.id, "e1");
+        assert_eq!(
+            f.ts_micros,
+            time::parse_micros("2026-03-08T06:00:05Z").unwrap()
+        );
+        assert_eq!(f.emitted_micros, 1_700_000_000_000_000);
+        assert_eq!(f.links.len(), 2);
+        assert_eq!(f.envelope.tenant, "default");
+    }
+
+    #[test]
+    fn feedback_identity_matches_the_schemas_crate() {
+        let t = Topics::default();
+        let v = br#"{"decision_id":"d","candidate_id":"c","success":true,"timestamp":"2026-01-01T00:00:00Z"}"#;
+        let f = decode(
+            &rec("weaver.execution_feedback", v, &[]),
+            &t,
+            &SchemaIds::default(),
+        )
+        .unwrap();
+        let p: Value = serde_json::from_slice(v).unwrap();
+        assert_eq!(
+            f.id,
+            identity::identity(weft_schemas::Kind::ExecutionFeedback, &p).unwrap()
+        );
+    }
+
+    #[test]
+    fn every_bad_input_has_a_reason_code() {
+        let t = Topics::default();
+        let ids = SchemaIds::default();
+        let cases: [(&str, &[u8], &[(&str, &[u8])], &str); 5] = [
+            ("weaver.frames", b"\xff\xfe garbage", &[], "undecodable"),
+            (
+                "weaver.frames",
+                br#"{"frame_id":"f"}"#,
+                &[],
+                "schema_invalid",
+            ),
+            (
+                "weaver.frames",
+                b"{}",
+                &[("weft-kind", b"nope")],
+                "unknown_kind",
+            ),
+            ("not.ours", b"{}", &[], "unknown_kind"),
+            (
+                "weaver.frames",
+                &[0xC3, 0x01, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+                &[],
+                "unknown_schema",
+            ),
+        ];
+        for (topic, value, headers, code) in cases {
+            let err = decode(&rec(topic, value, headers), &t, &ids).unwrap_err();
+            assert_eq!(err.code, code, "{topic} {value:?}: {}", err.message);
+        }
+    }
+}

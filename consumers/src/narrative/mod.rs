@@ -1,0 +1,4 @@
+//! Per-request narratives: which events belong together, as a projection of the facts.
+
+pub mod graph;
+pub mod projector;

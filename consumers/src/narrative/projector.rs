@@ -1,0 +1,402 @@
+//! The narrative projector: applies stored facts to the in-memory [`Graph`] and writes the
+//! resulting narrative rows to ClickHouse.
+//!
+//! State lives in two places: ClickHouse (`weft_narratives`, `weft_narrative_nodes`,
+//! `weft_links`, `weft_projector_progress`) is the truth; the in-memory graph is a cache of it,
+//! reloaded at start. Every write is idempotent (ReplacingMergeTree rows keyed by what they
+//! describe, versions from a monotonic clock), so replaying facts after a crash is harmless,
+//! and progress is written last.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use tracing::{info, instrument, warn};
+use weft_schemas::links::{NodeKind, Via};
+use weft_schemas::Kind;
+
+use super::graph::{Change, Graph, NodeIdx, NodeKey};
+use crate::decode::Fact;
+use crate::store::{Store, StoreError};
+
+/// A monotonic version: wall-clock micros, never repeating or going back.
+#[derive(Debug, Default)]
+pub struct VersionClock(u64);
+
+impl VersionClock {
+    pub fn next(&mut self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        self.0 = now.max(self.0 + 1);
+        self.0
+    }
+}
+
+/// A row of `weft_narratives`.
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+pub struct NarrativeRow {
+    pub tenant: String,
+    pub narrative_id: String,
+    pub kind: String,
+    pub id: String,
+    pub content_hash: [u8; 32],
+    pub ts: i64,
+    pub request_id: String,
+    pub payload: String,
+    pub version: u64,
+    pub is_deleted: u8,
+}
+
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+struct NodeRow {
+    tenant: String,
+    kind: String,
+    id: String,
+    narrative_id: String,
+    request_id: String,
+    ts: i64,
+    version: u64,
+}
+
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+struct LinkRow {
+    tenant: String,
+    to_kind: String,
+    to_id: String,
+    from_kind: String,
+    from_id: String,
+    via: String,
+}
+
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+struct ProgressRow {
+    topic: String,
+    partition: u32,
+    offset: i64,
+    version: u64,
+}
+
+fn node_kind(s: &str) -> Option<NodeKind> {
+    if s == "flow" {
+        return Some(NodeKind::Flow);
+    }
+    s.parse::<Kind>().ok().map(NodeKind::Event)
+}
+
+fn via_of(s: &str) -> Option<Via> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+}
+
+/// What one [`Projector::apply`] did, for metrics and logs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ApplyStats {
+    pub facts: usize,
+    pub moved: usize,
+}
+
+/// Builds and maintains narratives from facts.
+pub struct Projector {
+    store: Store,
+    graph: Graph,
+    clock: VersionClock,
+    progress: HashMap<(String, i32), i64>,
+    /// ts and request id of present nodes, needed to rewrite node rows when they move.
+    node_ts: HashMap<NodeIdx, i64>,
+}
+
+impl Projector {
+    /// Load the projector's state from ClickHouse.
+    #[instrument(skip(store))]
+    pub async fn load(store: Store) -> Result<Self, StoreError> {
+        let mut graph = Graph::new();
+        let mut node_ts = HashMap::new();
+        let c = store.client();
+        let mut nodes = c
+            .query(
+                "SELECT tenant, kind, id, argMax(narrative_id, version) AS narrative_id, \
+                        any(request_id) AS request_id, any(ts) AS ts, max(version) AS version \
+                 FROM weft_narrative_nodes GROUP BY tenant, kind, id",
+            )
+            .fetch::<NodeRow>()
+            .map_err(store.err())?;
+        let mut n_nodes = 0usize;
+        while let Some(r) = nodes.next().await.map_err(store.err())? {
+            let Ok(kind) = r.kind.parse::<Kind>() else {
+                continue;
+            };
+            let n = graph.add_node(NodeKey::event(&r.tenant, kind, &r.id), &r.request_id);
+            graph.restore_assignment(n, &r.narrative_id);
+            node_ts.insert(n, r.ts);
+            n_nodes += 1;
+        }
+        let mut links = c
+            .query(
+                "SELECT DISTINCT tenant, to_kind, to_id, from_kind, from_id, via FROM weft_links",
+            )
+            .fetch::<LinkRow>()
+            .map_err(store.err())?;
+        while let Some(r) = links.next().await.map_err(store.err())? {
+            let (Some(fk), Some(tk), Some(via)) = (
+                node_kind(&r.from_kind),
+                node_kind(&r.to_kind),
+                via_of(&r.via),
+            ) else {
+                continue;
+            };
+            let key = |kind, id: &str| NodeKey {
+                tenant: r.tenant.as_str().into(),
+                kind,
+                id: id.into(),
+            };
+            graph.add_link(key(fk, &r.from_id), key(tk, &r.to_id), via);
+        }
+        let progress: Vec<ProgressRow> = c
+            .query(
+                "SELECT topic, partition, argMax(offset, version) AS offset, max(version) AS version \
+                 FROM weft_projector_progress GROUP BY topic, partition",
+            )
+            .fetch_all()
+            .await
+            .map_err(store.err())?;
+        let progress = progress
+            .into_iter()
+            .map(|p| ((p.topic, p.partition as i32), p.offset))
+            .collect();
+        info!(
+            nodes = n_nodes,
+            graph = graph.len(),
+            "narrative projector loaded"
+        );
+        Ok(Self {
+            store,
+            graph,
+            clock: VersionClock::default(),
+            progress,
+            node_ts,
+        })
+    }
+
+    /// Highest offset of a source partition already projected, or -1.
+    pub fn projected(&self, topic: &str, partition: i32) -> i64 {
+        self.progress
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(-1)
+    }
+
+    /// Number of nodes held in memory (events, flows, phantoms).
+    pub fn graph_len(&self) -> usize {
+        self.graph.len()
+    }
+
+    /// Apply the facts read from one source partition up to `last_offset`, write the
+    /// narrative rows, then record the progress.
+    #[instrument(skip(self, facts), fields(n = facts.len()))]
+    pub async fn apply(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        facts: &[&Fact],
+        last_offset: i64,
+    ) -> Result<ApplyStats, StoreError> {
+        let version = self.clock.next();
+        let mut seeds = Vec::new();
+        let mut fed: Vec<(NodeIdx, &Fact)> = Vec::with_capacity(facts.len());
+        let mut link_rows = Vec::new();
+        for f in facts {
+            let env = &f.envelope;
+            let key = NodeKey::event(&env.tenant, env.kind, &f.id);
+            let n = self
+                .graph
+                .add_event(key, env.request_id.as_deref().unwrap_or(""), &f.links);
+            self.node_ts.insert(n, f.ts_micros);
+            seeds.extend(self.graph.seeds(n));
+            fed.push((n, f));
+            for l in &f.links {
+                link_rows.push(LinkRow {
+                    tenant: env.tenant.clone(),
+                    to_kind: l.to_kind.as_str().to_owned(),
+                    to_id: l.to_id.clone(),
+                    from_kind: env.kind.as_str().to_owned(),
+                    from_id: f.id.clone(),
+                    via: l.via.as_str().to_owned(),
+                });
+            }
+        }
+        let changes = self.graph.settle(&seeds);
+        if self.graph.truncated {
+            warn!(
+                max = self.graph.max_component,
+                "a narrative component hit the size bound; its narratives may be incomplete"
+            );
+        }
+        let mut narrative_rows = Vec::new();
+        let mut node_rows: HashMap<NodeIdx, NodeRow> = HashMap::new();
+        for (n, f) in &fed {
+            let Some(narrative) = self.graph.assigned(*n).cloned() else {
+                continue;
+            };
+            let env = &f.envelope;
+            narrative_rows.push(NarrativeRow {
+                tenant: env.tenant.clone(),
+                narrative_id: narrative.to_string(),
+                kind: env.kind.as_str().to_owned(),
+                id: f.id.clone(),
+                content_hash: f.content_hash,
+                ts: f.ts_micros,
+                request_id: env.request_id.clone().unwrap_or_default(),
+                payload: env.payload.get().to_owned(),
+                version,
+                is_deleted: 0,
+            });
+            node_rows.insert(
+                *n,
+                self.node_row(
+                    *n,
+                    &narrative,
+                    env.request_id.as_deref().unwrap_or(""),
+                    version,
+                ),
+            );
+        }
+        let moved = self
+            .move_rows(&changes, version, &mut narrative_rows)
+            .await?;
+        for c in &changes {
+            node_rows
+                .entry(c.node)
+                .or_insert_with(|| self.node_row(c.node, &c.new, "", version));
+        }
+        insert(&self.store, "weft_links", &link_rows).await?;
+        insert(&self.store, "weft_narratives", &narrative_rows).await?;
+        insert(
+            &self.store,
+            "weft_narrative_nodes",
+            &node_rows.into_values().collect::<Vec<_>>(),
+        )
+        .await?;
+        insert(
+            &self.store,
+            "weft_projector_progress",
+            &[ProgressRow {
+                topic: topic.to_owned(),
+                partition: partition as u32,
+                offset: last_offset,
+                version,
+            }],
+        )
+        .await?;
+        self.progress
+            .insert((topic.to_owned(), partition), last_offset);
+        Ok(ApplyStats {
+            facts: facts.len(),
+            moved,
+        })
+    }
+
+    fn node_row(&self, n: NodeIdx, narrative: &str, request_id: &str, version: u64) -> NodeRow {
+        let key = self.graph.key(n);
+        NodeRow {
+            tenant: key.tenant.to_string(),
+            kind: key.kind.as_str().to_owned(),
+            id: key.id.to_string(),
+            narrative_id: narrative.to_owned(),
+            request_id: request_id.to_owned(),
+            ts: self.node_ts.get(&n).copied().unwrap_or(0),
+            version,
+        }
+    }
+
+    /// For every node that left a narrative: a tombstone there, and its rows copied to the
+    /// new one. Returns how many nodes moved.
+    async fn move_rows(
+        &self,
+        changes: &[Change],
+        version: u64,
+        out: &mut Vec<NarrativeRow>,
+    ) -> Result<usize, StoreError> {
+        let mut by_tenant: HashMap<
+            Arc<str>,
+            (HashSet<String>, HashMap<(String, String), Arc<str>>),
+        > = HashMap::new();
+        for c in changes {
+            let Some(old) = &c.old else { continue };
+            let key = self.graph.key(c.node);
+            let e = by_tenant.entry(key.tenant.clone()).or_default();
+            e.0.insert(old.to_string());
+            e.1.insert(
+                (key.kind.as_str().to_owned(), key.id.to_string()),
+                c.new.clone(),
+            );
+        }
+        let mut moved = 0;
+        for (tenant, (olds, targets)) in by_tenant {
+            let rows: Vec<NarrativeRow> = self
+                .store
+                .client()
+                .query(
+                    "SELECT tenant, narrative_id, kind, id, content_hash, \
+                            argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                            argMax(payload, version) AS payload, max(version) AS version, \
+                            argMax(is_deleted, version) AS is_deleted \
+                     FROM weft_narratives \
+                     WHERE tenant = {t:String} AND narrative_id IN {olds:Array(String)} \
+                     GROUP BY tenant, narrative_id, kind, id, content_hash",
+                )
+                .param("t", tenant.as_ref())
+                .param("olds", olds.into_iter().collect::<Vec<_>>())
+                .fetch_all()
+                .await
+                .map_err(self.store.err())?;
+            for r in rows {
+                if r.is_deleted == 1 {
+                    continue;
+                }
+                let Some(new) = targets.get(&(r.kind.clone(), r.id.clone())) else {
+                    continue;
+                };
+                if r.narrative_id == **new {
+                    continue;
+                }
+                moved += 1;
+                out.push(NarrativeRow {
+                    version,
+                    is_deleted: 1,
+                    ..r.clone()
+                });
+                out.push(NarrativeRow {
+                    narrative_id: new.to_string(),
+                    version,
+                    ..r
+                });
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// Insert rows into a table in one statement (no-op when empty).
+pub(crate) async fn insert<T: Row + Serialize>(
+    store: &Store,
+    table: &str,
+    rows: &[T],
+) -> Result<(), StoreError>
+where
+    T: for<'a> Row<Value<'a> = T>,
+{
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut ins = store
+        .client()
+        .insert::<T>(table)
+        .await
+        .map_err(store.err())?;
+    for r in rows {
+        ins.write(r).await.map_err(store.err())?;
+    }
+    ins.end().await.map_err(store.err())
+}
