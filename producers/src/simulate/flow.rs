@@ -19,7 +19,9 @@ use weft_schemas::contracts::{
 use weft_schemas::time::micros_to_rfc3339;
 use weft_schemas::{identity, Envelope, Kind};
 
-use super::truth::{EventRef, InjectedViolation, Invariant, Link, RequestTruth, Scenario, Via};
+use super::truth::{
+    EventRef, InjectedViolation, Invariant, Link, NodeRef, RequestTruth, Scenario, Via,
+};
 use super::{SimConfig, MAX_FLOW_INTERVAL_MS};
 
 /// One step of a compiled flow: a capability the kernel authorizes and executes.
@@ -135,7 +137,8 @@ pub(super) struct Pending {
 /// included, duplicates not yet) and its truth, minus the stream decisions.
 pub(super) struct FlowOut {
     pub events: Vec<Pending>,
-    /// Member-index links (to members only), for the request-id recovery check.
+    /// Member-index links (to members, or to index `members.len()` = the flow node), for
+    /// the request-id recovery check.
     pub member_links: Vec<(usize, usize)>,
     pub truth: RequestTruth,
     /// Distinct payloads (members plus conflicting second versions).
@@ -210,7 +213,7 @@ struct Gen {
     events: Vec<Pending>,
     members: Vec<EventRef>,
     index: HashMap<EventRef, usize>,
-    links: Vec<(usize, EventRef, Via)>,
+    links: Vec<(usize, NodeRef, Via)>,
     violations: Vec<InjectedViolation>,
 }
 
@@ -270,7 +273,7 @@ impl Gen {
         kind: Kind,
         id: String,
         payload: &impl Serialize,
-        links: Vec<(EventRef, Via)>,
+        links: Vec<(NodeRef, Via)>,
     ) -> EventRef {
         let envelope = Envelope::new(kind, payload)
             // The payload is one of our own contract structs: string keys, finite floats.
@@ -310,8 +313,8 @@ impl Gen {
         });
     }
 
-    fn flow_link(&self, anchor: &str) -> (EventRef, Via) {
-        (EventRef::new(Kind::TraceEvent, anchor), Via::FlowId)
+    fn flow_link(&self) -> (NodeRef, Via) {
+        (NodeRef::flow(self.flow_id.clone()), Via::FlowId)
     }
 
     fn run(mut self, tpl: &'static Template, scenario: Scenario) -> FlowOut {
@@ -361,8 +364,8 @@ impl Gen {
         };
         self.emit(Kind::RoutingDecision, rd_id, &rd, vec![]);
 
-        // The router recommends the compiled flow; the flow's anchor id is fixed up front so
-        // the routing decision can point at it.
+        // The router recommends the compiled flow. flow_started's id is taken first so it
+        // is always te-<seed>-<n>-0.
         let anchor = self.next_te_id();
         self.tick_ms(2, 8);
         let erd_id = format!("erd-{p}");
@@ -420,7 +423,7 @@ impl Gen {
             Kind::ExecutionRoutingDecision,
             erd_id,
             &erd,
-            vec![self.flow_link(&anchor)],
+            vec![self.flow_link()],
         );
 
         // ChainWeaver starts the flow.
@@ -431,7 +434,7 @@ impl Gen {
             ("flow_name", json!(tpl.name)),
             ("step_count", json!(steps)),
         ]));
-        self.emit(Kind::TraceEvent, anchor.clone(), &ev, vec![]);
+        self.emit(Kind::TraceEvent, anchor, &ev, vec![self.flow_link()]);
 
         let mut frames: Vec<String> = Vec::new();
         let mut failure: Option<(&'static str, String)> = None;
@@ -451,7 +454,7 @@ impl Gen {
                 ("step", json!(i)),
                 ("step_name", json!(step.name)),
             ]));
-            self.emit(Kind::TraceEvent, id, &ev, vec![self.flow_link(&anchor)]);
+            self.emit(Kind::TraceEvent, id, &ev, vec![self.flow_link()]);
 
             // --- authorization by the kernel ---
             let bypass = here && scenario == Scenario::Unauthorized && i02 == I02::NoDecision;
@@ -534,9 +537,9 @@ impl Gen {
                     Kind::PolicyDecision,
                     pd_id.clone(),
                     &pd,
-                    vec![(tref, Via::TokenId)],
+                    vec![(tref.into(), Via::TokenId)],
                 );
-                let to_pd = (pd_ref.clone(), Via::DecisionId);
+                let to_pd = (pd_ref.clone().into(), Via::DecisionId);
                 self.tick_us(100, 900);
                 if deny {
                     let id = self.next_te_id();
@@ -578,7 +581,7 @@ impl Gen {
             let mut links = Vec::new();
             if let Some((pd_id, pd_ref)) = &decision {
                 ev.decision_id = Some(Some(pd_id.clone()));
-                links.push((pd_ref.clone(), Via::DecisionId));
+                links.push((pd_ref.clone().into(), Via::DecisionId));
             }
             if here && scenario == Scenario::Failure {
                 ev.outcome = Some(Outcome::Failure);
@@ -608,8 +611,8 @@ impl Gen {
             ev.metadata = Some(meta([("duration_ms", json!(duration_ms))]));
             let frame_ref = EventRef::new(Kind::Frame, frame_id.clone());
             let handle_ref = EventRef::new(Kind::Handle, handle_id.clone());
-            links.push((frame_ref.clone(), Via::FrameId));
-            links.push((handle_ref.clone(), Via::HandleId));
+            links.push((frame_ref.clone().into(), Via::FrameId));
+            links.push((handle_ref.clone().into(), Via::HandleId));
             let exec_ref = self.emit(Kind::TraceEvent, exec_id.clone(), &ev, links);
 
             // The firewall's Frame, then the raw artifact's Handle.
@@ -617,12 +620,15 @@ impl Gen {
             let (summary, data) = self.summary(step, outcome);
             let mut fmeta = meta([("flow_id", json!(self.flow_id)), ("step", json!(i))]);
             let mut flinks = vec![
-                (handle_ref.clone(), Via::HandleRefs),
-                self.flow_link(&anchor),
+                (handle_ref.clone().into(), Via::HandleRefs),
+                self.flow_link(),
             ];
             if let Some(prior) = frames.last() {
                 fmeta.insert("prior_frame_id".into(), json!(prior));
-                flinks.push((EventRef::new(Kind::Frame, prior.clone()), Via::PriorFrameId));
+                flinks.push((
+                    EventRef::new(Kind::Frame, prior.clone()).into(),
+                    Via::PriorFrameId,
+                ));
             }
             let mut frame = Frame {
                 frame_id: frame_id.clone(),
@@ -758,7 +764,7 @@ impl Gen {
                 ("step", json!(i)),
                 ("step_name", json!(step.name)),
             ]));
-            let step_links = vec![(frame_ref.clone(), Via::FrameId), self.flow_link(&anchor)];
+            let step_links = vec![(frame_ref.clone().into(), Via::FrameId), self.flow_link()];
             let step_ref = self.emit(Kind::TraceEvent, id.clone(), &ev, step_links.clone());
             frames.push(frame_id.clone());
 
@@ -805,11 +811,11 @@ impl Gen {
             ("frame_ids", json!(frames)),
             ("step_count", json!(steps)),
         ]));
-        let mut links = vec![self.flow_link(&anchor)];
+        let mut links = vec![self.flow_link()];
         links.extend(
             frames
                 .iter()
-                .map(|f| (EventRef::new(Kind::Frame, f.clone()), Via::FrameIds)),
+                .map(|f| (EventRef::new(Kind::Frame, f.clone()).into(), Via::FrameIds)),
         );
         self.emit(Kind::TraceEvent, id, &ev, links);
 
@@ -849,7 +855,7 @@ impl Gen {
             Kind::ExecutionFeedback,
             String::new(),
             &fb,
-            vec![(erd_ref, Via::FeedbackDecisionId)],
+            vec![(erd_ref.into(), Via::FeedbackDecisionId)],
         );
 
         self.finish(tpl, scenario)
@@ -908,14 +914,19 @@ impl Gen {
         let mut links = Vec::new();
         let mut dangling = Vec::new();
         let mut member_links = Vec::new();
+        let flow_node = self.members.len();
         for (from, to, via) in self.links {
+            let target = match to.event() {
+                Some(e) => self.index.get(&e).copied(),
+                None => Some(flow_node),
+            };
             let link = Link {
                 from: self.members[from].clone(),
-                to: to.clone(),
+                to,
                 via,
             };
-            match self.index.get(&to) {
-                Some(&t) => {
+            match target {
+                Some(t) => {
                     member_links.push((from, t));
                     links.push(link);
                 }

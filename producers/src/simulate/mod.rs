@@ -34,7 +34,8 @@ use weft_schemas::envelope::is_valid_tenant;
 use weft_schemas::{Envelope, DEFAULT_TENANT};
 
 pub use truth::{
-    EventRef, GroundTruth, InjectedViolation, Invariant, Link, RequestTruth, Scenario, Totals, Via,
+    EventRef, GroundTruth, InjectedViolation, Invariant, Link, NodeKind, NodeRef, RequestTruth,
+    Scenario, Totals, Via,
 };
 
 /// The default `--start`: a fixed instant, so outputs never depend on when they were made.
@@ -395,7 +396,8 @@ fn stress(
     let mut dropped: Vec<bool> = (0..n)
         .map(|_| cfg.no_request_id > 0.0 && rng.random_bool(cfg.no_request_id))
         .collect();
-    let mut parent: Vec<usize> = (0..n).collect();
+    // Node `n` is the flow: events linked through it are linked to each other.
+    let mut parent: Vec<usize> = (0..=n).collect();
     fn root(p: &mut [usize], mut i: usize) -> usize {
         while p[i] != i {
             p[i] = p[p[i]];
@@ -409,7 +411,7 @@ fn stress(
             parent[ra.max(rb)] = ra.min(rb);
         }
     }
-    let mut anchored = vec![false; n];
+    let mut anchored = vec![false; n + 1];
     for (i, &d) in dropped.iter().enumerate() {
         if !d {
             anchored[root(&mut parent, i)] = true;

@@ -64,73 +64,57 @@ fn r(kind: Kind, id: &str) -> EventRef {
 
 /// Links as a narrative builder would find them, from payloads only.
 fn derive_links(events: &[(Kind, String, Value)]) -> BTreeSet<Link> {
-    let anchors: HashMap<&str, &str> = events
-        .iter()
-        .filter(|(k, _, v)| {
-            *k == Kind::TraceEvent && str_at(v, "/event_type") == Some("flow_started")
-        })
-        .filter_map(|(_, id, v)| Some((str_at(v, "/metadata/flow_id")?, id.as_str())))
-        .collect();
     let mut out = BTreeSet::new();
     for (kind, id, v) in events {
         let from = r(*kind, id);
-        let mut add = |to: EventRef, via: Via| {
+        let mut add = |to: NodeRef, via: Via| {
             out.insert(Link {
                 from: from.clone(),
                 to,
                 via,
             });
         };
+        let ev = |k: Kind, id: &str| NodeRef::from(r(k, id));
         match kind {
             Kind::TraceEvent => {
                 if let Some(d) = str_at(v, "/decision_id") {
-                    add(r(Kind::PolicyDecision, d), Via::DecisionId);
+                    add(ev(Kind::PolicyDecision, d), Via::DecisionId);
                 }
                 if let Some(f) = str_at(v, "/frame_id") {
-                    add(r(Kind::Frame, f), Via::FrameId);
+                    add(ev(Kind::Frame, f), Via::FrameId);
                 }
                 if let Some(h) = str_at(v, "/handle_id") {
-                    add(r(Kind::Handle, h), Via::HandleId);
-                }
-                for f in v
-                    .pointer("/metadata/frame_ids")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    add(r(Kind::Frame, f.as_str().unwrap()), Via::FrameIds);
+                    add(ev(Kind::Handle, h), Via::HandleId);
                 }
             }
             Kind::Frame => {
                 for h in v["handle_refs"].as_array().into_iter().flatten() {
-                    add(r(Kind::Handle, h.as_str().unwrap()), Via::HandleRefs);
+                    add(ev(Kind::Handle, h.as_str().unwrap()), Via::HandleRefs);
                 }
             }
             Kind::PolicyDecision => {
                 if let Some(t) = str_at(v, "/token_id") {
-                    add(r(Kind::CapabilityToken, t), Via::TokenId);
+                    add(ev(Kind::CapabilityToken, t), Via::TokenId);
                 }
             }
             Kind::ExecutionFeedback => {
+                let d = str_at(v, "/decision_id").unwrap();
                 add(
-                    r(
-                        Kind::ExecutionRoutingDecision,
-                        str_at(v, "/decision_id").unwrap(),
-                    ),
+                    ev(Kind::ExecutionRoutingDecision, d),
                     Via::FeedbackDecisionId,
                 );
             }
             _ => {}
         }
-        if let Some(p) = str_at(v, "/metadata/prior_frame_id") {
-            add(r(Kind::Frame, p), Via::PriorFrameId);
-        }
         if let Some(f) = str_at(v, "/metadata/flow_id") {
-            if let Some(&a) = anchors.get(f) {
-                if !(*kind == Kind::TraceEvent && id == a) {
-                    add(r(Kind::TraceEvent, a), Via::FlowId);
-                }
-            }
+            add(NodeRef::flow(f), Via::FlowId);
+        }
+        if let Some(p) = str_at(v, "/metadata/prior_frame_id") {
+            add(ev(Kind::Frame, p), Via::PriorFrameId);
+        }
+        let frame_ids = v.pointer("/metadata/frame_ids").and_then(Value::as_array);
+        for f in frame_ids.into_iter().flatten() {
+            add(ev(Kind::Frame, f.as_str().unwrap()), Via::FrameIds);
         }
     }
     out
@@ -289,16 +273,19 @@ fn simulate_truth_links_match_the_payloads() {
     let mut told = BTreeSet::new();
     for req in &truth.requests {
         let members: HashSet<&EventRef> = req.members.iter().collect();
+        let flow = NodeRef::flow(req.flow_id.clone());
         for l in &req.links {
+            let inside = l.to.event().map_or(l.to == flow, |e| members.contains(&e));
             assert!(
-                members.contains(&l.from) && members.contains(&l.to),
+                members.contains(&l.from) && inside,
                 "{l:?} leaves {}",
                 req.request_id
             );
             assert!(told.insert(l.clone()), "duplicate link {l:?}");
         }
         for l in &req.dangling {
-            assert!(members.contains(&l.from) && !members.contains(&l.to));
+            let to = l.to.event().unwrap();
+            assert!(members.contains(&l.from) && !members.contains(&to));
             told.insert(l.clone());
         }
     }
@@ -362,17 +349,19 @@ fn simulate_events_without_request_id_stay_recoverable() {
     let mut dropped = 0;
     for req in &truth.requests {
         // Walk the links both ways from every member that carries the request id.
-        let mut reached: HashSet<&EventRef> = req
+        let mut reached: HashSet<NodeRef> = req
             .members
             .iter()
             .filter(|m| carries.contains(*m))
+            .map(|m| NodeRef::from(m.clone()))
             .collect();
         loop {
             let before = reached.len();
             for l in &req.links {
-                if reached.contains(&l.from) || reached.contains(&l.to) {
-                    reached.insert(&l.from);
-                    reached.insert(&l.to);
+                let from = NodeRef::from(l.from.clone());
+                if reached.contains(&from) || reached.contains(&l.to) {
+                    reached.insert(from);
+                    reached.insert(l.to.clone());
                 }
             }
             if reached.len() == before {
@@ -385,7 +374,7 @@ fn simulate_events_without_request_id_stay_recoverable() {
                 "{m} listed without request id but carries one"
             );
             assert!(
-                reached.contains(m),
+                reached.contains(&NodeRef::from(m.clone())),
                 "{m} cannot be recovered in {}",
                 req.request_id
             );
@@ -557,6 +546,14 @@ fn simulate_min_events_and_config_errors() {
         ..SimConfig::default()
     })
     .contains("RFC 3339"));
+
+    // Link targets serialize as plain kind names, `flow` included.
+    let links = &truth.requests[0].links;
+    let flow_link = links.iter().find(|l| l.via == Via::FlowId).unwrap();
+    let v = serde_json::to_value(flow_link).unwrap();
+    assert_eq!(v["to"]["kind"], "flow");
+    assert_eq!(v["from"]["kind"], "execution_routing_decision");
+    assert_eq!(v["via"], "flow_id");
 
     // The truth round-trips through its JSON file format.
     let text = serde_json::to_string(&truth).unwrap();

@@ -36,6 +36,85 @@ impl fmt::Display for EventRef {
     }
 }
 
+/// What a link can point at: an event of some kind, or a flow. A flow is not an event: it
+/// is the node every event carrying the same `metadata.flow_id` points at, the way
+/// `weft_schemas` link extraction models it. Serialized as a plain string: the kind's wire
+/// name (`frame`, `trace_event`, ...) or `flow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NodeKind {
+    Event(Kind),
+    Flow,
+}
+
+impl NodeKind {
+    /// The wire name: the event kind's name, or `flow`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeKind::Event(k) => k.as_str(),
+            NodeKind::Flow => "flow",
+        }
+    }
+}
+
+impl Serialize for NodeKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "flow" {
+            return Ok(NodeKind::Flow);
+        }
+        s.parse()
+            .map(NodeKind::Event)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The target of a link: an event ([`EventRef`]'s kind and id) or a flow (`flow` and the
+/// flow id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeRef {
+    pub kind: NodeKind,
+    pub id: String,
+}
+
+impl NodeRef {
+    /// The flow node of `flow_id`.
+    pub fn flow(flow_id: impl Into<String>) -> Self {
+        Self {
+            kind: NodeKind::Flow,
+            id: flow_id.into(),
+        }
+    }
+
+    /// The event this node is, if it is one.
+    pub fn event(&self) -> Option<EventRef> {
+        match self.kind {
+            NodeKind::Event(kind) => Some(EventRef::new(kind, self.id.clone())),
+            NodeKind::Flow => None,
+        }
+    }
+}
+
+impl From<EventRef> for NodeRef {
+    fn from(e: EventRef) -> Self {
+        Self {
+            kind: NodeKind::Event(e.kind),
+            id: e.id,
+        }
+    }
+}
+
+impl fmt::Display for NodeRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind.as_str(), self.id)
+    }
+}
+
 /// The payload field a link comes from; the same names the narrative builder uses, so the
 /// truth and `weft narrative` can be compared field for field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -51,8 +130,7 @@ pub enum Via {
     HandleRefs,
     /// PolicyDecision.token_id → CapabilityToken.
     TokenId,
-    /// `metadata.flow_id` → the `flow_started` TraceEvent that carries the same flow id
-    /// (the flow's anchor; the anchor itself has no such link).
+    /// `metadata.flow_id` (on any kind, `flow_started` included) → the flow node.
     FlowId,
     /// Frame `metadata.prior_frame_id` → the previous step's Frame.
     PriorFrameId,
@@ -62,11 +140,13 @@ pub enum Via {
     FeedbackDecisionId,
 }
 
-/// A directed reference from one event to another, found in `from`'s payload.
+/// A directed reference from an event to another event or to its flow, found in `from`'s
+/// payload. Serialized as `{"from": {kind, id}, "to": {kind, id}, "via": "..."}`, the shape
+/// of `weft narrative --format json` links.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Link {
     pub from: EventRef,
-    pub to: EventRef,
+    pub to: NodeRef,
     pub via: Via,
 }
 
@@ -188,12 +268,14 @@ pub struct RequestTruth {
     pub scenario: Scenario,
     /// Each distinct event of the narrative once, in causal (and timestamp) order.
     pub members: Vec<EventRef>,
-    /// Every reference between two members, deduplicated.
+    /// Every reference from a member to a member or to the request's flow node
+    /// (`{kind: "flow", id: flow_id}`), deduplicated.
     pub links: Vec<Link>,
-    /// References whose target is never emitted (orphans): not part of the narrative.
+    /// References to events that are never emitted (orphans): not part of the narrative.
     pub dangling: Vec<Link>,
-    /// Members whose envelopes carry no request id; each is connected through `links` to a
-    /// member that does, so the narrative builder can recover it.
+    /// Members whose envelopes carry no request id; each is connected through `links`
+    /// (followed either way, through the flow node too) to a member that does, so the
+    /// narrative builder can recover it.
     pub without_request_id: Vec<EventRef>,
     pub violations: Vec<InjectedViolation>,
 }
