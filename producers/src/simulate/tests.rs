@@ -302,6 +302,33 @@ fn simulate_truth_links_match_the_payloads() {
 }
 
 #[test]
+fn simulate_truth_links_are_what_weft_schemas_extracts() {
+    // The narrative builder links events with `weft_schemas::links::extract`; the truth must
+    // say exactly the same, or ingest tests would compare against a different model.
+    let (envs, truth) = generate(&stressed(200, 17)).unwrap();
+    let mut extracted = BTreeSet::new();
+    for (kind, id, v) in parsed(&envs) {
+        for l in weft_schemas::links::extract(kind, &v) {
+            let to_kind: NodeKind = serde_json::from_value(l.to_kind.as_str().into()).unwrap();
+            extracted.insert(Link {
+                from: r(kind, &id),
+                to: NodeRef {
+                    kind: to_kind,
+                    id: l.to_id,
+                },
+                via: serde_json::from_value(l.via.as_str().into()).unwrap(),
+            });
+        }
+    }
+    let told: BTreeSet<Link> = truth
+        .requests
+        .iter()
+        .flat_map(|r| r.links.iter().chain(&r.dangling).cloned())
+        .collect();
+    assert_eq!(extracted, told);
+}
+
+#[test]
 fn simulate_totals_duplicates_and_held_back_are_exact() {
     let (envs, truth) = generate(&stressed(300, 5)).unwrap();
     let t = &truth.totals;
