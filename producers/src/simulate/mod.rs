@@ -19,6 +19,8 @@
 //! # Ok::<(), weft_producers::simulate::SimError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod flow;
 #[cfg(test)]
 mod tests;
@@ -47,14 +49,24 @@ pub const MAX_FLOW_INTERVAL_MS: u64 = 86_400_000;
 /// Why a simulation cannot start. Only the config can be wrong: generation itself is total.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// A probability outside 0..=1.
     #[error("{name} is {value}; a proportion must be within 0..=1")]
-    Proportion { name: &'static str, value: f64 },
+    Proportion {
+        /// The option, as named in [`SimConfig`] / [`Mix`].
+        name: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// Each flow gets at most one scenario, so their shares cannot exceed 1 together.
     #[error("the scenario proportions add up to {0}, more than 1")]
     MixOverOne(f64),
+    /// The tenant would be refused by every weft stage.
     #[error("tenant `{0}` is not 1..=128 characters of [A-Za-z0-9_.-]")]
     Tenant(String),
+    /// `start` does not parse as RFC 3339.
     #[error("start `{0}` is not an RFC 3339 timestamp (e.g. {DEFAULT_START})")]
     Start(String),
+    /// Flow starts so far apart that times could overflow.
     #[error("flow interval {0} ms is longer than a day")]
     FlowInterval(u64),
 }
@@ -64,15 +76,25 @@ pub enum SimError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Mix {
+    /// [`Scenario::Deny`]: a denied step, `flow_failed` (legitimate).
     pub deny: f64,
+    /// [`Scenario::Partial`]: an execution with outcome `partial` (legitimate).
     pub partial: f64,
+    /// [`Scenario::Failure`]: a failing tool, `flow_failed` (legitimate).
     pub failure: f64,
+    /// [`Scenario::ExpiredToken`]: I-06.
     pub expired_token: f64,
+    /// [`Scenario::ReusedToken`]: I-06.
     pub reused_token: f64,
+    /// [`Scenario::OutOfScope`]: I-06.
     pub out_of_scope: f64,
+    /// [`Scenario::Unauthorized`]: I-02.
     pub unauthorized: f64,
+    /// [`Scenario::RawOutput`]: I-01.
     pub raw_output: f64,
+    /// [`Scenario::Orphan`]: a reference that never resolves.
     pub orphan: f64,
+    /// [`Scenario::IdConflict`]: one id, two contents.
     pub id_conflict: f64,
 }
 
@@ -147,6 +169,7 @@ pub struct SimConfig {
     pub flow_interval_ms: u64,
     /// Tenant of every envelope.
     pub tenant: String,
+    /// How often each variation occurs.
     pub mix: Mix,
     /// Fraction of events sent without a request id. Only events that stay linked by id to
     /// an event of their request that keeps its request id are eligible, so the narrative

@@ -592,3 +592,12 @@ fn simulate_min_events_and_config_errors() {
         .keys()
         .all(|k| ["I-01", "I-02", "I-06", "orphan", "id_conflict"].contains(&k.as_str())));
 }
+
+#[test]
+fn simulate_can_run_on_another_thread() {
+    fn send<T: Send + 'static>(_: &T) {}
+    let sim = Simulation::new(SimConfig::default()).unwrap();
+    send(&sim);
+    let n = std::thread::spawn(move || sim.count()).join().unwrap();
+    assert!(n > 1000);
+}

@@ -16,7 +16,9 @@ use super::SimConfig;
 /// ([`weft_schemas::identity::identity`]; `jcs-sha256:<hex>` for ExecutionFeedback).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct EventRef {
+    /// The contract, e.g. `frame`.
     pub kind: Kind,
+    /// Its natural identity.
     pub id: String,
 }
 
@@ -42,7 +44,9 @@ impl fmt::Display for EventRef {
 /// name (`frame`, `trace_event`, ...) or `flow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NodeKind {
+    /// An event of this kind.
     Event(Kind),
+    /// A flow, named by its `metadata.flow_id`.
     Flow,
 }
 
@@ -78,7 +82,9 @@ impl<'de> Deserialize<'de> for NodeKind {
 /// flow id).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeRef {
+    /// An event kind, or `flow`.
     pub kind: NodeKind,
+    /// The event's identity, or the flow id.
     pub id: String,
 }
 
@@ -145,8 +151,11 @@ pub enum Via {
 /// of `weft narrative --format json` links.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Link {
+    /// The event whose payload holds the reference.
     pub from: EventRef,
+    /// What it refers to.
     pub to: NodeRef,
+    /// The field that holds it.
     pub via: Via,
 }
 
@@ -247,6 +256,7 @@ impl Invariant {
 /// One violation the simulator put in the stream on purpose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InjectedViolation {
+    /// The class of finding expected from `weft audit check`.
     pub invariant: Invariant,
     /// The event an auditor would name first: the token (I-06), the `capability_executed`
     /// (I-02, orphan), the Frame (I-01) or the conflicting identity.
@@ -260,11 +270,13 @@ pub struct InjectedViolation {
 /// Everything about one request (one flow).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RequestTruth {
+    /// `req-<seed>-<n>`: the envelopes' request id and the Kafka key.
     pub request_id: String,
     /// The flow run id carried in `metadata.flow_id`.
     pub flow_id: String,
     /// The compiled flow that ran (the ExecutionRoutingDecision's candidate id).
     pub flow_name: String,
+    /// The variation this flow was generated with.
     pub scenario: Scenario,
     /// Each distinct event of the narrative once, in causal (and timestamp) order.
     pub members: Vec<EventRef>,
@@ -277,12 +289,14 @@ pub struct RequestTruth {
     /// (followed either way, through the flow node too) to a member that does, so the
     /// narrative builder can recover it.
     pub without_request_id: Vec<EventRef>,
+    /// What `weft audit check` must find in this request (at most one; none if clean).
     pub violations: Vec<InjectedViolation>,
 }
 
 /// Stream-wide counts, for "nothing lost, nothing doubled" checks.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Totals {
+    /// Flows (= requests) generated.
     pub flows: u64,
     /// Envelopes emitted, duplicates and held-back ones included (= lines of the output).
     pub envelopes: u64,
@@ -307,8 +321,11 @@ pub struct Totals {
 /// reproduced), the totals, and one entry per request, in flow order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GroundTruth {
+    /// The config that produced the stream: rerun it to get the same bytes.
     pub config: SimConfig,
+    /// Stream-wide counts.
     pub totals: Totals,
+    /// One per flow, in flow order (empty unless [`SimConfig::record_truth`]).
     pub requests: Vec<RequestTruth>,
 }
 
