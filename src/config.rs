@@ -93,6 +93,10 @@ impl Default for KafkaSettings {
 pub struct Settings {
     pub kafka: KafkaSettings,
     pub clickhouse: ClickHouseConfig,
+    /// `weft publish`, `weft gateway`, `weft bench`: the Publisher (empty brokers = `[kafka]`).
+    pub publisher: weft_producers::PublisherConfig,
+    /// `weft gateway`: listen address, API keys, body limit.
+    pub gateway: weft_producers::gateway::GatewayConfig,
 }
 
 impl Settings {

@@ -35,6 +35,9 @@ enum Command {
     Migrate(cmd::migrate::MigrateArgs),
     // Boxed: its many flags would make every variant as large as it.
     Simulate(Box<cmd::simulate::SimulateArgs>),
+    Publish(Box<cmd::publish::PublishArgs>),
+    Gateway(Box<cmd::gateway::GatewayArgs>),
+    Bench(Box<cmd::bench::BenchArgs>),
 }
 
 fn init_logging(format: LogFormat) {
@@ -68,6 +71,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate(a) => block_on(cmd::migrate::run(a, settings()?)),
         // Offline and synchronous: writes files, needs no config.
         Command::Simulate(a) => cmd::simulate::run(*a).map(|()| ExitCode::SUCCESS),
+        // Exit 1 when any line was rejected or could not be made durable.
+        Command::Publish(a) => {
+            let ok = tokio::runtime::Runtime::new()?.block_on(cmd::publish::run(*a, settings()?))?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Gateway(a) => block_on(cmd::gateway::run(*a, settings()?)),
+        Command::Bench(a) => block_on(cmd::bench::run(*a, settings()?)),
     }
 }
 

@@ -6,7 +6,9 @@
 //! - [`gateway`]: the HTTP ingest endpoint for producers that are not written in Rust;
 //! - [`config`], [`auth`], [`metrics`], [`registry`]: what those need.
 
+pub mod auth;
 pub mod config;
+pub mod gateway;
 pub mod metrics;
 pub mod publisher;
 pub mod registry;

@@ -1,0 +1,190 @@
+//! `weft bench`: throughput and CPU cost measurements on the real broker.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use weft_producers::{Delivery, Receipt};
+use weft_schemas::wire::{self, ContentType, SchemaIds};
+use weft_schemas::Envelope;
+
+use crate::cmd::publish::PublisherArgs;
+use crate::config::Settings;
+
+/// Measure weft's hot paths on the local stack.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+/// What to measure.
+#[derive(Debug, Subcommand)]
+pub enum BenchWhat {
+    Publish(BenchPublishArgs),
+}
+
+/// Publish N TraceEvents through the Publisher into the broker and report events/s and
+/// CPU-seconds per event of this process (all threads, librdkafka's included, via
+/// getrusage), plus the caller-thread share and validation alone, to show where time goes.
+///
+/// Measure throughput on the memory storage engine, so the broker is not the bottleneck:
+///   WEFT_KAFKA_PORT=19192 WEFT_RUN_DIR=/tmp/weft-bench-run WEFT_KAFKA_STORAGE=memory \
+///     bash deploy/local/stack.sh start kafka
+///   weft --brokers 127.0.0.1:19192 bench publish --events 1000000
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct BenchPublishArgs {
+    /// Events to publish.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub events: usize,
+
+    /// Approximate payload size in bytes (padded TraceEvents).
+    #[arg(long, default_value_t = 300, value_name = "BYTES")]
+    pub payload_bytes: usize,
+
+    /// Distinct request ids (Kafka keys) the events are spread over.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub requests: usize,
+
+    /// Receipts outstanding at once (the caller's pipelining depth).
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    pub window: usize,
+
+    #[command(flatten)]
+    pub publisher: PublisherArgs,
+}
+
+/// CPU seconds (user + system) of this process, or of the calling thread.
+fn cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn make_events(n: usize, payload_bytes: usize, requests: usize, run: &str) -> Vec<Envelope> {
+    (0..n)
+        .map(|i| {
+            let head = format!(
+                r#"{{"event_id":"bench-{run}-{i}","event_type":"capability_executed","timestamp":"2026-03-08T06:00:05.123456Z","capability_id":"org.weft.bench","decision_id":"pd-{run}-{i}","outcome":"success","metadata":{{"flow_id":"f-{}","pad":""#,
+                i % requests.max(1)
+            );
+            let pad = payload_bytes.saturating_sub(head.len() + 3);
+            let payload = format!("{head}{}\"}}}}", "x".repeat(pad));
+            let text = format!(
+                r#"{{"kind":"trace_event","request_id":"req-{run}-{}","tenant":"bench","payload":{payload}}}"#,
+                i % requests.max(1)
+            );
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("bench event: {e}"))
+        })
+        .collect()
+}
+
+pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
+    let BenchWhat::Publish(args) = args.what;
+    let mut pargs = args.publisher.clone();
+    let run = format!(
+        "{}-{}",
+        std::process::id(),
+        weft_schemas::time::now_rfc3339()
+    );
+    if pargs.topic_prefix.is_none() {
+        pargs.topic_prefix = Some(format!("bench{}.", std::process::id()));
+    }
+    if pargs.spool_dir.is_none() {
+        pargs.spool_dir =
+            Some(std::env::temp_dir().join(format!("weft-bench-spool-{}", std::process::id())));
+    }
+    let n = args.events;
+    eprintln!("generating {n} events of ~{} B ...", args.payload_bytes);
+    let events = make_events(n, args.payload_bytes, args.requests, &run);
+    let bytes: usize = events.iter().map(|e| e.payload.get().len()).sum();
+
+    // Where time goes, part 1: validation (JSON parse + JSON Schema + identity) alone.
+    let sample = events.len().min(100_000);
+    let t = cpu_seconds(libc::RUSAGE_THREAD);
+    for e in &events[..sample] {
+        e.validate().context("bench event invalid")?;
+    }
+    let validate_us = (cpu_seconds(libc::RUSAGE_THREAD) - t) / sample as f64 * 1e6;
+    // Part 2: encoding the record (value + headers) alone.
+    let t = cpu_seconds(libc::RUSAGE_THREAD);
+    for e in &events[..sample] {
+        let v = wire::encode_value(e, ContentType::Json, &SchemaIds::default())?;
+        let h = wire::encode_headers(e, ContentType::Json);
+        std::hint::black_box((v, h));
+    }
+    let encode_us = (cpu_seconds(libc::RUSAGE_THREAD) - t) / sample as f64 * 1e6;
+
+    let publisher = pargs.connect(&settings).await?;
+    // Warm-up: metadata, connections, producer id.
+    publisher
+        .publish(make_events(1, 200, 1, &format!("{run}-warm")).remove(0))?
+        .await?;
+    let p = publisher.clone();
+    let window = args.window.max(1);
+    let cpu0 = cpu_seconds(libc::RUSAGE_SELF);
+    let wall0 = Instant::now();
+    let (caller_cpu, kafka, spooled) = tokio::task::spawn_blocking(move || {
+        let t0 = cpu_seconds(libc::RUSAGE_THREAD);
+        let mut pending: std::collections::VecDeque<Receipt> = std::collections::VecDeque::new();
+        let (mut kafka, mut spooled) = (0u64, 0u64);
+        let mut settle = |r: Receipt| -> anyhow::Result<()> {
+            match r.wait_blocking()? {
+                Delivery::Kafka { .. } => kafka += 1,
+                Delivery::Spooled => spooled += 1,
+            }
+            Ok(())
+        };
+        for e in events {
+            pending.push_back(p.publish(e)?);
+            if pending.len() >= window {
+                if let Some(r) = pending.pop_front() {
+                    settle(r)?;
+                }
+            }
+        }
+        for r in pending {
+            settle(r)?;
+        }
+        let caller = cpu_seconds(libc::RUSAGE_THREAD) - t0;
+        anyhow::Ok((caller, kafka, spooled))
+    })
+    .await??;
+    let wall = wall0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(libc::RUSAGE_SELF) - cpu0;
+    let p = publisher.clone();
+    tokio::task::spawn_blocking(move || p.close(Duration::from_secs(30))).await?;
+
+    let nf = n as f64;
+    println!(
+        "events            {n} ({:.0} B payload avg, {kafka} acked by Kafka, {spooled} spooled)",
+        bytes as f64 / nf
+    );
+    println!("wall              {wall:.2} s");
+    println!(
+        "throughput        {:.0} events/s ({:.1} MB/s of payload)",
+        nf / wall,
+        bytes as f64 / wall / 1e6
+    );
+    println!(
+        "process CPU       {cpu:.2} s = {:.2} us/event (all threads)",
+        cpu / nf * 1e6
+    );
+    println!("per core          {:.0} events per CPU-second", nf / cpu);
+    println!(
+        "caller thread     {:.2} us/event (validate + stamp + encode + enqueue)",
+        caller_cpu / nf * 1e6
+    );
+    println!("  validate alone  {validate_us:.2} us/event (parse + JSON Schema + identity)");
+    println!("  encode alone    {encode_us:.2} us/event (value + headers)");
+    println!(
+        "other threads     {:.2} us/event (librdkafka: batching, lz4, network; delivery callbacks)",
+        (cpu - caller_cpu) / nf * 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! `weft gateway`: the HTTP ingest endpoint in front of the Publisher.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use weft_producers::auth::ApiKeys;
+use weft_producers::gateway::{self, Gateway};
+
+use crate::cmd::publish::PublisherArgs;
+use crate::config::Settings;
+
+/// Run the HTTP ingest gateway: POST /v1/events, GET /healthz, GET /metrics.
+///
+/// POST /v1/events takes a JSON array or NDJSON (Content-Type: application/x-ndjson, or
+/// sniffed) of envelopes {kind, request_id?, tenant?, payload}. Each item is validated on
+/// its own; the answer lists per item {index, status: accepted|rejected, id?, error?:
+/// {code, message}}, and comes only once the accepted items are durable (Kafka ack or spool
+/// fsync). HTTP 200 = all accepted, 207 = some, 400 = none (403 if all named another
+/// tenant), 413 = body over --max-body-bytes, 401 = missing or unknown key.
+///
+/// API keys (bearer tokens, `Authorization: Bearer <key>`): each key writes exactly one
+/// tenant. Items without a tenant get the key's tenant; items naming another tenant are
+/// rejected with `tenant_forbidden`. Configure keys in any of these (they are merged):
+///   WEFT_GATEWAY_KEYS="key1=tenantA,key2=tenantB"     (environment; or --keys)
+///   [gateway] keys = { "key1" = "tenantA" }            (the --config TOML file)
+///   --keys-file FILE / [gateway] keys_file = "FILE"    (one key=tenant per line, # comments)
+/// With no key configured, every request is refused (401).
+///
+/// Listens on 127.0.0.1:8787 by default. A non-loopback --listen address is refused unless
+/// --allow-remote is given (then put TLS termination in front of it).
+///
+/// Examples:
+///   WEFT_GATEWAY_KEYS="s3cret=acme" weft gateway
+///   curl -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/x-ndjson' \
+///        --data-binary @events.jsonl http://127.0.0.1:8787/v1/events
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct GatewayArgs {
+    /// Address to listen on [default: [gateway] listen, else 127.0.0.1:8787].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Allow a --listen address that is not loopback.
+    #[arg(long)]
+    pub allow_remote: bool,
+
+    /// API keys as key=tenant,key=tenant (prefer the environment variable over the flag).
+    #[arg(
+        long,
+        env = "WEFT_GATEWAY_KEYS",
+        hide_env_values = true,
+        value_name = "KEY=TENANT,..."
+    )]
+    pub keys: Option<String>,
+
+    /// File of key=tenant lines.
+    #[arg(long, env = "WEFT_GATEWAY_KEYS_FILE", value_name = "FILE")]
+    pub keys_file: Option<PathBuf>,
+
+    /// Largest request body in bytes [default: [gateway] max_body_bytes, else 8 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+
+    #[command(flatten)]
+    pub publisher: PublisherArgs,
+}
+
+pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
+    let cfg = &settings.gateway;
+    let mut keys = ApiKeys::default();
+    keys.add_map(&cfg.keys).context("[gateway] keys")?;
+    if let Some(f) = args.keys_file.as_ref().or(cfg.keys_file.as_ref()) {
+        keys.add_file(f)?;
+    }
+    if let Some(list) = &args.keys {
+        keys.add_list(list).context("WEFT_GATEWAY_KEYS / --keys")?;
+    }
+    if keys.is_empty() {
+        tracing::warn!("no API keys configured: every request will get 401 (see --help)");
+    }
+    let listen = args.listen.unwrap_or(cfg.listen);
+    let max_body = args.max_body_bytes.unwrap_or(cfg.max_body_bytes);
+    let publisher = args.publisher.connect(&settings).await?;
+    let listener = weft_http::bind(listen, args.allow_remote).await?;
+    let local = listener.local_addr()?;
+    tracing::info!(listen = %local, keys = keys.len(), max_body, "gateway listening");
+    // A line on stdout that scripts and tests can wait for (the port may be 0 = any).
+    println!("listening on http://{local}");
+    let gw = Gateway::new(publisher.clone(), keys, max_body);
+    gateway::serve(listener, gw, shutdown_signal()).await?;
+    tracing::info!("shutting down: flushing in-flight events");
+    tokio::task::spawn_blocking(move || publisher.close(Duration::from_secs(30))).await?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,170 @@
+//! The Publisher against the real local broker: what goes in comes back out byte for byte,
+//! keyed per the key rule, with the envelope in headers; invalid events never reach Kafka.
+
+mod common;
+mod publish_support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use publish_support::{config, consume, count, trace_envelope};
+use serde_json::Value;
+use weft_producers::simulate::{generate, SimConfig};
+use weft_producers::{Delivery, PublishError, Publisher, ValueFormat};
+use weft_schemas::wire::header;
+use weft_schemas::{Envelope, Kind};
+
+async fn close(p: Publisher) {
+    tokio::task::spawn_blocking(move || p.close(Duration::from_secs(10)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_round_trips_byte_identical_with_the_key_rule() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let p = Publisher::connect(config(&prefix, spool.path()))
+        .await
+        .unwrap();
+    let created = p.ensure_topics().await.unwrap();
+    assert_eq!(created.len(), 9, "8 event topics and the dead-letter topic");
+    assert!(p.ensure_topics().await.unwrap().is_empty(), "idempotent");
+
+    // Realistic traffic of all eight kinds, some without a request id.
+    let (envs, _) = generate(&SimConfig {
+        seed: 7,
+        flows: 12,
+        no_request_id: 0.2,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let kinds: std::collections::BTreeSet<Kind> = envs.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds.len(), 8, "the sample covers every kind");
+    assert!(envs.iter().any(|e| e.request_id.is_none()));
+
+    let mut receipts = Vec::new();
+    for e in &envs {
+        receipts.push((e.clone(), p.publish(e.clone()).unwrap()));
+    }
+    let mut expected: HashMap<String, (Envelope, String)> = HashMap::new();
+    for (e, r) in receipts {
+        let id = r.id.clone();
+        let d = r.await.unwrap();
+        assert!(
+            matches!(d, Delivery::Kafka { offset, .. } if offset >= 0),
+            "{d:?}"
+        );
+        expected.insert(id.clone(), (e, id));
+    }
+
+    let topics = p.topics().event_topics();
+    let recs = consume(&topics, envs.len(), Duration::from_secs(60));
+    assert_eq!(recs.len(), envs.len(), "every event arrives");
+    let mut seqs = std::collections::HashSet::new();
+    for rec in &recs {
+        let back = rec.envelope();
+        let id =
+            weft_schemas::identity::identity(back.kind, &back.payload_value().unwrap()).unwrap();
+        let (sent, _) = expected
+            .remove(&id)
+            .unwrap_or_else(|| panic!("unexpected or duplicate record {id}"));
+        assert_eq!(
+            rec.value,
+            sent.payload.get().as_bytes(),
+            "value is the submitted payload text"
+        );
+        assert_eq!(back.payload.get(), sent.payload.get());
+        assert_eq!(back.kind, sent.kind);
+        assert_eq!(rec.topic, p.topics().topic(sent.kind));
+        assert_eq!(back.tenant, sent.tenant);
+        assert_eq!(back.request_id, sent.request_id);
+        let want_key = sent.request_id.clone().unwrap_or(id.clone());
+        assert_eq!(rec.key.as_deref(), Some(want_key.as_bytes()), "key rule");
+        assert_eq!(
+            back.producer_id.as_deref(),
+            Some(p.producer_id()),
+            "stamped"
+        );
+        assert!(back.emitted_at.is_some(), "stamped");
+        assert!(seqs.insert(back.seq.unwrap()), "seq is unique per producer");
+        assert_eq!(
+            rec.header(header::CONTENT_TYPE).as_deref(),
+            Some("application/json")
+        );
+    }
+    assert!(
+        expected.is_empty(),
+        "missing: {:?}",
+        expected.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(p.metrics().published.get(), envs.len() as u64);
+    close(p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_events_are_errors_and_never_published() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let p = Publisher::connect(config(&prefix, spool.path()))
+        .await
+        .unwrap();
+    p.ensure_topics().await.unwrap();
+
+    let bad_schema: Envelope = serde_json::from_str(
+        r#"{"kind":"trace_event","payload":{"event_id":"x","event_type":"not_a_type","timestamp":"2026-03-08T06:00:05Z"}}"#,
+    )
+    .unwrap();
+    let err = p.publish(bad_schema).unwrap_err();
+    assert_eq!(err.code(), "schema_invalid", "{err}");
+    let bad_tenant = trace_envelope("inv", 1, Some("r")).with_tenant("no spaces allowed");
+    assert_eq!(p.publish(bad_tenant).unwrap_err().code(), "bad_tenant");
+    let not_object: Envelope = serde_json::from_str(r#"{"kind":"frame","payload":[1,2]}"#).unwrap();
+    assert!(matches!(
+        p.publish(not_object),
+        Err(PublishError::Invalid(_))
+    ));
+
+    // A valid one, published after the invalid ones, is the only record.
+    let ok = p.publish(trace_envelope("inv", 2, Some("r"))).unwrap();
+    ok.await.unwrap();
+    let topics = p.topics().event_topics();
+    let recs = consume(&topics, 1, Duration::from_secs(30));
+    assert_eq!(recs.len(), 1);
+    assert_eq!(count(&topics), 1, "no invalid event reached Kafka");
+    close(p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_helper_and_avro_single_object() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let mut cfg = config(&prefix, spool.path());
+    cfg.content_type = ValueFormat::Avro;
+    cfg.tenant = "acme".into();
+    let p = Publisher::connect(cfg).await.unwrap();
+    p.ensure_topics().await.unwrap();
+
+    let text = publish_support::trace_payload("avro", 1);
+    let typed: weft_schemas::contracts::TraceEvent = serde_json::from_str(&text).unwrap();
+    let r = p.publish_trace_event(&typed, Some("req-avro")).unwrap();
+    assert_eq!(r.id, "te-avro-1");
+    r.await.unwrap();
+
+    let topics = vec![p.topics().topic(Kind::TraceEvent)];
+    let recs = consume(&topics, 1, Duration::from_secs(30));
+    assert_eq!(recs.len(), 1);
+    let rec = &recs[0];
+    assert_eq!(&rec.value[..2], &[0xC3, 0x01], "single-object framing");
+    assert_eq!(
+        rec.header(header::CONTENT_TYPE).as_deref(),
+        Some("application/avro; framing=single-object")
+    );
+    let back = rec.envelope();
+    assert_eq!(back.tenant, "acme");
+    assert_eq!(back.request_id.as_deref(), Some("req-avro"));
+    let got: Value = serde_json::from_str(back.payload.get()).unwrap();
+    let want: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(got, want, "Avro decodes to an equal payload");
+    close(p).await;
+}
