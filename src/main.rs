@@ -69,8 +69,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // Offline, with its own 0/1/2 exit contract; needs neither config nor a runtime.
         Command::Validate(a) => Ok(cmd::validate::run(a)),
         Command::Migrate(a) => block_on(cmd::migrate::run(a, settings()?)),
-        // Offline and synchronous: writes files, needs no config.
-        Command::Simulate(a) => cmd::simulate::run(*a).map(|()| ExitCode::SUCCESS),
+        // Synchronous; reads the config only to --publish.
+        Command::Simulate(a) => cmd::simulate::run(*a, settings).map(|()| ExitCode::SUCCESS),
         // Exit 1 when any line was rejected or could not be made durable.
         Command::Publish(a) => {
             let ok = tokio::runtime::Runtime::new()?.block_on(cmd::publish::run(*a, settings()?))?;

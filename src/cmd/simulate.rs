@@ -1,6 +1,7 @@
-//! `weft simulate`: realistic agent-kernel + ChainWeaver traffic as JSONL envelopes, with
-//! the ground truth that ingest, narrative and audit tests check against.
+//! `weft simulate`: realistic agent-kernel + ChainWeaver traffic as JSONL envelopes (or
+//! published directly), with the ground truth that ingest, narrative and audit tests check.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -9,6 +10,19 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use weft_producers::simulate::{Mix, SimConfig, Simulation, DEFAULT_START};
+use weft_producers::{Delivery, PublishError, Publisher, Receipt};
+use weft_schemas::Envelope;
+
+use crate::cmd::publish::PublisherArgs;
+use crate::config::Settings;
+
+const GENERATE: &str = "What to generate";
+const OUTPUT: &str = "Output";
+const STRESS: &str = "Narrative-builder stressors";
+const VARIATIONS: &str = "Variations (share of flows, at most one per flow)";
+
+/// Receipts awaited at once with --publish (bounds memory; as `weft publish --window`).
+const PUBLISH_WINDOW: usize = 50_000;
 
 /// Generate realistic Weaver traffic (envelopes, one per line) and its ground truth.
 ///
@@ -34,163 +48,141 @@ use weft_producers::simulate::{Mix, SimConfig, Simulation, DEFAULT_START};
 ///   weft simulate --events 1000000 --clean --out /dev/null
 ///   weft simulate --shuffle --no-request-id 0.2 --duplicates 0.05 --delay 0.1 \
 ///       --held-back-out late.jsonl --truth truth.json --out events.jsonl
+///   weft simulate --publish --rate 5000 --events 1000000 --truth truth.json
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct SimulateArgs {
-    /// How many flows (requests) to generate; a flow is 9 to 30 envelopes (about 21 on average).
-    #[arg(
-        help_heading = "What to generate",
-        long,
-        default_value_t = 100,
-        value_name = "N"
-    )]
+    /// How many flows (requests) to generate; a flow is 9 to 30 envelopes (about 21).
+    #[arg(help_heading = GENERATE, long, default_value_t = 100, value_name = "N")]
     pub flows: u64,
 
     /// Generate whole flows until at least N envelopes are out (overrides --flows). Use it
     /// to size benchmarks in events rather than flows.
-    #[arg(help_heading = "What to generate", long, value_name = "N")]
+    #[arg(help_heading = GENERATE, long, value_name = "N")]
     pub events: Option<u64>,
 
     /// Seeds every random choice and is part of every id. Change it to get different, non
     /// colliding traffic; keep it to reproduce a run byte for byte.
-    #[arg(help_heading = "What to generate", long, default_value_t = 1)]
+    #[arg(help_heading = GENERATE, long, default_value_t = 1)]
     pub seed: u64,
 
     /// RFC 3339 time of the first flow; all timestamps derive from it.
-    #[arg(help_heading = "What to generate", long, default_value = DEFAULT_START, value_name = "TIME")]
+    #[arg(help_heading = GENERATE, long, default_value = DEFAULT_START, value_name = "TIME")]
     pub start: String,
 
     /// Mean gap between flow starts in event time (ms). Flows last seconds, so with the
     /// default many overlap, as in real traffic.
-    #[arg(
-        help_heading = "What to generate",
-        long,
-        default_value_t = 100,
-        value_name = "MS"
-    )]
+    #[arg(help_heading = GENERATE, long, default_value_t = 100, value_name = "MS")]
     pub flow_interval_ms: u64,
 
     /// Tenant written on every envelope.
-    #[arg(help_heading = "What to generate", long, default_value = weft_schemas::DEFAULT_TENANT)]
+    #[arg(help_heading = GENERATE, long, default_value = weft_schemas::DEFAULT_TENANT)]
     pub tenant: String,
 
     /// Where the envelopes go, one JSON object per line (`-` = standard output). Feed it to
-    /// `weft publish` or POST it to the gateway.
-    #[arg(
-        help_heading = "Output",
-        long,
-        short,
-        default_value = "-",
-        value_name = "FILE"
-    )]
-    pub out: PathBuf,
+    /// `weft publish` or POST it to the gateway. Default: standard output; with --publish,
+    /// nowhere.
+    #[arg(help_heading = OUTPUT, long, short, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 
-    /// Write the held-back envelopes (--delay) here instead of at the end of --out, so a
-    /// test can publish them only after the rest has been ingested.
-    #[arg(help_heading = "Output", long, value_name = "FILE")]
+    /// Publish every envelope through the Publisher (Kafka, with the durable spool) as it
+    /// is generated, and return once all are durable. Held-back envelopes are published
+    /// last, or written to --held-back-out instead when it is given. Combine with --rate
+    /// for steady traffic. Reads the [kafka] and [publisher] config like `weft publish`.
+    #[arg(help_heading = OUTPUT, long)]
+    pub publish: bool,
+
+    /// Write the held-back envelopes (--delay) here instead of at the end of the stream,
+    /// so a test can send them only after the rest has been ingested.
+    #[arg(help_heading = OUTPUT, long, value_name = "FILE")]
     pub held_back_out: Option<PathBuf>,
 
     /// Write the ground truth here (JSON): per request its members [{kind,id}], links
     /// [{from,to,via}] (a metadata.flow_id link points at {kind: "flow", id: <flow id>}),
     /// dangling references, events without request id and injected violations; plus
-    /// stream totals. Kept in memory until the end (about 0.5 KB per
-    /// event; the file takes about 0.2 KB per event).
-    #[arg(help_heading = "Output", long, value_name = "FILE")]
+    /// stream totals. Kept in memory until the end (about 0.5 KB per event; the file
+    /// takes about 0.2 KB per event).
+    #[arg(help_heading = OUTPUT, long, value_name = "FILE")]
     pub truth: Option<PathBuf>,
 
     /// Pace the output at N envelopes per second (0 = as fast as possible). Event
     /// timestamps do not change with the pace.
-    #[arg(help_heading = "Output", long, default_value_t = 0.0, value_name = "N")]
+    #[arg(help_heading = OUTPUT, long, default_value_t = 0.0, value_name = "N")]
     pub rate: f64,
 
     /// Shuffle the stream, as partitions and retries do. Only the order changes.
-    #[arg(help_heading = "Narrative-builder stressors", long)]
+    #[arg(help_heading = STRESS, long)]
     pub shuffle: bool,
 
     /// Shuffle within windows of N envelopes (0 = the whole stream, held in memory).
-    #[arg(
-        help_heading = "Narrative-builder stressors",
-        long,
-        default_value_t = 10_000,
-        value_name = "N"
-    )]
+    #[arg(help_heading = STRESS, long, default_value_t = 10_000, value_name = "N")]
     pub shuffle_window: usize,
 
-    /// Fraction of envelopes held back and written after all others (late arrivals, to
+    /// Fraction of envelopes held back and sent after all others (late arrivals, to
     /// exercise late binding).
-    #[arg(
-        help_heading = "Narrative-builder stressors",
-        long,
-        default_value_t = 0.0,
-        value_name = "P"
-    )]
+    #[arg(help_heading = STRESS, long, default_value_t = 0.0, value_name = "P")]
     pub delay: f64,
 
     /// Fraction of envelopes sent twice, byte for byte (retries; ingest must store once).
-    #[arg(
-        help_heading = "Narrative-builder stressors",
-        long,
-        default_value_t = 0.0,
-        value_name = "P"
-    )]
+    #[arg(help_heading = STRESS, long, default_value_t = 0.0, value_name = "P")]
     pub duplicates: f64,
 
     /// Fraction of events sent without a request id. Only events linked by id to an event
     /// of their request that keeps its id lose it, so the narrative builder can recover
     /// them through the decision → frame → handle chain.
-    #[arg(
-        help_heading = "Narrative-builder stressors",
-        long,
-        default_value_t = 0.0,
-        value_name = "P"
-    )]
+    #[arg(help_heading = STRESS, long, default_value_t = 0.0, value_name = "P")]
     pub no_request_id: f64,
 
     /// Only clean flows: no denials, failures or violations (sets every variation to 0).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, conflicts_with_all = ["deny", "partial", "failure", "expired_token",
-        "reused_token", "out_of_scope", "unauthorized", "raw_output", "orphan", "id_conflict"])]
+    #[arg(help_heading = VARIATIONS, long, conflicts_with_all = ["deny", "partial",
+        "failure", "expired_token", "reused_token", "out_of_scope", "unauthorized",
+        "raw_output", "orphan", "id_conflict"])]
     pub clean: bool,
 
     /// Share of flows with a denied step (capability_denied, flow_failed). Legitimate.
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().deny, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().deny, value_name = "P")]
     pub deny: f64,
 
     /// Share of flows with a partial execution (outcome partial). Legitimate.
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().partial, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().partial, value_name = "P")]
     pub partial: f64,
 
     /// Share of flows whose tool fails (flow_failed). Legitimate.
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().failure, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().failure, value_name = "P")]
     pub failure: f64,
 
     /// Share of flows using a token after its expires_at (I-06).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().expired_token, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().expired_token, value_name = "P")]
     pub expired_token: f64,
 
     /// Share of flows reusing a single-use token in a second step (I-06).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().reused_token, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().reused_token, value_name = "P")]
     pub reused_token: f64,
 
     /// Share of flows executing a capability outside the token's scope (I-06).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().out_of_scope, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().out_of_scope, value_name = "P")]
     pub out_of_scope: f64,
 
     /// Share of flows executing without an allow decision, after a deny, or without
     /// capability_authorized first (I-02).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().unauthorized, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().unauthorized, value_name = "P")]
     pub unauthorized: f64,
 
     /// Share of flows with a Frame carrying raw_output (I-01).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().raw_output, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().raw_output, value_name = "P")]
     pub raw_output: f64,
 
     /// Share of flows whose capability_executed references a Handle never sent (orphan).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().orphan, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().orphan, value_name = "P")]
     pub orphan: f64,
 
     /// Share of flows sending one id twice with different content (id conflict).
-    #[arg(help_heading = "Variations (share of flows, at most one per flow)", long, default_value_t = Mix::default().id_conflict, value_name = "P")]
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().id_conflict, value_name = "P")]
     pub id_conflict: f64,
+
+    /// Publisher options (with --publish).
+    #[command(flatten, next_help_heading = "Publishing (with --publish)")]
+    pub publisher: PublisherArgs,
 }
 
 impl SimulateArgs {
@@ -238,6 +230,11 @@ fn create(path: &Path) -> anyhow::Result<Box<dyn Write>> {
     })
 }
 
+fn write_line(w: &mut dyn Write, env: &Envelope) -> io::Result<()> {
+    serde_json::to_writer(&mut *w, env)?;
+    w.write_all(b"\n")
+}
+
 /// Holds output to `--rate` envelopes per second by sleeping when ahead of schedule.
 struct Pace {
     per_event: Option<Duration>,
@@ -256,61 +253,176 @@ impl Pace {
         })
     }
 
-    /// Wait until envelope number `n` is due; flush first so readers see what is out.
-    fn wait(&self, n: u64, out: &mut dyn Write) -> io::Result<()> {
+    /// Wait until envelope number `n` is due, flushing first so readers see what is out.
+    fn wait(&self, n: u64, sink: &mut Sink) -> io::Result<()> {
         let Some(step) = self.per_event else {
             return Ok(());
         };
         let due = self.started + step.mul_f64(n as f64);
         let now = Instant::now();
         if due > now {
-            out.flush()?;
+            sink.flush()?;
             std::thread::sleep(due - now);
         }
         Ok(())
     }
 }
 
-pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+/// --publish: the Publisher, and the receipts not yet settled.
+struct Publishing {
+    /// Kept for the Publisher's async parts (connect, registry); publishing itself is sync.
+    _runtime: tokio::runtime::Runtime,
+    publisher: Publisher,
+    window: VecDeque<Receipt>,
+    kafka: u64,
+    spooled: u64,
+    rejected: u64,
+    first_rejection: Option<String>,
+}
+
+impl Publishing {
+    fn connect(args: &PublisherArgs, settings: &Settings) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Runtime::new()?;
+        let publisher = runtime.block_on(args.connect(settings))?;
+        Ok(Self {
+            _runtime: runtime,
+            publisher,
+            window: VecDeque::new(),
+            kafka: 0,
+            spooled: 0,
+            rejected: 0,
+            first_rejection: None,
+        })
+    }
+
+    fn settle(&mut self, r: Result<Delivery, PublishError>) {
+        match r {
+            Ok(Delivery::Kafka { .. }) => self.kafka += 1,
+            Ok(Delivery::Spooled) => self.spooled += 1,
+            Err(e) => {
+                self.rejected += 1;
+                self.first_rejection
+                    .get_or_insert_with(|| format!("[{}] {e}", e.code()));
+            }
+        }
+    }
+
+    fn publish(&mut self, env: Envelope) {
+        match self.publisher.publish(env) {
+            Ok(r) => self.window.push_back(r),
+            Err(e) => self.settle(Err(e)),
+        }
+        while self.window.len() > PUBLISH_WINDOW {
+            if let Some(r) = self.window.pop_front() {
+                self.settle(r.wait_blocking());
+            }
+        }
+    }
+
+    /// Wait until every event is durable, then close the publisher.
+    fn finish(&mut self) {
+        while let Some(r) = self.window.pop_front() {
+            self.settle(r.wait_blocking());
+        }
+        self.publisher.close(Duration::from_secs(30));
+    }
+}
+
+/// Where envelopes go: the --out file, the --held-back-out file, the Publisher.
+struct Sink {
+    out: Option<Box<dyn Write>>,
+    held_back_path: Option<PathBuf>,
+    held_back: Option<Box<dyn Write>>,
+    publishing: Option<Publishing>,
+}
+
+impl Sink {
+    fn put(&mut self, env: Envelope, held_back: bool) -> anyhow::Result<()> {
+        if let (true, Some(path)) = (held_back, self.held_back_path.clone()) {
+            if self.held_back.is_none() {
+                self.flush()?;
+                self.held_back = Some(create(&path)?);
+            }
+            if let Some(w) = self.held_back.as_deref_mut() {
+                write_line(w, &env)?;
+            }
+            return Ok(());
+        }
+        if let Some(w) = self.out.as_deref_mut() {
+            write_line(w, &env)?;
+        }
+        if let Some(p) = self.publishing.as_mut() {
+            p.publish(env);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        for w in [self.out.as_deref_mut(), self.held_back.as_deref_mut()]
+            .into_iter()
+            .flatten()
+        {
+            w.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// A reader that stops early (`| head`) ends the run quietly; it is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Run the simulation. `settings` is only loaded with --publish: plain generation needs no
+/// configuration and never fails on a bad config file.
+pub fn run(
+    args: SimulateArgs,
+    settings: impl FnOnce() -> anyhow::Result<Settings>,
+) -> anyhow::Result<()> {
     let cfg = args.config();
     let span = tracing::info_span!("simulate", seed = cfg.seed);
     let _guard = span.enter();
     let mut sim = Simulation::new(cfg).context("invalid simulation options")?;
     let pace = Pace::new(args.rate)?;
-    let mut out = create(&args.out)?;
-    let mut late: Option<Box<dyn Write>> = None;
+    let out = match (&args.out, args.publish) {
+        (Some(path), _) => Some(create(path)?),
+        (None, false) => Some(create(Path::new("-"))?),
+        (None, true) => None,
+    };
+    let publishing = if args.publish {
+        Some(Publishing::connect(&args.publisher, &settings()?)?)
+    } else {
+        None
+    };
+    let mut sink = Sink {
+        out,
+        held_back_path: args.held_back_out.clone(),
+        held_back: None,
+        publishing,
+    };
     let started = Instant::now();
-    let mut written = 0u64;
-    let result: io::Result<()> = (|| {
+    let mut n = 0u64;
+    let result: anyhow::Result<()> = (|| {
         while let Some(env) = sim.next() {
-            pace.wait(written, out.as_mut())?;
-            let w: &mut dyn Write = match (&args.held_back_out, sim.emitting_held_back()) {
-                (Some(path), true) => {
-                    if late.is_none() {
-                        out.flush()?;
-                        late = Some(create(path).map_err(io::Error::other)?);
-                    }
-                    late.as_deref_mut().unwrap_or(out.as_mut())
-                }
-                _ => out.as_mut(),
-            };
-            serde_json::to_writer(&mut *w, &env)?;
-            w.write_all(b"\n")?;
-            written += 1;
+            pace.wait(n, &mut sink)?;
+            sink.put(env, sim.emitting_held_back())?;
+            n += 1;
         }
-        out.flush()?;
-        if let Some(l) = late.as_mut() {
-            l.flush()?;
-        }
+        sink.flush()?;
         Ok(())
     })();
     match result {
-        // A reader that stops early (`| head`) is not an error.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
-            tracing::info!(written, "output closed by the reader; stopping");
+        Err(e) if is_broken_pipe(&e) => {
+            tracing::info!(written = n, "output closed by the reader; stopping");
             return Ok(());
         }
         other => other.context("cannot write the envelopes")?,
+    }
+    if let Some(p) = sink.publishing.as_mut() {
+        p.finish();
     }
     let elapsed = started.elapsed();
     let truth = sim.truth();
@@ -325,7 +437,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         violations = t.violations.values().sum::<u64>(),
         seconds = elapsed.as_secs_f64(),
         events_per_second = (t.envelopes as f64 / elapsed.as_secs_f64().max(1e-9)).round(),
-        "simulation written"
+        "simulation done"
     );
     if let Some(path) = &args.truth {
         let mut w = create(path)?;
@@ -333,6 +445,21 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         w.write_all(b"\n")?;
         w.flush()
             .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let Some(p) = &sink.publishing {
+        eprintln!(
+            "{} envelopes: {} published to Kafka, {} spooled, {} rejected",
+            p.kafka + p.spooled + p.rejected,
+            p.kafka,
+            p.spooled,
+            p.rejected
+        );
+        if let Some(first) = &p.first_rejection {
+            anyhow::bail!(
+                "{} envelopes were not published; first: {first}",
+                p.rejected
+            );
+        }
     }
     Ok(())
 }
