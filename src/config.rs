@@ -97,6 +97,8 @@ pub struct Settings {
     pub publisher: weft_producers::PublisherConfig,
     /// `weft gateway`: listen address, API keys, body limit.
     pub gateway: weft_producers::gateway::GatewayConfig,
+    /// `weft ingest`: consumer group, batching, roles (empty brokers = `[kafka]`).
+    pub ingest: weft_consumers::ingest::IngestConfig,
 }
 
 impl Settings {

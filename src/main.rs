@@ -38,12 +38,16 @@ enum Command {
     Publish(Box<cmd::publish::PublishArgs>),
     Gateway(Box<cmd::gateway::GatewayArgs>),
     Bench(Box<cmd::bench::BenchArgs>),
+    Ingest(Box<cmd::ingest::IngestArgs>),
+    Narrative(cmd::narrative::NarrativeArgs),
+    Rebuild(cmd::rebuild::RebuildArgs),
 }
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -73,11 +77,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Simulate(a) => cmd::simulate::run(*a, settings).map(|()| ExitCode::SUCCESS),
         // Exit 1 when any line was rejected or could not be made durable.
         Command::Publish(a) => {
-            let ok = tokio::runtime::Runtime::new()?.block_on(cmd::publish::run(*a, settings()?))?;
-            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            let ok =
+                tokio::runtime::Runtime::new()?.block_on(cmd::publish::run(*a, settings()?))?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Gateway(a) => block_on(cmd::gateway::run(*a, settings()?)),
         Command::Bench(a) => block_on(cmd::bench::run(*a, settings()?)),
+        Command::Ingest(a) => block_on(cmd::ingest::run(*a, settings()?)),
+        Command::Narrative(a) => {
+            let found =
+                tokio::runtime::Runtime::new()?.block_on(cmd::narrative::run(a, settings()?))?;
+            Ok(if found {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Rebuild(a) => block_on(cmd::rebuild::run(a, settings()?)),
     }
 }
 

@@ -61,7 +61,10 @@ async fn extension_fields_survive_every_framing_through_kafka() {
         let value = wire::encode_value(&env, ct, &ids).unwrap();
         let mut headers = OwnedHeaders::new();
         for (k, v) in wire::encode_headers(&env, ct) {
-            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
         }
         let record = FutureRecord::to(&topic)
             .key("req-ext")
@@ -89,11 +92,17 @@ async fn extension_fields_survive_every_framing_through_kafka() {
     let mut seen = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while seen.len() < framings.len() && std::time::Instant::now() < deadline {
-        let Some(msg) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
         let msg = msg.unwrap();
         let hdrs: Vec<(&str, &[u8])> = msg
             .headers()
-            .map(|h| h.iter().map(|h| (h.key, h.value.unwrap_or_default())).collect())
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key, h.value.unwrap_or_default()))
+                    .collect()
+            })
             .unwrap_or_default();
         let (back, ct) = wire::decode(&hdrs, msg.payload().unwrap(), None, &ids).unwrap();
         assert_eq!(msg.key(), Some(&b"req-ext"[..]));
@@ -102,7 +111,10 @@ async fn extension_fields_survive_every_framing_through_kafka() {
         assert_eq!(back.request_id.as_deref(), Some("req-ext"));
         assert_eq!(back.producer_id.as_deref(), Some("test"));
         assert_eq!(back.seq, Some(3));
-        assert_eq!(back.emitted_at.as_deref(), Some("2026-03-08T06:00:06.123456Z"));
+        assert_eq!(
+            back.emitted_at.as_deref(),
+            Some("2026-03-08T06:00:06.123456Z")
+        );
         let got: Value = serde_json::from_str(back.payload.get()).unwrap();
         assert_eq!(got, want, "{ct:?} lost or changed a field");
         if ct == ContentType::Json {

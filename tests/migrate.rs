@@ -16,25 +16,39 @@ fn migrate(db: &str) -> std::process::Output {
 async fn migrate_twice_is_a_no_op_the_second_time() {
     let db = common::unique("weft_it_migrate");
     let first = migrate(&db);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
     let n = weft_schemas::migrations::all().len();
     assert!(String::from_utf8_lossy(&first.stdout).contains(&format!("{n} applied now")));
 
     let second = migrate(&db);
-    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
     assert!(
-        String::from_utf8_lossy(&second.stdout).contains(&format!("0 applied now [], {n} already applied")),
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&second.stdout)
+            .contains(&format!("0 applied now [], {n} already applied")),
         "{}",
         String::from_utf8_lossy(&second.stdout)
     );
 
-    let client = Client::default().with_url(common::clickhouse_url()).with_database(&db);
+    let client = Client::default()
+        .with_url(common::clickhouse_url())
+        .with_database(&db);
     let rows: Vec<u32> = client
         .query("SELECT version FROM weft_schema_migrations ORDER BY version")
         .fetch_all()
         .await
         .unwrap();
-    let want: Vec<u32> = weft_schemas::migrations::all().iter().map(|m| m.version).collect();
+    let want: Vec<u32> = weft_schemas::migrations::all()
+        .iter()
+        .map(|m| m.version)
+        .collect();
     assert_eq!(rows, want, "each migration recorded exactly once");
     let tables: Vec<String> = client
         .query("SELECT name FROM system.tables WHERE database = ? ORDER BY name")
@@ -58,5 +72,8 @@ fn unreachable_clickhouse_is_a_clear_error() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("clickhouse at http://127.0.0.1:9"), "{stderr}");
+    assert!(
+        stderr.contains("clickhouse at http://127.0.0.1:9"),
+        "{stderr}"
+    );
 }

@@ -33,7 +33,11 @@ fn accepts_every_sample_payload_and_positive_corpus_entry() {
     files.sort();
     let mut ok = 0;
     for f in &files {
-        let stem = std::path::Path::new(f).file_stem().unwrap().to_str().unwrap();
+        let stem = std::path::Path::new(f)
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap();
         let kind = match stem {
             "frame_with_handles" => "frame",
             "trace_bundle_signed" => "trace_bundle",
@@ -67,7 +71,10 @@ fn rejects_every_negative_with_its_reason_and_exit_1() {
             "invariant" => format!("invariant {violates}"),
             _ => violates.split(':').next().unwrap().to_owned(),
         };
-        assert!(stdout.contains(&expect), "{f}: expected `{expect}` in {stdout}");
+        assert!(
+            stdout.contains(&expect),
+            "{f}: expected `{expect}` in {stdout}"
+        );
     }
 }
 
@@ -87,7 +94,12 @@ fn jsonl_envelopes_and_unusable_input() {
     )
     .unwrap();
     let out = run(&[good.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
 
     let bad = dir.join("bad.jsonl");
@@ -95,7 +107,10 @@ fn jsonl_envelopes_and_unusable_input() {
     let out = run(&[bad.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{stdout}");
-    assert!(stdout.contains("bad.jsonl:1: invalid (frame): required"), "{stdout}");
+    assert!(
+        stdout.contains("bad.jsonl:1: invalid (frame): required"),
+        "{stdout}"
+    );
     assert!(stdout.contains("bad.jsonl:2: not JSON"), "{stdout}");
 
     let out = run(&[dir.join("missing.json").to_str().unwrap()]);

@@ -157,7 +157,8 @@ mod tests {
     fn every_bad_input_has_a_reason_code() {
         let t = Topics::default();
         let ids = SchemaIds::default();
-        let cases: [(&str, &[u8], &[(&str, &[u8])], &str); 5] = [
+        type Case<'a> = (&'a str, &'a [u8], &'a [(&'a str, &'a [u8])], &'a str);
+        let cases: [Case; 5] = [
             ("weaver.frames", b"\xff\xfe garbage", &[], "undecodable"),
             (
                 "weaver.frames",

@@ -7,5 +7,8 @@
 
 pub mod decode;
 pub mod facts;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
 pub mod narrative;
 pub mod store;

@@ -54,6 +54,36 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// `true` for failures worth retrying: the server was unreachable or overloaded. A query
+    /// the server rejects (unknown table, bad SQL) will fail the same way again.
+    pub fn is_transient(&self) -> bool {
+        use clickhouse::error::Error as E;
+        match self {
+            StoreError::ClickHouse { source, .. } => match source {
+                E::Network(_) | E::TimedOut => true,
+                E::BadResponse(msg) => {
+                    // MEMORY_LIMIT_EXCEEDED, TOO_MANY_SIMULTANEOUS_QUERIES, TOO_MANY_PARTS,
+                    // TIMEOUT_EXCEEDED, ABORTED, and server-side network errors.
+                    [
+                        "Code: 241.",
+                        "Code: 202.",
+                        "Code: 252.",
+                        "Code: 159.",
+                        "Code: 236.",
+                        "Code: 209.",
+                        "Code: 210.",
+                    ]
+                    .iter()
+                    .any(|c| msg.contains(c))
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 /// A handle on weft's ClickHouse database.
 #[derive(Clone)]
 pub struct Store {
@@ -105,6 +135,8 @@ impl Store {
             .with_url(cfg.url.clone())
             .with_user(cfg.user.clone())
             .with_password(cfg.password.clone())
+            // `SELECT argMax(x, version) AS x` must read the column x, not its own alias.
+            .with_setting("prefer_column_name_to_alias", "1")
     }
 
     /// The client, bound to weft's database.

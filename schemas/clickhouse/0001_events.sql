@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS weft_events
     candidate_id  LowCardinality(String),
     flow_id       String,
     -- Every id link of the payload (see weft_schemas::links): (via, target kind, target id).
-    links         Array(Tuple(via String, kind String, id String)),
+    links         Array(Tuple(String, String, String)),
     -- 1 when an event with this (tenant, kind, id) but different content was seen before.
     conflict      UInt8,
     topic         LowCardinality(String),

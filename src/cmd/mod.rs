@@ -2,7 +2,10 @@
 
 pub mod bench;
 pub mod gateway;
+pub mod ingest;
 pub mod migrate;
+pub mod narrative;
 pub mod publish;
+pub mod rebuild;
 pub mod simulate;
 pub mod validate;

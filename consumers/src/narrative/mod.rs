@@ -2,3 +2,5 @@
 
 pub mod graph;
 pub mod projector;
+pub mod query;
+pub mod rebuild;

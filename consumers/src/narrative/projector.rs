@@ -25,7 +25,7 @@ use crate::store::{Store, StoreError};
 pub struct VersionClock(u64);
 
 impl VersionClock {
-    pub fn next(&mut self) -> u64 {
+    pub fn tick(&mut self) -> u64 {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
@@ -89,6 +89,9 @@ fn node_kind(s: &str) -> Option<NodeKind> {
 fn via_of(s: &str) -> Option<Via> {
     serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
 }
+
+/// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
+type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
 
 /// What one [`Projector::apply`] did, for metrics and logs.
 #[derive(Debug, Default, Clone, Copy)]
@@ -202,7 +205,7 @@ impl Projector {
         facts: &[&Fact],
         last_offset: i64,
     ) -> Result<ApplyStats, StoreError> {
-        let version = self.clock.next();
+        let version = self.clock.tick();
         let mut seeds = Vec::new();
         let mut fed: Vec<(NodeIdx, &Fact)> = Vec::with_capacity(facts.len());
         let mut link_rows = Vec::new();
@@ -318,10 +321,7 @@ impl Projector {
         version: u64,
         out: &mut Vec<NarrativeRow>,
     ) -> Result<usize, StoreError> {
-        let mut by_tenant: HashMap<
-            Arc<str>,
-            (HashSet<String>, HashMap<(String, String), Arc<str>>),
-        > = HashMap::new();
+        let mut by_tenant: HashMap<Arc<str>, Moves> = HashMap::new();
         for c in changes {
             let Some(old) = &c.old else { continue };
             let key = self.graph.key(c.node);
@@ -379,13 +379,9 @@ impl Projector {
 }
 
 /// Insert rows into a table in one statement (no-op when empty).
-pub(crate) async fn insert<T: Row + Serialize>(
-    store: &Store,
-    table: &str,
-    rows: &[T],
-) -> Result<(), StoreError>
+pub(crate) async fn insert<T>(store: &Store, table: &str, rows: &[T]) -> Result<(), StoreError>
 where
-    T: for<'a> Row<Value<'a> = T>,
+    T: Serialize + for<'a> Row<Value<'a> = T>,
 {
     if rows.is_empty() {
         return Ok(());

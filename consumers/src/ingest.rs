@@ -1,0 +1,812 @@
+//! `weft ingest`: the consumer that turns the weaver topics into facts and narratives.
+//!
+//! One loop reads records, decodes them ([`crate::decode`]), and buffers them per source
+//! partition. A flush (at `batch_max_rows`, `batch_max_bytes` or every `flush_interval`)
+//! takes each partition with data through the same steps, in this order:
+//! 1. dead-letter the records that cannot be ingested (original bytes and headers, plus the
+//!    reason), and wait for the broker to acknowledge them;
+//! 2. drop copies of stored events, flag id conflicts, and insert the rest into
+//!    `weft_events` as one atomic insert (retried until ClickHouse answers);
+//! 3. project the batch onto the narratives (when this process runs the projector);
+//! 4. store the Kafka offset, which rdkafka commits in the background.
+//!
+//! Where to resume is read from ClickHouse, not from Kafka (see [`crate::facts`]), so a crash
+//! between any two steps replays at most one batch, and nothing in it is stored twice.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{debug, error, info, info_span, instrument, warn, Instrument};
+use weft_schemas::wire::SchemaIds;
+use weft_schemas::Topics;
+
+use crate::decode::{self, Fact, Record, Rejection};
+use crate::facts::{self, identity_key, DedupCache, EventRow, Seen};
+use crate::metrics::IngestMetrics;
+use crate::narrative::projector::{insert, Projector};
+use crate::store::{Store, StoreError};
+
+/// Which parts of the pipeline this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Facts and narratives over every partition: one process, the default.
+    #[default]
+    All,
+    /// Facts only, partitions shared with other `facts` processes through a consumer group:
+    /// the scale-out mode. Run exactly one `narratives` process beside them.
+    Facts,
+    /// Narratives only, over every partition.
+    Narratives,
+}
+
+/// Settings of `weft ingest` (the `[ingest]` TOML section).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Kafka bootstrap servers; empty means the `[kafka]` section's.
+    pub brokers: String,
+    /// Consumer group; offsets are committed there (for lag dashboards and resumption).
+    pub group_id: String,
+    pub topics: Topics,
+    pub role: Role,
+    /// Partitions for topics this process creates when they are missing.
+    pub partitions: i32,
+    /// Flush a partition's batch at this many rows.
+    pub batch_max_rows: usize,
+    /// ... or at this many payload bytes.
+    pub batch_max_bytes: usize,
+    /// ... or when its oldest record is this old (milliseconds).
+    pub flush_interval_ms: u64,
+    /// How long identities are remembered for deduplication (seconds; default 7 days).
+    pub dedup_window_secs: u64,
+    /// Status server (`/metrics`, `/healthz`, `/v1/narratives/{id}`); empty disables it.
+    pub listen: String,
+    /// Longest wait between ClickHouse retries (milliseconds).
+    pub max_backoff_ms: u64,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            group_id: "weft-ingest".into(),
+            topics: Topics::default(),
+            role: Role::All,
+            partitions: 4,
+            batch_max_rows: 50_000,
+            batch_max_bytes: 64 << 20,
+            flush_interval_ms: 1_000,
+            dedup_window_secs: 7 * 24 * 3600,
+            listen: "127.0.0.1:8788".into(),
+            max_backoff_ms: 10_000,
+        }
+    }
+}
+
+/// Fatal ingest errors (everything transient is retried inside the loop).
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("invalid listen address `{0}`")]
+    Listen(String),
+}
+
+/// A record that will go to the dead-letter topic, owned.
+struct DeadLetter {
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+    offset: i64,
+    reason: Rejection,
+}
+
+/// Buffered work and resume points of one source partition.
+struct PartitionState {
+    topic: String,
+    partition: i32,
+    /// Highest offset whose fact is stored (or that was decided not to need storing).
+    stored: i64,
+    /// Highest offset projected onto narratives.
+    projected: i64,
+    dedup: DedupCache,
+    facts: Vec<(i64, Fact)>,
+    dead: Vec<DeadLetter>,
+    bytes: usize,
+    last_offset: i64,
+    oldest: Option<Instant>,
+}
+
+impl PartitionState {
+    fn is_empty(&self) -> bool {
+        self.facts.is_empty() && self.dead.is_empty()
+    }
+}
+
+/// Counts reported when ingest stops, and by tests.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct IngestTotals {
+    pub consumed: u64,
+    pub inserted: u64,
+    pub deduplicated: u64,
+    pub dead_lettered: u64,
+}
+
+/// The ingest process.
+pub struct Ingestor {
+    cfg: IngestConfig,
+    store: Store,
+    ids: SchemaIds,
+    consumer: StreamConsumer,
+    dlq: FutureProducer,
+    metrics: Arc<IngestMetrics>,
+    projector: Option<Projector>,
+    parts: BTreeMap<(String, i32), PartitionState>,
+    totals: IngestTotals,
+    /// Next offset to store per partition, read by the lag monitor thread.
+    positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
+    /// Set on SIGINT/SIGTERM: retry loops give up (nothing is committed, so nothing is lost).
+    stop: watch::Receiver<bool>,
+}
+
+/// A flush abandoned because the process is stopping; its records are replayed next time.
+#[derive(Debug)]
+struct Stopped;
+
+fn backoff(attempt: u32, max_ms: u64) -> Duration {
+    Duration::from_millis((100u64 << attempt.min(10)).min(max_ms))
+}
+
+impl Ingestor {
+    /// Connect, create missing topics, migrate nothing (run `weft migrate` first), load the
+    /// projector state and the resume points.
+    pub async fn start(
+        cfg: IngestConfig,
+        store: Store,
+        metrics: Arc<IngestMetrics>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Self, IngestError> {
+        ensure_topics(&cfg).await?;
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.brokers)
+            .set("group.id", &cfg.group_id)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            // A ClickHouse outage blocks the loop while it retries; do not let the group
+            // evict us for it.
+            .set("max.poll.interval.ms", "3600000")
+            .set("fetch.wait.max.ms", "100")
+            .create()?;
+        let dlq: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", "30000")
+            .create()?;
+        let projector = match cfg.role {
+            Role::Facts => None,
+            Role::All | Role::Narratives => Some(
+                retry_store(&cfg, &metrics, "load narratives", || {
+                    Projector::load(store.clone())
+                })
+                .await?,
+            ),
+        };
+        let mut me = Self {
+            cfg,
+            store,
+            ids: SchemaIds::default(),
+            consumer,
+            dlq,
+            metrics,
+            projector,
+            parts: BTreeMap::new(),
+            totals: IngestTotals::default(),
+            positions: Arc::default(),
+            stop,
+        };
+        me.subscribe().await?;
+        Ok(me)
+    }
+
+    /// Group mode subscribes; the single-process roles assign every partition at the offset
+    /// ClickHouse says comes next.
+    async fn subscribe(&mut self) -> Result<(), IngestError> {
+        let topics = self.cfg.topics.event_topics();
+        if self.cfg.role == Role::Facts {
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            self.consumer.subscribe(&names)?;
+            info!(group = %self.cfg.group_id, "subscribed (facts role, partitions shared with the group)");
+            return Ok(());
+        }
+        let mut attempt = 0;
+        let md = loop {
+            match self.consumer.fetch_metadata(None, Duration::from_secs(10)) {
+                Ok(md) => break md,
+                Err(e) => {
+                    attempt += 1;
+                    warn!(error = %e, attempt, "kafka metadata unavailable; retrying");
+                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                }
+            }
+        };
+        let mut tpl = TopicPartitionList::new();
+        let role = self.cfg.role;
+        for t in md
+            .topics()
+            .iter()
+            .filter(|t| topics.iter().any(|n| n == t.name()))
+        {
+            for p in t.partitions() {
+                let st = self.partition_state(t.name(), p.id()).await?;
+                let from = match role {
+                    Role::Narratives => st.projected,
+                    _ => st.stored.min(st.projected),
+                };
+                tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
+            }
+        }
+        info!(partitions = tpl.count(), role = ?self.cfg.role, "assigned every partition");
+        self.consumer.assign(&tpl)?;
+        Ok(())
+    }
+
+    async fn partition_state(
+        &mut self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<&mut PartitionState, IngestError> {
+        let key = (topic.to_owned(), partition);
+        if !self.parts.contains_key(&key) {
+            let st = self.load_partition(topic, partition).await?;
+            self.parts.insert(key.clone(), st);
+        }
+        Ok(self
+            .parts
+            .entry(key)
+            .or_insert_with(|| unreachable!("inserted above")))
+    }
+
+    /// Resume points and dedup window of a partition this process starts reading.
+    async fn load_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<PartitionState, IngestError> {
+        let (stored, dedup) = if self.cfg.role != Role::Narratives {
+            let window = Duration::from_secs(self.cfg.dedup_window_secs);
+            let store = &self.store;
+            let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
+                facts::stored_max_offset(store, topic, partition)
+            })
+            .await?;
+            let dedup = retry_store(&self.cfg, &self.metrics, "load dedup window", || {
+                facts::load_dedup(store, topic, partition, window)
+            })
+            .await?;
+            (stored, dedup)
+        } else {
+            (i64::MAX, DedupCache::new(Duration::ZERO))
+        };
+        let projected = self
+            .projector
+            .as_ref()
+            .map(|p| p.projected(topic, partition))
+            .unwrap_or(i64::MAX);
+        debug!(
+            topic,
+            partition,
+            stored,
+            projected,
+            dedup = dedup.len(),
+            "partition ready"
+        );
+        Ok(PartitionState {
+            topic: topic.to_owned(),
+            partition,
+            stored,
+            projected,
+            dedup,
+            facts: Vec::new(),
+            dead: Vec::new(),
+            bytes: 0,
+            last_offset: -1,
+            oldest: None,
+        })
+    }
+
+    /// Totals so far.
+    pub fn totals(&self) -> IngestTotals {
+        self.totals
+    }
+
+    /// Run until `shutdown` becomes true, then flush what is buffered and return.
+    pub async fn run(mut self) -> Result<IngestTotals, IngestError> {
+        let mut shutdown = self.stop.clone();
+        let flush_every = Duration::from_millis(self.cfg.flush_interval_ms);
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        spawn_lag_monitor(
+            self.cfg.brokers.clone(),
+            self.positions.clone(),
+            self.metrics.clone(),
+            shutdown.clone(),
+        );
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    info!("shutting down: flushing buffered records");
+                    // One last attempt; if ClickHouse or Kafka is down it gives up, and the
+                    // records are replayed from the stored offsets next time.
+                    let _ = self.flush().await;
+                    return Ok(self.totals);
+                }
+                msg = self.consumer.recv() => {
+                    match msg {
+                        Ok(m) => {
+                            let owned = OwnedRecord::from(&m);
+                            drop(m);
+                            let full = self.accept(owned).await?;
+                            if full && self.flush().await.is_err() { return Ok(self.totals); }
+                        }
+                        Err(e) => warn!(error = %e, "kafka consumer error (retrying)"),
+                    }
+                }
+                _ = tick.tick() => {
+                    let due = self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every));
+                    if due && self.flush().await.is_err() { return Ok(self.totals); }
+                }
+            }
+        }
+    }
+
+    /// Buffer one record; returns true when a batch is full.
+    async fn accept(&mut self, rec: OwnedRecord) -> Result<bool, IngestError> {
+        self.totals.consumed += 1;
+        self.metrics.consumed.with_label_values(&[&rec.topic]).inc();
+        let topics = self.cfg.topics.clone();
+        let ids = self.ids.clone();
+        let (max_rows, max_bytes) = (self.cfg.batch_max_rows, self.cfg.batch_max_bytes);
+        let role = self.cfg.role;
+        let st = self.partition_state(&rec.topic, rec.partition).await?;
+        let need_fact = role != Role::Narratives && rec.offset > st.stored;
+        let need_projection = rec.offset > st.projected;
+        st.last_offset = st.last_offset.max(rec.offset);
+        if !need_fact && !need_projection {
+            self.metrics.replay_skipped.inc();
+            return Ok(false);
+        }
+        let headers: Vec<(&str, &[u8])> = rec
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        let r = Record {
+            topic: &rec.topic,
+            partition: rec.partition,
+            offset: rec.offset,
+            key: rec.key.as_deref(),
+            value: rec.value.as_deref(),
+            headers: &headers,
+            timestamp_ms: rec.timestamp_ms,
+        };
+        let decoded = decode::decode(&r, &topics, &ids);
+        st.oldest.get_or_insert_with(Instant::now);
+        match decoded {
+            Ok(fact) => {
+                st.bytes += fact.envelope.payload.get().len();
+                st.facts.push((rec.offset, fact));
+            }
+            Err(reason) if need_fact => {
+                st.bytes += rec.value.as_ref().map_or(0, Vec::len);
+                st.dead.push(DeadLetter {
+                    key: rec.key,
+                    value: rec.value.unwrap_or_default(),
+                    headers: rec.headers,
+                    offset: rec.offset,
+                    reason,
+                });
+            }
+            // The facts role owns dead-lettering; a projector-only pass just skips.
+            Err(_) => {}
+        }
+        Ok(st.facts.len() + st.dead.len() >= max_rows || st.bytes >= max_bytes)
+    }
+
+    /// Flush every partition that has buffered records.
+    async fn flush(&mut self) -> Result<(), Stopped> {
+        let keys: Vec<(String, i32)> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| !p.is_empty() || p.last_offset > p.stored.min(p.projected))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some(mut st) = self.parts.remove(&key) else {
+                continue;
+            };
+            let span = info_span!("flush", topic = %st.topic, partition = st.partition, facts = st.facts.len(), dead = st.dead.len());
+            let r = self.flush_partition(&mut st).instrument(span).await;
+            self.parts.insert(key, st);
+            r?;
+        }
+        if let Some(p) = &self.projector {
+            self.metrics.narrative_graph_nodes.set(p.graph_len() as i64);
+        }
+        self.publish_positions();
+        Ok(())
+    }
+
+    async fn flush_partition(&mut self, st: &mut PartitionState) -> Result<(), Stopped> {
+        let last = st.last_offset;
+        // 1. Dead letters first: once their offsets are committed they must be safe elsewhere.
+        let dead = std::mem::take(&mut st.dead);
+        if !dead.is_empty() {
+            self.dead_letter(&st.topic, st.partition, &dead).await?;
+        }
+        let facts = std::mem::take(&mut st.facts);
+        // 2. Facts.
+        if self.cfg.role != Role::Narratives {
+            let ingested_at = now_micros();
+            let mut rows = Vec::new();
+            for (offset, f) in facts.iter().filter(|(o, _)| *o > st.stored) {
+                let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
+                let conflict = match st.dedup.observe(key, &f.content_hash) {
+                    Seen::Duplicate => {
+                        self.totals.deduplicated += 1;
+                        self.metrics.deduplicated.inc();
+                        continue;
+                    }
+                    Seen::Conflict => {
+                        self.metrics.conflicts.inc();
+                        true
+                    }
+                    Seen::New => false,
+                };
+                rows.push(EventRow::new(
+                    f,
+                    &st.topic,
+                    st.partition,
+                    *offset,
+                    ingested_at,
+                    conflict,
+                ));
+            }
+            if !rows.is_empty() {
+                let last_fact = rows.last().map(|r| r.offset as i64).unwrap_or(-1);
+                self.insert_facts(&st.topic, st.partition, &rows, last_fact)
+                    .await?;
+                for r in &rows {
+                    self.metrics.inserted.with_label_values(&[r.kind]).inc();
+                    let age = (ingested_at - r.emitted_at) as f64 / 1e6;
+                    self.metrics
+                        .freshness_seconds
+                        .with_label_values(&[r.kind])
+                        .observe(age.max(0.0));
+                }
+                self.totals.inserted += rows.len() as u64;
+            }
+            st.stored = st.stored.max(last);
+        }
+        // 3. Narratives.
+        if let Some(projector) = self.projector.as_mut() {
+            let to_project: Vec<&Fact> = facts
+                .iter()
+                .filter(|(o, _)| *o > st.projected)
+                .map(|(_, f)| f)
+                .collect();
+            if last > st.projected {
+                let started = Instant::now();
+                let mut attempt = 0;
+                loop {
+                    match projector
+                        .apply(&st.topic, st.partition, &to_project, last)
+                        .await
+                    {
+                        Ok(stats) => {
+                            self.metrics.narratives_moved.inc_by(stats.moved as u64);
+                            break;
+                        }
+                        Err(e) => {
+                            attempt += 1;
+                            self.metrics.insert_retries.inc();
+                            warn!(error = %e, attempt, "narrative projection failed; retrying");
+                            if *self.stop.borrow() {
+                                return Err(Stopped);
+                            }
+                            tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                        }
+                    }
+                }
+                self.metrics
+                    .projector_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                st.projected = last;
+            }
+        }
+        // 4. Let rdkafka commit the next offset.
+        if let Err(e) = self.consumer.store_offset(&st.topic, st.partition, last) {
+            debug!(error = %e, "store_offset failed (offset is still safe in ClickHouse)");
+        }
+        st.bytes = 0;
+        st.oldest = None;
+        Ok(())
+    }
+
+    /// Insert one partition's facts, retrying until ClickHouse has them. Before a retry it
+    /// asks ClickHouse whether the previous attempt landed after all, so an insert whose
+    /// answer was lost is never repeated.
+    #[instrument(skip(self, rows), fields(rows = rows.len()))]
+    async fn insert_facts(
+        &self,
+        topic: &str,
+        partition: i32,
+        rows: &[EventRow],
+        last_fact: i64,
+    ) -> Result<(), Stopped> {
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            match insert(&self.store, "weft_events", rows).await {
+                Ok(()) => {
+                    self.metrics
+                        .insert_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    self.metrics.batch_rows.observe(rows.len() as f64);
+                    self.metrics.clickhouse_up.set(1);
+                    return Ok(());
+                }
+                Err(e) => {
+                    attempt += 1;
+                    self.metrics.clickhouse_up.set(0);
+                    self.metrics.insert_retries.inc();
+                    if e.is_transient() {
+                        warn!(error = %e, attempt, "insert failed; offsets not committed, retrying");
+                    } else {
+                        error!(error = %e, attempt, "ClickHouse rejected the insert (schema out of date? run `weft migrate`); retrying");
+                    }
+                    if *self.stop.borrow() {
+                        return Err(Stopped);
+                    }
+                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    if let Ok(stored) =
+                        facts::stored_max_offset(&self.store, topic, partition).await
+                    {
+                        if stored >= last_fact {
+                            info!(
+                                stored,
+                                "the failed-looking insert had landed; not repeating it"
+                            );
+                            self.metrics.clickhouse_up.set(1);
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[instrument(skip(self, dead), fields(n = dead.len()))]
+    async fn dead_letter(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        dead: &[DeadLetter],
+    ) -> Result<(), Stopped> {
+        let dlq_topic = self.cfg.topics.dead_letter();
+        for d in dead {
+            let offset = d.offset.to_string();
+            let partition_s = partition.to_string();
+            let mut attempt = 0;
+            loop {
+                let mut headers = OwnedHeaders::new();
+                for (k, v) in &d.headers {
+                    headers = headers.insert(Header {
+                        key: k,
+                        value: Some(v),
+                    });
+                }
+                for (k, v) in [
+                    ("weft-dlq-reason", d.reason.code),
+                    ("weft-dlq-message", d.reason.message.as_str()),
+                    ("weft-dlq-topic", topic),
+                    ("weft-dlq-partition", partition_s.as_str()),
+                    ("weft-dlq-offset", offset.as_str()),
+                ] {
+                    headers = headers.insert(Header {
+                        key: k,
+                        value: Some(v.as_bytes()),
+                    });
+                }
+                let mut rec = FutureRecord::<Vec<u8>, Vec<u8>>::to(&dlq_topic)
+                    .payload(&d.value)
+                    .headers(headers);
+                if let Some(k) = &d.key {
+                    rec = rec.key(k);
+                }
+                match self.dlq.send(rec, Duration::from_secs(30)).await {
+                    Ok(_) => break,
+                    Err((e, _)) => {
+                        attempt += 1;
+                        warn!(error = %e, attempt, "dead-letter publish failed; retrying (offsets held)");
+                        if *self.stop.borrow() {
+                            return Err(Stopped);
+                        }
+                        tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    }
+                }
+            }
+            self.totals.dead_lettered += 1;
+            self.metrics
+                .dead_lettered
+                .with_label_values(&[d.reason.code])
+                .inc();
+        }
+        Ok(())
+    }
+
+    /// Publish where each partition stands, for the lag monitor.
+    fn publish_positions(&self) {
+        if let Ok(mut pos) = self.positions.lock() {
+            for st in self.parts.values() {
+                pos.insert(
+                    (st.topic.clone(), st.partition),
+                    st.stored.min(st.projected).max(-1) + 1,
+                );
+            }
+        }
+    }
+}
+
+/// Consumer lag from watermarks and stored positions, on its own thread: watermark requests
+/// block, and while Kafka is down they time out, which must never stall the ingest loop.
+fn spawn_lag_monitor(
+    brokers: String,
+    positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
+    metrics: Arc<IngestMetrics>,
+    stop: watch::Receiver<bool>,
+) {
+    std::thread::spawn(move || {
+        let client: Result<rdkafka::consumer::BaseConsumer, _> = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create();
+        let Ok(client) = client else { return };
+        while !*stop.borrow() {
+            let snapshot: Vec<((String, i32), i64)> = positions
+                .lock()
+                .map(|p| p.iter().map(|(k, v)| (k.clone(), *v)).collect())
+                .unwrap_or_default();
+            for ((topic, partition), next) in snapshot {
+                if let Ok((_, high)) =
+                    client.fetch_watermarks(&topic, partition, Duration::from_secs(2))
+                {
+                    metrics
+                        .lag
+                        .with_label_values(&[&topic, &partition.to_string()])
+                        .set((high - next).max(0));
+                }
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    });
+}
+
+/// A consumed record, owned so the consumer can be polled again while it is buffered.
+struct OwnedRecord {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Vec<u8>)>,
+    timestamp_ms: Option<i64>,
+}
+
+impl From<&BorrowedMessage<'_>> for OwnedRecord {
+    fn from(m: &BorrowedMessage<'_>) -> Self {
+        Self {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers: m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            timestamp_ms: m.timestamp().to_millis(),
+        }
+    }
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// Retry a ClickHouse operation while ClickHouse is unreachable (start-up reads must not give
+/// up while it restarts); a query it rejects is returned at once.
+async fn retry_store<T, F, Fut>(
+    cfg: &IngestConfig,
+    metrics: &IngestMetrics,
+    what: &str,
+    mut f: F,
+) -> Result<T, IngestError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if !e.is_transient() => {
+                error!(error = %e, "{what}: ClickHouse rejected the query (did `weft migrate` run?)");
+                return Err(e.into());
+            }
+            Err(e) => {
+                attempt += 1;
+                metrics.clickhouse_up.set(0);
+                if attempt == 1 || attempt % 10 == 0 {
+                    error!(error = %e, attempt, "{what}: clickhouse unavailable; retrying");
+                }
+                tokio::time::sleep(backoff(attempt, cfg.max_backoff_ms)).await;
+            }
+        }
+    }
+}
+
+/// Create the event and dead-letter topics that do not exist yet.
+async fn ensure_topics(cfg: &IngestConfig) -> Result<(), IngestError> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &cfg.brokers)
+        .create()?;
+    let mut names = cfg.topics.event_topics();
+    names.push(cfg.topics.dead_letter());
+    let new: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, cfg.partitions, TopicReplication::Fixed(1)))
+        .collect();
+    for r in admin.create_topics(&new, &AdminOptions::new()).await? {
+        match r {
+            Ok(t) => info!(topic = %t, "created topic"),
+            Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => warn!(topic = %t, error = %e, "could not create topic"),
+        }
+    }
+    Ok(())
+}
+
+/// Parse the status server address (empty = disabled).
+pub fn listen_addr(cfg: &IngestConfig) -> Result<Option<SocketAddr>, IngestError> {
+    if cfg.listen.is_empty() {
+        return Ok(None);
+    }
+    cfg.listen
+        .parse()
+        .map(Some)
+        .map_err(|_| IngestError::Listen(cfg.listen.clone()))
+}

@@ -1,0 +1,195 @@
+//! Prometheus metrics of `weft ingest`.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Everything `/metrics` shows for the ingest process.
+pub struct IngestMetrics {
+    registry: Registry,
+    pub consumed: IntCounterVec,
+    pub inserted: IntCounterVec,
+    pub deduplicated: IntCounter,
+    pub conflicts: IntCounter,
+    pub dead_lettered: IntCounterVec,
+    pub replay_skipped: IntCounter,
+    pub batch_rows: Histogram,
+    pub insert_seconds: Histogram,
+    pub insert_retries: IntCounter,
+    pub clickhouse_up: IntGauge,
+    pub lag: IntGaugeVec,
+    pub freshness_seconds: HistogramVec,
+    pub narratives_moved: IntCounter,
+    pub narrative_graph_nodes: IntGauge,
+    pub projector_seconds: Histogram,
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    let _ = r.register(Box::new(c.clone()));
+    c
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    let _ = r.register(Box::new(c.clone()));
+    c
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    let _ = r.register(Box::new(h.clone()));
+    h
+}
+
+impl IngestMetrics {
+    // Metric definitions are constants; a failure here is a programming error caught by the
+    // unit test below, not something input can trigger.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            let _ = r.register(Box::new(g.clone()));
+            g
+        };
+        let lag = IntGaugeVec::new(
+            Opts::new(
+                "weft_ingest_consumer_lag",
+                "High watermark minus the next offset to store, per partition",
+            ),
+            &["topic", "partition"],
+        )
+        .unwrap_or_else(|e| panic!("metric lag: {e}"));
+        let _ = r.register(Box::new(lag.clone()));
+        let freshness = HistogramVec::new(
+            HistogramOpts::new(
+                "weft_ingest_freshness_seconds",
+                "From emitted_at to queryable in ClickHouse",
+            )
+            .buckets(vec![
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+            &["kind"],
+        )
+        .unwrap_or_else(|e| panic!("metric freshness: {e}"));
+        let _ = r.register(Box::new(freshness.clone()));
+        let clickhouse_up = gauge(
+            "weft_ingest_clickhouse_up",
+            "1 when the last ClickHouse insert succeeded",
+        );
+        let narrative_graph_nodes = gauge(
+            "weft_narrative_graph_nodes",
+            "Nodes held by the narrative projector",
+        );
+        Self {
+            consumed: counter_vec(
+                &r,
+                "weft_ingest_consumed_total",
+                "Records read from Kafka",
+                &["topic"],
+            ),
+            inserted: counter_vec(
+                &r,
+                "weft_ingest_inserted_total",
+                "Facts stored in weft_events",
+                &["kind"],
+            ),
+            deduplicated: counter(
+                &r,
+                "weft_ingest_deduplicated_total",
+                "Copies of an already stored event, dropped",
+            ),
+            conflicts: counter(
+                &r,
+                "weft_ingest_conflicts_total",
+                "Events stored with an id already used for different content",
+            ),
+            dead_lettered: counter_vec(
+                &r,
+                "weft_ingest_dead_lettered_total",
+                "Records sent to the dead-letter topic",
+                &["reason"],
+            ),
+            replay_skipped: counter(
+                &r,
+                "weft_ingest_replay_skipped_total",
+                "Records at or below the stored offset, skipped after a restart",
+            ),
+            batch_rows: histogram(
+                &r,
+                "weft_ingest_batch_rows",
+                "Rows per ClickHouse insert",
+                vec![
+                    1.0, 10.0, 100.0, 1_000.0, 5_000.0, 10_000.0, 25_000.0, 50_000.0, 100_000.0,
+                ],
+            ),
+            insert_seconds: histogram(
+                &r,
+                "weft_ingest_insert_seconds",
+                "Latency of one facts insert",
+                vec![
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ],
+            ),
+            insert_retries: counter(
+                &r,
+                "weft_ingest_insert_retries_total",
+                "ClickHouse writes retried after an error",
+            ),
+            clickhouse_up,
+            lag,
+            freshness_seconds: freshness,
+            narratives_moved: counter(
+                &r,
+                "weft_narratives_moved_total",
+                "Events moved to another narrative by a late anchor",
+            ),
+            narrative_graph_nodes,
+            projector_seconds: histogram(
+                &r,
+                "weft_narrative_projector_seconds",
+                "Time to project one batch",
+                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            ),
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for IngestMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn all_metrics_register_and_render() {
+        let m = super::IngestMetrics::new();
+        m.consumed.with_label_values(&["t"]).inc();
+        m.dead_lettered.with_label_values(&["schema_invalid"]).inc();
+        m.lag.with_label_values(&["t", "0"]).set(3);
+        let text = m.render();
+        for name in [
+            "weft_ingest_consumed_total",
+            "weft_ingest_dead_lettered_total",
+            "weft_ingest_consumer_lag",
+            "weft_ingest_batch_rows",
+            "weft_ingest_insert_seconds",
+            "weft_ingest_deduplicated_total",
+        ] {
+            assert!(text.contains(name), "{name} missing");
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Reading a narrative: `weft narrative ID` and `GET /v1/narratives/{id}`.
+//!
+//! Every input reaches ClickHouse as a server-side query parameter, and every query is scoped
+//! to one tenant, so an id guessed across tenants finds nothing.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use weft_schemas::links::{self, NodeKind};
+use weft_schemas::{time, Kind};
+
+use crate::store::{Store, StoreError};
+
+/// One event of a narrative.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub kind: String,
+    pub id: String,
+    pub timestamp: String,
+    pub payload: Value,
+}
+
+/// A node reference in a link.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeRef {
+    pub kind: String,
+    pub id: String,
+}
+
+/// A link between two members of the narrative.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LinkView {
+    pub from: NodeRef,
+    pub to: NodeRef,
+    pub via: String,
+}
+
+/// A narrative as the CLI and the API return it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Narrative {
+    pub narrative_id: String,
+    pub request_id: Option<String>,
+    /// Members in timestamp order (ties by kind, then id).
+    pub entries: Vec<Entry>,
+    pub links: Vec<LinkView>,
+    /// Other narratives that a member links to, or that link to a member.
+    pub related: Vec<String>,
+}
+
+#[derive(Debug, Row, Deserialize)]
+struct MemberRow {
+    kind: String,
+    id: String,
+    ts: i64,
+    request_id: String,
+    payload: String,
+    is_deleted: u8,
+}
+
+#[derive(Debug, Row, Deserialize)]
+struct NodeNarrative {
+    kind: String,
+    id: String,
+    narrative_id: String,
+}
+
+#[derive(Debug, Row, Deserialize)]
+struct InLink {
+    from_kind: String,
+    from_id: String,
+    to_kind: String,
+    to_id: String,
+    via: String,
+}
+
+/// The narrative that contains `id` (a request id, a narrative id, or any member's id).
+pub async fn resolve(store: &Store, tenant: &str, id: &str) -> Result<Option<String>, StoreError> {
+    let c = store.client();
+    let direct: Vec<u64> = c
+        .query("SELECT count() FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String}")
+        .param("t", tenant)
+        .param("n", id)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    if direct.first().copied().unwrap_or(0) > 0 {
+        return Ok(Some(id.to_owned()));
+    }
+    let mut nodes: Vec<NodeNarrative> = c
+        .query(
+            "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
+             WHERE tenant = {t:String} AND id = {id:String} GROUP BY kind, id",
+        )
+        .param("t", tenant)
+        .param("id", id)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    nodes.sort_by(|a, b| a.kind.cmp(&b.kind));
+    Ok(nodes.into_iter().next().map(|n| n.narrative_id))
+}
+
+/// Read one narrative of `tenant` by any id in it. `None` when the id is unknown there.
+pub async fn lookup(
+    store: &Store,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<Narrative>, StoreError> {
+    let Some(nid) = resolve(store, tenant, id).await? else {
+        return Ok(None);
+    };
+    let c = store.client();
+    let rows: Vec<MemberRow> = c
+        .query(
+            "SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                    argMax(payload, version) AS payload, argMax(is_deleted, version) AS is_deleted \
+             FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+             GROUP BY kind, id, content_hash",
+        )
+        .param("t", tenant)
+        .param("n", &nid)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let mut members: Vec<MemberRow> = rows.into_iter().filter(|r| r.is_deleted == 0).collect();
+    if members.is_empty() {
+        return Ok(None);
+    }
+    members.sort_by(|a, b| {
+        (a.ts, &a.kind, &a.id, &a.payload).cmp(&(b.ts, &b.kind, &b.id, &b.payload))
+    });
+    let member_set: HashSet<(String, String)> = members
+        .iter()
+        .map(|m| (m.kind.clone(), m.id.clone()))
+        .collect();
+    let request_id = members
+        .iter()
+        .any(|m| m.request_id == nid)
+        .then(|| nid.clone());
+
+    let mut link_set = BTreeSet::new();
+    let mut outside: HashSet<(String, String)> = HashSet::new();
+    let mut entries = Vec::with_capacity(members.len());
+    for m in &members {
+        let payload: Value = serde_json::from_str(&m.payload).unwrap_or(Value::Null);
+        if let Ok(kind) = m.kind.parse::<Kind>() {
+            for l in links::extract(kind, &payload) {
+                let to = (l.to_kind.as_str().to_owned(), l.to_id.clone());
+                if l.to_kind == NodeKind::Flow {
+                    continue;
+                }
+                if member_set.contains(&to) {
+                    link_set.insert(LinkView {
+                        from: NodeRef {
+                            kind: m.kind.clone(),
+                            id: m.id.clone(),
+                        },
+                        to: NodeRef {
+                            kind: to.0,
+                            id: to.1,
+                        },
+                        via: l.via.as_str().to_owned(),
+                    });
+                } else {
+                    outside.insert(to);
+                }
+            }
+        }
+        entries.push(Entry {
+            kind: m.kind.clone(),
+            id: m.id.clone(),
+            timestamp: time::micros_to_rfc3339(m.ts),
+            payload,
+        });
+    }
+    // Links from outside into this narrative.
+    let ids: Vec<&str> = member_set.iter().map(|(_, id)| id.as_str()).collect();
+    let incoming: Vec<InLink> = c
+        .query(
+            "SELECT DISTINCT from_kind, from_id, to_kind, to_id, via FROM weft_links \
+             WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
+        )
+        .param("t", tenant)
+        .param("ids", &ids)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    for l in incoming {
+        if member_set.contains(&(l.to_kind.clone(), l.to_id.clone()))
+            && !member_set.contains(&(l.from_kind.clone(), l.from_id.clone()))
+        {
+            outside.insert((l.from_kind, l.from_id));
+        }
+        let _ = l.via;
+    }
+    let related = if outside.is_empty() {
+        Vec::new()
+    } else {
+        let ids: Vec<&str> = outside.iter().map(|(_, id)| id.as_str()).collect();
+        let found: Vec<NodeNarrative> = c
+            .query(
+                "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
+                 WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
+            )
+            .param("t", tenant)
+            .param("ids", &ids)
+            .fetch_all()
+            .await
+            .map_err(store.err())?;
+        let by_key: HashMap<(String, String), String> = found
+            .into_iter()
+            .map(|n| ((n.kind, n.id), n.narrative_id))
+            .collect();
+        let set: BTreeSet<String> = outside
+            .iter()
+            .filter_map(|k| by_key.get(k))
+            .filter(|n| **n != nid)
+            .cloned()
+            .collect();
+        set.into_iter().collect()
+    };
+    Ok(Some(Narrative {
+        narrative_id: nid,
+        request_id,
+        entries,
+        links: link_set.into_iter().collect(),
+        related,
+    }))
+}

@@ -1,0 +1,228 @@
+//! `weft rebuild`: recompute every narrative from the stored facts.
+//!
+//! Narratives are a projection; this proves it. The facts are read twice (links first,
+//! payloads second, so payloads never all sit in memory), the same [`Graph`] rule assigns
+//! every event, and the narrative tables are rewritten. Run it with ingest stopped: the
+//! tables are emptied first.
+
+use std::collections::HashMap;
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use tracing::info;
+use weft_schemas::links::{Link, NodeKind, Via};
+use weft_schemas::Kind;
+
+use super::graph::{Graph, NodeKey};
+use super::projector::{insert, NarrativeRow, VersionClock};
+use crate::store::{Store, StoreError};
+
+const CHUNK: usize = 50_000;
+
+#[derive(Debug, Row, Deserialize)]
+struct FactLinks {
+    tenant: String,
+    kind: String,
+    id: String,
+    request_id: String,
+    ts: i64,
+    links: Vec<(String, String, String)>,
+    topic: String,
+    partition: u32,
+    offset: u64,
+}
+
+#[derive(Debug, Row, Deserialize)]
+struct FactPayload {
+    tenant: String,
+    kind: String,
+    id: String,
+    content_hash: [u8; 32],
+    ts: i64,
+    request_id: String,
+    payload: String,
+}
+
+#[derive(Debug, Row, Serialize)]
+struct NodeOut {
+    tenant: String,
+    kind: String,
+    id: String,
+    narrative_id: String,
+    request_id: String,
+    ts: i64,
+    version: u64,
+}
+
+#[derive(Debug, Row, Serialize)]
+struct LinkOut {
+    tenant: String,
+    to_kind: String,
+    to_id: String,
+    from_kind: String,
+    from_id: String,
+    via: String,
+}
+
+#[derive(Debug, Row, Serialize)]
+struct ProgressOut {
+    topic: String,
+    partition: u32,
+    offset: i64,
+    version: u64,
+}
+
+/// What a rebuild did.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct RebuildStats {
+    pub facts: usize,
+    pub narratives: usize,
+    pub links: usize,
+}
+
+fn parse_link(via: &str, kind: &str, id: &str) -> Option<Link> {
+    let via: Via = serde_json::from_value(serde_json::Value::String(via.to_owned())).ok()?;
+    let to_kind = if kind == "flow" {
+        NodeKind::Flow
+    } else {
+        NodeKind::Event(kind.parse::<Kind>().ok()?)
+    };
+    Some(Link {
+        via,
+        to_kind,
+        to_id: id.to_owned(),
+    })
+}
+
+/// Rebuild all narratives from `weft_events`.
+pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
+    let c = store.client();
+    for table in [
+        "weft_narratives",
+        "weft_narrative_nodes",
+        "weft_links",
+        "weft_projector_progress",
+    ] {
+        c.query(&format!("TRUNCATE TABLE IF EXISTS {table}"))
+            .execute()
+            .await
+            .map_err(store.err())?;
+    }
+    let mut clock = VersionClock::default();
+    let version = clock.tick();
+    let mut graph = Graph::new();
+    let mut info: HashMap<(String, String, String), (i64, String)> = HashMap::new();
+    let mut progress: HashMap<(String, u32), i64> = HashMap::new();
+    let mut stats = RebuildStats::default();
+    let mut link_rows = Vec::with_capacity(CHUNK);
+    let mut cursor = c
+        .query("SELECT tenant, kind, id, request_id, ts, links, topic, partition, offset FROM weft_events")
+        .fetch::<FactLinks>()
+        .map_err(store.err())?;
+    while let Some(f) = cursor.next().await.map_err(store.err())? {
+        let Ok(kind) = f.kind.parse::<Kind>() else {
+            continue;
+        };
+        let links: Vec<Link> = f
+            .links
+            .iter()
+            .filter_map(|(v, k, i)| parse_link(v, k, i))
+            .collect();
+        graph.add_event(
+            NodeKey::event(&f.tenant, kind, &f.id),
+            &f.request_id,
+            &links,
+        );
+        for l in &links {
+            link_rows.push(LinkOut {
+                tenant: f.tenant.clone(),
+                to_kind: l.to_kind.as_str().to_owned(),
+                to_id: l.to_id.clone(),
+                from_kind: f.kind.clone(),
+                from_id: f.id.clone(),
+                via: l.via.as_str().to_owned(),
+            });
+        }
+        if link_rows.len() >= CHUNK {
+            stats.links += link_rows.len();
+            insert(store, "weft_links", &link_rows).await?;
+            link_rows.clear();
+        }
+        let p = progress.entry((f.topic.clone(), f.partition)).or_insert(-1);
+        *p = (*p).max(f.offset as i64);
+        info.insert((f.tenant, f.kind, f.id), (f.ts, f.request_id));
+        stats.facts += 1;
+    }
+    stats.links += link_rows.len();
+    insert(store, "weft_links", &link_rows).await?;
+    graph.settle_all();
+
+    let narrative_of = |tenant: &str, kind: &str, id: &str| -> Option<String> {
+        let kind = kind.parse::<Kind>().ok()?;
+        let n = graph.lookup(&NodeKey::event(tenant, kind, id))?;
+        graph.assigned(n).map(|s| s.to_string())
+    };
+    let mut rows = Vec::with_capacity(CHUNK);
+    let mut narratives = std::collections::HashSet::new();
+    let mut cursor = c
+        .query("SELECT tenant, kind, id, content_hash, ts, request_id, payload FROM weft_events")
+        .fetch::<FactPayload>()
+        .map_err(store.err())?;
+    while let Some(f) = cursor.next().await.map_err(store.err())? {
+        let Some(nid) = narrative_of(&f.tenant, &f.kind, &f.id) else {
+            continue;
+        };
+        narratives.insert((f.tenant.clone(), nid.clone()));
+        rows.push(NarrativeRow {
+            tenant: f.tenant,
+            narrative_id: nid,
+            kind: f.kind,
+            id: f.id,
+            content_hash: f.content_hash,
+            ts: f.ts,
+            request_id: f.request_id,
+            payload: f.payload,
+            version,
+            is_deleted: 0,
+        });
+        if rows.len() >= CHUNK {
+            insert(store, "weft_narratives", &rows).await?;
+            rows.clear();
+        }
+    }
+    insert(store, "weft_narratives", &rows).await?;
+    stats.narratives = narratives.len();
+
+    let mut nodes = Vec::with_capacity(CHUNK);
+    for ((tenant, kind, id), (ts, request_id)) in info {
+        let Some(nid) = narrative_of(&tenant, &kind, &id) else {
+            continue;
+        };
+        nodes.push(NodeOut {
+            tenant,
+            kind,
+            id,
+            narrative_id: nid,
+            request_id,
+            ts,
+            version,
+        });
+        if nodes.len() >= CHUNK {
+            insert(store, "weft_narrative_nodes", &nodes).await?;
+            nodes.clear();
+        }
+    }
+    insert(store, "weft_narrative_nodes", &nodes).await?;
+    let progress: Vec<ProgressOut> = progress
+        .into_iter()
+        .map(|((topic, partition), offset)| ProgressOut {
+            topic,
+            partition,
+            offset,
+            version,
+        })
+        .collect();
+    insert(store, "weft_projector_progress", &progress).await?;
+    info!(?stats, "narratives rebuilt");
+    Ok(stats)
+}

@@ -1,0 +1,154 @@
+//! `weft ingest`: Kafka -> ClickHouse facts and narratives.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::sync::watch;
+use weft_consumers::http::{self, AppState};
+use weft_consumers::ingest::{listen_addr, Ingestor, Role};
+use weft_consumers::metrics::IngestMetrics;
+use weft_consumers::store::Store;
+use weft_http::KeyRing;
+
+use crate::config::Settings;
+
+/// Consume the weaver topics into ClickHouse, exactly once, and build narratives.
+///
+/// Each record is decoded (JSON, Avro single-object or Confluent), validated against
+/// weaver-spec 0.9.0, deduplicated by identity and stored in `weft_events`; records that
+/// cannot be ingested go to the dead-letter topic with a `weft-dlq-reason` header. Where to
+/// resume is read from ClickHouse, so a crash at any point neither loses nor duplicates.
+///
+/// Roles: `all` (default; one process over every partition, facts and narratives),
+/// `facts` (scale-out: partitions shared via the consumer group), `narratives` (the single
+/// projector beside several `facts` processes).
+///
+/// Run `weft migrate` first. Status server (default 127.0.0.1:8788): /healthz, /metrics and
+/// GET /v1/narratives/{id} (bearer key).
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// Status server address; loopback unless --allow-remote.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Allow --listen on a non-loopback address.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Which stages this process runs.
+    #[arg(long, value_enum)]
+    pub role: Option<RoleArg>,
+    /// Consumer group.
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// Topic name prefix (default `weaver.`).
+    #[arg(long, env = "WEFT_TOPIC_PREFIX", value_name = "PREFIX")]
+    pub topic_prefix: Option<String>,
+    /// Flush a partition's batch at this many rows (default 50000).
+    #[arg(long, value_name = "N")]
+    pub batch_max_rows: Option<usize>,
+    /// Flush batches at least this often, in milliseconds (default 1000).
+    #[arg(long, value_name = "MS")]
+    pub flush_interval_ms: Option<u64>,
+    /// Keys for the narrative API. KEYS_HELP: `KEY=TENANT[,KEY=TENANT...]`, each key scoped
+    /// to one tenant (at least 16 characters).
+    #[arg(
+        long,
+        env = "WEFT_API_KEYS",
+        hide_env_values = true,
+        value_name = "KEY=TENANT,..."
+    )]
+    pub api_keys: Option<String>,
+    /// File with one `KEY=TENANT` per line.
+    #[arg(long, env = "WEFT_API_KEYS_FILE", value_name = "FILE")]
+    pub api_keys_file: Option<String>,
+}
+
+/// `--role` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum RoleArg {
+    All,
+    Facts,
+    Narratives,
+}
+
+/// Build the key ring from the flag/env value and the optional file.
+pub fn key_ring(inline: Option<&str>, file: Option<&str>) -> anyhow::Result<KeyRing> {
+    let mut ring = KeyRing::default();
+    if let Some(spec) = inline {
+        ring.extend(KeyRing::parse(spec).context("parsing API keys")?);
+    }
+    if let Some(path) = file {
+        ring.extend(KeyRing::from_file(path)?);
+    }
+    Ok(ring)
+}
+
+pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
+    let mut cfg = settings.ingest.clone();
+    if cfg.brokers.is_empty() {
+        cfg.brokers = settings.kafka.brokers.clone();
+    }
+    if let Some(v) = a.listen {
+        cfg.listen = v;
+    }
+    if let Some(r) = a.role {
+        cfg.role = match r {
+            RoleArg::All => Role::All,
+            RoleArg::Facts => Role::Facts,
+            RoleArg::Narratives => Role::Narratives,
+        };
+    }
+    if let Some(v) = a.group {
+        cfg.group_id = v;
+    }
+    if let Some(v) = a.topic_prefix {
+        cfg.topics.prefix = v;
+    }
+    if let Some(v) = a.batch_max_rows {
+        cfg.batch_max_rows = v.max(1);
+    }
+    if let Some(v) = a.flush_interval_ms {
+        cfg.flush_interval_ms = v;
+    }
+    let keys = key_ring(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
+    let store = Store::new(settings.clickhouse)?;
+    let metrics = Arc::new(IngestMetrics::new());
+    if let Some(addr) = listen_addr(&cfg)? {
+        let listener = weft_http::bind(addr, a.allow_remote).await?;
+        let app = http::router(AppState {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            keys: Arc::new(keys),
+        });
+        tracing::info!(%addr, "status server listening");
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "status server stopped");
+            }
+        });
+    }
+    let (tx, mut rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let _ = shutdown_signal().await;
+        let _ = tx.send(true);
+    });
+    let ingestor = tokio::select! {
+        i = Ingestor::start(cfg, store, metrics, rx.clone()) => i?,
+        _ = rx.changed() => return Ok(()),
+    };
+    let totals = ingestor.run().await?;
+    eprintln!(
+        "ingest stopped: {} consumed, {} stored, {} duplicates dropped, {} dead-lettered",
+        totals.consumed, totals.inserted, totals.deduplicated, totals.dead_lettered
+    );
+    Ok(())
+}
+
+/// Resolve on SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
