@@ -34,7 +34,7 @@ use weft_schemas::Topics;
 use crate::decode::{self, Fact, Record, Rejection};
 use crate::facts::{self, identity_key, DedupCache, EventRow, Seen};
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::{insert, Projector};
+use crate::narrative::projector::{insert, ProjectBatch, Projector};
 use crate::store::{Store, StoreError};
 
 /// Which parts of the pipeline this process runs.
@@ -75,6 +75,8 @@ pub struct IngestConfig {
     pub listen: String,
     /// Longest wait between ClickHouse retries (milliseconds).
     pub max_backoff_ms: u64,
+    /// Extra librdkafka properties for every Kafka client (security.protocol, sasl.*, debug...).
+    pub librdkafka: BTreeMap<String, String>,
 }
 
 impl Default for IngestConfig {
@@ -91,6 +93,7 @@ impl Default for IngestConfig {
             dedup_window_secs: 7 * 24 * 3600,
             listen: "127.0.0.1:8788".into(),
             max_backoff_ms: 10_000,
+            librdkafka: BTreeMap::new(),
         }
     }
 }
@@ -181,8 +184,13 @@ impl Ingestor {
         stop: watch::Receiver<bool>,
     ) -> Result<Self, IngestError> {
         ensure_topics(&cfg).await?;
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &cfg.brokers)
+        if cfg.role != Role::Narratives {
+            retry_store(&cfg, &metrics, "check weft_events", || {
+                crate::narrative::projector::check_columns::<EventRow>(&store, "weft_events")
+            })
+            .await?;
+        }
+        let consumer: StreamConsumer = kafka_config(&cfg)
             .set("group.id", &cfg.group_id)
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")
@@ -194,8 +202,7 @@ impl Ingestor {
             .set("max.poll.interval.ms", "3600000")
             .set("fetch.wait.max.ms", "100")
             .create()?;
-        let dlq: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &cfg.brokers)
+        let dlq: FutureProducer = kafka_config(&cfg)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", "30000")
@@ -343,7 +350,7 @@ impl Ingestor {
         let flush_every = Duration::from_millis(self.cfg.flush_interval_ms);
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         spawn_lag_monitor(
-            self.cfg.brokers.clone(),
+            kafka_config(&self.cfg),
             self.positions.clone(),
             self.metrics.clone(),
             shutdown.clone(),
@@ -430,7 +437,8 @@ impl Ingestor {
         Ok(st.facts.len() + st.dead.len() >= max_rows || st.bytes >= max_bytes)
     }
 
-    /// Flush every partition that has buffered records.
+    /// Flush every partition that has buffered records, all in one round: dead letters,
+    /// then one facts insert per partition (concurrently), then one projector pass for all.
     async fn flush(&mut self) -> Result<(), Stopped> {
         let keys: Vec<(String, i32)> = self
             .parts
@@ -438,62 +446,52 @@ impl Ingestor {
             .filter(|(_, p)| !p.is_empty() || p.last_offset > p.stored.min(p.projected))
             .map(|(k, _)| k.clone())
             .collect();
-        for key in keys {
-            let Some(mut st) = self.parts.remove(&key) else {
-                continue;
-            };
-            let span = info_span!("flush", topic = %st.topic, partition = st.partition, facts = st.facts.len(), dead = st.dead.len());
-            let r = self.flush_partition(&mut st).instrument(span).await;
-            self.parts.insert(key, st);
-            r?;
+        let mut batch: Vec<PartitionState> =
+            keys.iter().filter_map(|k| self.parts.remove(k)).collect();
+        let rows: usize = batch.iter().map(|p| p.facts.len() + p.dead.len()).sum();
+        let span = info_span!("flush", partitions = batch.len(), rows);
+        let result = self.flush_batch(&mut batch).instrument(span).await;
+        for st in batch {
+            self.parts.insert((st.topic.clone(), st.partition), st);
         }
         if let Some(p) = &self.projector {
             self.metrics.narrative_graph_nodes.set(p.graph_len() as i64);
         }
         self.publish_positions();
-        Ok(())
+        result
     }
 
-    async fn flush_partition(&mut self, st: &mut PartitionState) -> Result<(), Stopped> {
-        let last = st.last_offset;
+    async fn flush_batch(&mut self, parts: &mut [PartitionState]) -> Result<(), Stopped> {
         // 1. Dead letters first: once their offsets are committed they must be safe elsewhere.
-        let dead = std::mem::take(&mut st.dead);
-        if !dead.is_empty() {
-            self.dead_letter(&st.topic, st.partition, &dead).await?;
+        for st in parts.iter_mut() {
+            let dead = std::mem::take(&mut st.dead);
+            if !dead.is_empty() {
+                self.dead_letter(&st.topic, st.partition, &dead).await?;
+            }
         }
-        let facts = std::mem::take(&mut st.facts);
-        // 2. Facts.
+        let facts: Vec<Vec<(i64, Fact)>> = parts
+            .iter_mut()
+            .map(|st| std::mem::take(&mut st.facts))
+            .collect();
+        // 2. Facts: dedup per partition, then one atomic insert per partition.
         if self.cfg.role != Role::Narratives {
             let ingested_at = now_micros();
-            let mut rows = Vec::new();
-            for (offset, f) in facts.iter().filter(|(o, _)| *o > st.stored) {
-                let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
-                let conflict = match st.dedup.observe(key, &f.content_hash) {
-                    Seen::Duplicate => {
-                        self.totals.deduplicated += 1;
-                        self.metrics.deduplicated.inc();
-                        continue;
-                    }
-                    Seen::Conflict => {
-                        self.metrics.conflicts.inc();
-                        true
-                    }
-                    Seen::New => false,
-                };
-                rows.push(EventRow::new(
-                    f,
-                    &st.topic,
-                    st.partition,
-                    *offset,
-                    ingested_at,
-                    conflict,
-                ));
+            let mut inserts = Vec::new();
+            for (st, facts) in parts.iter_mut().zip(&facts) {
+                let rows = self.fact_rows(st, facts, ingested_at);
+                if let Some(last_fact) = rows.last().map(|r| r.offset as i64) {
+                    inserts.push((st.topic.clone(), st.partition, rows, last_fact));
+                }
             }
-            if !rows.is_empty() {
-                let last_fact = rows.last().map(|r| r.offset as i64).unwrap_or(-1);
-                self.insert_facts(&st.topic, st.partition, &rows, last_fact)
-                    .await?;
-                for r in &rows {
+            let results = futures::future::join_all(
+                inserts
+                    .iter()
+                    .map(|(t, p, rows, last)| self.insert_facts(t, *p, rows, *last)),
+            )
+            .await;
+            results.into_iter().collect::<Result<Vec<()>, Stopped>>()?;
+            for (_, _, rows, _) in &inserts {
+                for r in rows {
                     self.metrics.inserted.with_label_values(&[r.kind]).inc();
                     let age = (ingested_at - r.emitted_at) as f64 / 1e6;
                     self.metrics
@@ -503,23 +501,32 @@ impl Ingestor {
                 }
                 self.totals.inserted += rows.len() as u64;
             }
-            st.stored = st.stored.max(last);
+            for st in parts.iter_mut() {
+                st.stored = st.stored.max(st.last_offset);
+            }
         }
-        // 3. Narratives.
+        // 3. Narratives: one pass over every partition's facts.
         if let Some(projector) = self.projector.as_mut() {
-            let to_project: Vec<&Fact> = facts
+            let batches: Vec<ProjectBatch<'_>> = parts
                 .iter()
-                .filter(|(o, _)| *o > st.projected)
-                .map(|(_, f)| f)
+                .zip(&facts)
+                .filter(|(st, _)| st.last_offset > st.projected)
+                .map(|(st, facts)| ProjectBatch {
+                    topic: &st.topic,
+                    partition: st.partition,
+                    facts: facts
+                        .iter()
+                        .filter(|(o, _)| *o > st.projected)
+                        .map(|(_, f)| f)
+                        .collect(),
+                    last_offset: st.last_offset,
+                })
                 .collect();
-            if last > st.projected {
+            if !batches.is_empty() {
                 let started = Instant::now();
                 let mut attempt = 0;
                 loop {
-                    match projector
-                        .apply(&st.topic, st.partition, &to_project, last)
-                        .await
-                    {
+                    match projector.apply(&batches).await {
                         Ok(stats) => {
                             self.metrics.narratives_moved.inc_by(stats.moved as u64);
                             break;
@@ -538,16 +545,58 @@ impl Ingestor {
                 self.metrics
                     .projector_seconds
                     .observe(started.elapsed().as_secs_f64());
-                st.projected = last;
+            }
+            for st in parts.iter_mut() {
+                st.projected = st.projected.max(st.last_offset);
             }
         }
-        // 4. Let rdkafka commit the next offset.
-        if let Err(e) = self.consumer.store_offset(&st.topic, st.partition, last) {
-            debug!(error = %e, "store_offset failed (offset is still safe in ClickHouse)");
+        // 4. Let rdkafka commit the next offsets.
+        for st in parts.iter_mut() {
+            if let Err(e) = self
+                .consumer
+                .store_offset(&st.topic, st.partition, st.last_offset)
+            {
+                debug!(error = %e, "store_offset failed (the offset is still safe in ClickHouse)");
+            }
+            st.bytes = 0;
+            st.oldest = None;
         }
-        st.bytes = 0;
-        st.oldest = None;
         Ok(())
+    }
+
+    /// The rows to store for one partition's facts: copies of stored events are dropped,
+    /// reuses of an id with other content are flagged.
+    fn fact_rows(
+        &mut self,
+        st: &mut PartitionState,
+        facts: &[(i64, Fact)],
+        ingested_at: i64,
+    ) -> Vec<EventRow> {
+        let mut rows = Vec::new();
+        for (offset, f) in facts.iter().filter(|(o, _)| *o > st.stored) {
+            let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
+            let conflict = match st.dedup.observe(key, &f.content_hash) {
+                Seen::Duplicate => {
+                    self.totals.deduplicated += 1;
+                    self.metrics.deduplicated.inc();
+                    continue;
+                }
+                Seen::Conflict => {
+                    self.metrics.conflicts.inc();
+                    true
+                }
+                Seen::New => false,
+            };
+            rows.push(EventRow::new(
+                f,
+                &st.topic,
+                st.partition,
+                *offset,
+                ingested_at,
+                conflict,
+            ));
+        }
+        rows
     }
 
     /// Insert one partition's facts, retrying until ClickHouse has them. Before a retry it
@@ -678,15 +727,13 @@ impl Ingestor {
 /// Consumer lag from watermarks and stored positions, on its own thread: watermark requests
 /// block, and while Kafka is down they time out, which must never stall the ingest loop.
 fn spawn_lag_monitor(
-    brokers: String,
+    brokers: ClientConfig,
     positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
     metrics: Arc<IngestMetrics>,
     stop: watch::Receiver<bool>,
 ) {
     std::thread::spawn(move || {
-        let client: Result<rdkafka::consumer::BaseConsumer, _> = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
-            .create();
+        let client: Result<rdkafka::consumer::BaseConsumer, _> = brokers.create();
         let Ok(client) = client else { return };
         while !*stop.borrow() {
             let snapshot: Vec<((String, i32), i64)> = positions
@@ -779,6 +826,16 @@ where
     }
 }
 
+/// Base client settings: brokers plus the configured librdkafka extras.
+fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers);
+    for (k, v) in &cfg.librdkafka {
+        c.set(k, v);
+    }
+    c
+}
+
 /// Create the event and dead-letter topics that do not exist yet.
 async fn ensure_topics(cfg: &IngestConfig) -> Result<(), IngestError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -790,7 +847,8 @@ async fn ensure_topics(cfg: &IngestConfig) -> Result<(), IngestError> {
         .iter()
         .map(|n| NewTopic::new(n, cfg.partitions, TopicReplication::Fixed(1)))
         .collect();
-    for r in admin.create_topics(&new, &AdminOptions::new()).await? {
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+    for r in admin.create_topics(&new, &opts).await? {
         match r {
             Ok(t) => info!(topic = %t, "created topic"),
             Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}

@@ -43,6 +43,8 @@ pub enum StoreError {
         #[source]
         source: clickhouse::error::Error,
     },
+    #[error("table {table} lacks columns {missing}: run `weft migrate`")]
+    Schema { table: String, missing: String },
     #[error("database name `{0}` must be 1..=64 characters of [A-Za-z0-9_]")]
     BadDatabase(String),
     #[error("migration {version} ({name}) was changed after it was applied (checksum {applied} != {now}); add a new migration instead of editing an old one")]

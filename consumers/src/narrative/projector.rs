@@ -93,6 +93,14 @@ fn via_of(s: &str) -> Option<Via> {
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
 type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
 
+/// The facts read from one source partition, up to `last_offset`.
+pub struct ProjectBatch<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub facts: Vec<&'a Fact>,
+    pub last_offset: i64,
+}
+
 /// What one [`Projector::apply`] did, for metrics and logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ApplyStats {
@@ -114,6 +122,10 @@ impl Projector {
     /// Load the projector's state from ClickHouse.
     #[instrument(skip(store))]
     pub async fn load(store: Store) -> Result<Self, StoreError> {
+        check_columns::<NarrativeRow>(&store, "weft_narratives").await?;
+        check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
+        check_columns::<LinkRow>(&store, "weft_links").await?;
+        check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
         let mut graph = Graph::new();
         let mut node_ts = HashMap::new();
         let c = store.client();
@@ -195,21 +207,15 @@ impl Projector {
         self.graph.len()
     }
 
-    /// Apply the facts read from one source partition up to `last_offset`, write the
-    /// narrative rows, then record the progress.
-    #[instrument(skip(self, facts), fields(n = facts.len()))]
-    pub async fn apply(
-        &mut self,
-        topic: &str,
-        partition: i32,
-        facts: &[&Fact],
-        last_offset: i64,
-    ) -> Result<ApplyStats, StoreError> {
+    /// Apply the facts of several source partitions, write the narrative rows, then
+    /// record how far each partition is projected.
+    #[instrument(skip_all, fields(partitions = batches.len()))]
+    pub async fn apply(&mut self, batches: &[ProjectBatch<'_>]) -> Result<ApplyStats, StoreError> {
         let version = self.clock.tick();
         let mut seeds = Vec::new();
-        let mut fed: Vec<(NodeIdx, &Fact)> = Vec::with_capacity(facts.len());
+        let mut fed: Vec<(NodeIdx, &Fact)> = Vec::new();
         let mut link_rows = Vec::new();
-        for f in facts {
+        for f in batches.iter().flat_map(|b| b.facts.iter().copied()) {
             let env = &f.envelope;
             let key = NodeKey::event(&env.tenant, env.kind, &f.id);
             let n = self
@@ -281,21 +287,22 @@ impl Projector {
             &node_rows.into_values().collect::<Vec<_>>(),
         )
         .await?;
-        insert(
-            &self.store,
-            "weft_projector_progress",
-            &[ProgressRow {
-                topic: topic.to_owned(),
-                partition: partition as u32,
-                offset: last_offset,
+        let progress: Vec<ProgressRow> = batches
+            .iter()
+            .map(|b| ProgressRow {
+                topic: b.topic.to_owned(),
+                partition: b.partition as u32,
+                offset: b.last_offset,
                 version,
-            }],
-        )
-        .await?;
-        self.progress
-            .insert((topic.to_owned(), partition), last_offset);
+            })
+            .collect();
+        insert(&self.store, "weft_projector_progress", &progress).await?;
+        for b in batches {
+            self.progress
+                .insert((b.topic.to_owned(), b.partition), b.last_offset);
+        }
         Ok(ApplyStats {
-            facts: facts.len(),
+            facts: fed.len(),
             moved,
         })
     }
@@ -375,6 +382,31 @@ impl Projector {
             }
         }
         Ok(moved)
+    }
+}
+
+/// Fail unless `table` has every column `T` writes: a clear start-up error instead of
+/// inserts that fail (or worse, misalign) later.
+pub(crate) async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<(), StoreError> {
+    let have: Vec<String> = store
+        .client()
+        .query("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String}")
+        .param("t", table)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let missing: Vec<&str> = T::COLUMN_NAMES
+        .iter()
+        .copied()
+        .filter(|c| !have.iter().any(|h| h == c))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::Schema {
+            table: table.to_owned(),
+            missing: missing.join(", "),
+        })
     }
 }
 
