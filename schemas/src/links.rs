@@ -13,8 +13,8 @@ use crate::Kind;
 
 /// The kind of node a link points at: an event kind, or a flow (a pseudo-node that every
 /// event carrying the same `metadata.flow_id` shares; flows are not events themselves).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// Serialized as a plain string: the kind's wire name, or `flow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NodeKind {
     Event(Kind),
     Flow,
@@ -26,6 +26,28 @@ impl NodeKind {
             NodeKind::Event(k) => k.as_str(),
             NodeKind::Flow => "flow",
         }
+    }
+
+    /// Parse a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        if s == "flow" {
+            return Some(NodeKind::Flow);
+        }
+        s.parse::<Kind>().ok().map(NodeKind::Event)
+    }
+}
+
+impl Serialize for NodeKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        NodeKind::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown node kind `{s}`")))
     }
 }
 
@@ -55,6 +77,11 @@ pub enum Via {
 }
 
 impl Via {
+    /// Parse a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        serde_json::from_value(Value::String(s.to_owned())).ok()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Via::DecisionId => "decision_id",

@@ -6,6 +6,8 @@
 //! that silently skips would report green without checking anything.
 #![allow(dead_code)]
 
+pub mod pipeline;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};

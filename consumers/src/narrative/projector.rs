@@ -79,17 +79,6 @@ struct ProgressRow {
     version: u64,
 }
 
-fn node_kind(s: &str) -> Option<NodeKind> {
-    if s == "flow" {
-        return Some(NodeKind::Flow);
-    }
-    s.parse::<Kind>().ok().map(NodeKind::Event)
-}
-
-fn via_of(s: &str) -> Option<Via> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
-}
-
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
 type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
 
@@ -155,9 +144,9 @@ impl Projector {
             .map_err(store.err())?;
         while let Some(r) = links.next().await.map_err(store.err())? {
             let (Some(fk), Some(tk), Some(via)) = (
-                node_kind(&r.from_kind),
-                node_kind(&r.to_kind),
-                via_of(&r.via),
+                NodeKind::parse(&r.from_kind),
+                NodeKind::parse(&r.to_kind),
+                Via::parse(&r.via),
             ) else {
                 continue;
             };

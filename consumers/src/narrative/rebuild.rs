@@ -81,15 +81,9 @@ pub struct RebuildStats {
 }
 
 fn parse_link(via: &str, kind: &str, id: &str) -> Option<Link> {
-    let via: Via = serde_json::from_value(serde_json::Value::String(via.to_owned())).ok()?;
-    let to_kind = if kind == "flow" {
-        NodeKind::Flow
-    } else {
-        NodeKind::Event(kind.parse::<Kind>().ok()?)
-    };
     Some(Link {
-        via,
-        to_kind,
+        via: Via::parse(via)?,
+        to_kind: NodeKind::parse(kind)?,
         to_id: id.to_owned(),
     })
 }

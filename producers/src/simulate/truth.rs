@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+/// The link model is `weft_schemas::links`, shared with ingest and the audit.
+pub use weft_schemas::links::{NodeKind, Via};
 use weft_schemas::Kind;
 
 use super::SimConfig;
@@ -35,46 +38,6 @@ impl EventRef {
 impl fmt::Display for EventRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.kind, self.id)
-    }
-}
-
-/// What a link can point at: an event of some kind, or a flow. A flow is not an event: it
-/// is the node every event carrying the same `metadata.flow_id` points at, the way
-/// `weft_schemas` link extraction models it. Serialized as a plain string: the kind's wire
-/// name (`frame`, `trace_event`, ...) or `flow`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum NodeKind {
-    /// An event of this kind.
-    Event(Kind),
-    /// A flow, named by its `metadata.flow_id`.
-    Flow,
-}
-
-impl NodeKind {
-    /// The wire name: the event kind's name, or `flow`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeKind::Event(k) => k.as_str(),
-            NodeKind::Flow => "flow",
-        }
-    }
-}
-
-impl Serialize for NodeKind {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for NodeKind {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        if s == "flow" {
-            return Ok(NodeKind::Flow);
-        }
-        s.parse()
-            .map(NodeKind::Event)
-            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -119,31 +82,6 @@ impl fmt::Display for NodeRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.kind.as_str(), self.id)
     }
-}
-
-/// The payload field a link comes from; the same names the narrative builder uses, so the
-/// truth and `weft narrative` can be compared field for field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Via {
-    /// TraceEvent.decision_id → PolicyDecision.
-    DecisionId,
-    /// TraceEvent.frame_id → Frame.
-    FrameId,
-    /// TraceEvent.handle_id → Handle.
-    HandleId,
-    /// Frame.handle_refs[] → Handle.
-    HandleRefs,
-    /// PolicyDecision.token_id → CapabilityToken.
-    TokenId,
-    /// `metadata.flow_id` (on any kind, `flow_started` included) → the flow node.
-    FlowId,
-    /// Frame `metadata.prior_frame_id` → the previous step's Frame.
-    PriorFrameId,
-    /// `metadata.frame_ids[]` of `flow_completed` / `flow_failed` → each Frame.
-    FrameIds,
-    /// ExecutionFeedback.decision_id → ExecutionRoutingDecision (a *routing* decision).
-    FeedbackDecisionId,
 }
 
 /// A directed reference from an event to another event or to its flow, found in `from`'s

@@ -1,0 +1,291 @@
+//! A private pipeline for one test: its own topic prefix, ClickHouse database, consumer group
+//! and spool folder on the shared local stack, plus the `weft` processes it runs.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use clickhouse::Client;
+use serde_json::Value;
+use weft_producers::simulate::GroundTruth;
+use weft_schemas::Envelope;
+
+use super::{brokers, clickhouse_url, unique, wait_for, weft};
+
+/// Narrative id -> its live members as (kind, id).
+pub type Membership = BTreeMap<String, BTreeSet<(String, String)>>;
+
+pub struct Pipeline {
+    pub prefix: String,
+    pub db: String,
+    pub dir: PathBuf,
+}
+
+/// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    /// Send SIGTERM and wait for a clean exit.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.0.id() as i32;
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        self.0.wait().unwrap()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn sigkill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn check(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+impl Pipeline {
+    /// Fresh names, a temp folder, and a migrated database.
+    pub fn new(tag: &str) -> Self {
+        let name = unique(tag);
+        let p = Self {
+            prefix: format!("{name}."),
+            db: name.clone(),
+            dir: std::env::temp_dir().join(&name),
+        };
+        std::fs::create_dir_all(&p.dir).unwrap();
+        check(p.weft().arg("migrate").output().unwrap(), "weft migrate");
+        p
+    }
+
+    /// `weft` bound to this pipeline's database, topics and stack.
+    pub fn weft(&self) -> Command {
+        let mut c = weft();
+        c.env("WEFT_KAFKA_BROKERS", brokers())
+            .env("WEFT_CLICKHOUSE_URL", clickhouse_url())
+            .env("WEFT_CLICKHOUSE_DATABASE", &self.db)
+            .env("WEFT_TOPIC_PREFIX", &self.prefix)
+            .env("RUST_LOG", "warn");
+        c
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// `weft simulate ARGS --out events.jsonl --truth truth.json`; returns the truth.
+    pub fn simulate(&self, args: &[&str]) -> GroundTruth {
+        let out = self
+            .weft()
+            .arg("simulate")
+            .args(args)
+            .arg("--out")
+            .arg(self.path("events.jsonl"))
+            .arg("--truth")
+            .arg(self.path("truth.json"))
+            .output()
+            .unwrap();
+        check(out, "weft simulate");
+        serde_json::from_slice(&std::fs::read(self.path("truth.json")).unwrap()).unwrap()
+    }
+
+    /// `weft publish FILE` into this pipeline's topics.
+    pub fn publish(&self, file: &Path) {
+        let out = self
+            .weft()
+            .arg("publish")
+            .arg(file)
+            .arg("--topic-prefix")
+            .arg(&self.prefix)
+            .arg("--spool-dir")
+            .arg(self.path("spool"))
+            .output()
+            .unwrap();
+        check(out, "weft publish");
+    }
+
+    /// Start `weft ingest` for this pipeline (status server off unless `listen` is given).
+    pub fn ingest(&self, listen: Option<&str>) -> Proc {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("ingest.log"))
+            .unwrap();
+        let child = self
+            .weft()
+            .arg("ingest")
+            .arg("--listen")
+            .arg(listen.unwrap_or(""))
+            .arg("--group")
+            .arg(&self.db)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Proc(child)
+    }
+
+    /// The tail of the ingest log, for failure messages.
+    pub fn ingest_log(&self) -> String {
+        let text = std::fs::read_to_string(self.path("ingest.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    pub fn client(&self) -> Client {
+        Client::default()
+            .with_url(clickhouse_url())
+            .with_database(&self.db)
+            .with_setting("prefer_column_name_to_alias", "1")
+    }
+
+    /// A single number from ClickHouse.
+    pub async fn scalar(&self, sql: &str) -> u64 {
+        self.client().query(sql).fetch_one::<u64>().await.unwrap()
+    }
+
+    /// Wait until `weft_events` holds `n` rows; panics with the ingest log otherwise.
+    pub async fn wait_for_facts(&self, n: u64, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut last = 0;
+        while std::time::Instant::now() < deadline {
+            last = self.scalar("SELECT count() FROM weft_events").await;
+            if last >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "only {last} of {n} facts after {timeout:?}; ingest log:\n{}",
+            self.ingest_log()
+        );
+    }
+
+    /// The live narrative membership stored in ClickHouse.
+    pub async fn membership(&self) -> Membership {
+        let rows: Vec<(String, String, String)> = self
+            .client()
+            .query(
+                "SELECT narrative_id, kind, id FROM ( \
+                   SELECT narrative_id, kind, id, content_hash, argMax(is_deleted, version) AS gone \
+                   FROM weft_narratives GROUP BY narrative_id, kind, id, content_hash) \
+                 WHERE gone = 0",
+            )
+            .fetch_all()
+            .await
+            .unwrap();
+        let mut m = Membership::new();
+        for (n, k, i) in rows {
+            m.entry(n).or_default().insert((k, i));
+        }
+        m
+    }
+
+    /// Poll until the stored narratives equal `want`, or panic with the first difference.
+    pub async fn wait_for_narratives(&self, want: &Membership, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let got = self.membership().await;
+            if &got == want {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                let diff = first_difference(&got, want);
+                panic!(
+                    "narratives differ from the ground truth: {diff}\ningest log:\n{}",
+                    self.ingest_log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+/// The ground truth as a membership map.
+pub fn truth_membership(t: &GroundTruth) -> Membership {
+    t.requests
+        .iter()
+        .map(|r| {
+            let members = r
+                .members
+                .iter()
+                .map(|m| (m.kind.as_str().to_owned(), m.id.clone()))
+                .collect();
+            (r.request_id.clone(), members)
+        })
+        .collect()
+}
+
+fn first_difference(got: &Membership, want: &Membership) -> String {
+    for (n, w) in want {
+        match got.get(n) {
+            None => return format!("narrative {n} missing ({} members expected)", w.len()),
+            Some(g) if g != w => {
+                let missing: Vec<_> = w.difference(g).take(5).collect();
+                let extra: Vec<_> = g.difference(w).take(5).collect();
+                return format!("narrative {n}: missing {missing:?}, unexpected {extra:?}");
+            }
+            _ => {}
+        }
+    }
+    let extra: Vec<&String> = got
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .take(5)
+        .collect();
+    format!(
+        "unexpected narratives {extra:?} ({} in total vs {})",
+        got.len(),
+        want.len()
+    )
+}
+
+/// Distinct facts (tenant, kind, id, content) in JSONL files of envelopes.
+pub fn distinct_facts(files: &[&Path]) -> u64 {
+    let mut seen = HashSet::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let env: Envelope = serde_json::from_str(line).unwrap();
+            let (payload, id): (Value, String) = env.validate().unwrap();
+            let hash = weft_schemas::identity::content_hash(&payload).unwrap();
+            seen.insert((env.tenant.clone(), env.kind, id, hash));
+        }
+    }
+    seen.len() as u64
+}
+
+/// Wait (bounded) for a TCP port to accept connections.
+pub fn wait_for_port(addr: &str, timeout: Duration) -> bool {
+    wait_for(timeout, || {
+        std::net::TcpStream::connect(addr).ok().map(|_| ())
+    })
+    .is_some()
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
