@@ -22,6 +22,8 @@ pub struct BenchArgs {
 #[derive(Debug, Subcommand)]
 pub enum BenchWhat {
     Publish(BenchPublishArgs),
+    Ingest(crate::cmd::bench_ingest::BenchIngestArgs),
+    Lookup(crate::cmd::bench_lookup::BenchLookupArgs),
 }
 
 /// Publish N TraceEvents through the Publisher into the broker and report events/s and
@@ -85,7 +87,11 @@ fn make_events(n: usize, payload_bytes: usize, requests: usize, run: &str) -> Ve
 }
 
 pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
-    let BenchWhat::Publish(args) = args.what;
+    let args = match args.what {
+        BenchWhat::Publish(a) => a,
+        BenchWhat::Ingest(a) => return crate::cmd::bench_ingest::run(a, settings).await,
+        BenchWhat::Lookup(a) => return crate::cmd::bench_lookup::run(a, settings).await,
+    };
     let mut pargs = args.publisher.clone();
     let run = format!(
         "{}-{}",

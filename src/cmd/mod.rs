@@ -1,6 +1,8 @@
 //! One module per subcommand. Each exposes `Args` (clap) and `run`.
 
 pub mod bench;
+pub mod bench_ingest;
+pub mod bench_lookup;
 pub mod gateway;
 pub mod ingest;
 pub mod migrate;
