@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The README's main command: the whole pipeline on the local stack, with a short report.
+#
+#   bash deploy/local/demo.sh            # FLOWS=300 by default
+#
+# It starts the stack (installing what is missing), builds weft, migrates ClickHouse, starts
+# `weft ingest`, publishes simulated kernel + orchestrator traffic (shuffled, 20% without a
+# request id, duplicates), waits until every event is stored, and prints what happened.
+# The stack and ingest keep running afterwards so you can explore; the last lines say how
+# to stop them.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+FLOWS=${FLOWS:-300}
+SEED=${SEED:-$RANDOM}
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "local stack"
+bash deploy/local/stack.sh up
+# shellcheck disable=SC1091
+source "${WEFT_RUN_DIR:-$REPO/.weft/run}/env"
+RUN=$WEFT_RUN_DIR/demo
+mkdir -p "$RUN"
+
+say "build (release)"
+cargo build --release --quiet --bin weft
+WEFT=$REPO/target/release/weft
+export RUST_LOG=${RUST_LOG:-warn}
+
+say "migrate ClickHouse"
+$WEFT migrate
+
+say "start weft ingest (status server on 127.0.0.1:8788)"
+if [ -f "$RUN/ingest.pid" ] && kill -0 "$(cat "$RUN/ingest.pid")" 2>/dev/null; then
+  echo "already running (pid $(cat "$RUN/ingest.pid"))"
+else
+  # A demo key, so the narrative API can be tried with curl below.
+  WEFT_API_KEYS="demo-key-0123456789abcdef=default" setsid "$WEFT" ingest >"$RUN/ingest.log" 2>&1 &
+  echo $! >"$RUN/ingest.pid"
+  for _ in $(seq 1 100); do curl -sf http://127.0.0.1:8788/healthz >/dev/null && break; sleep 0.1; done
+fi
+
+say "simulate $FLOWS flows (seed $SEED) and publish them"
+$WEFT simulate --flows "$FLOWS" --seed "$SEED" --shuffle --no-request-id 0.2 --duplicates 0.05 \
+  --truth "$RUN/truth.json" --out "$RUN/events.jsonl"
+$WEFT publish "$RUN/events.jsonl" --spool-dir "$RUN/spool"
+
+ch() { curl -sf "$WEFT_CLICKHOUSE_URL/?database=weft" --data-binary "$1"; }
+want=$(python3 -c "import json;print(json.load(open('$RUN/truth.json'))['totals']['distinct_ids'])")
+say "waiting until all $want events of this run are stored and in their narratives"
+t0=$EPOCHREALTIME
+got=0
+for _ in $(seq 1 900); do
+  got=$(ch "SELECT count() FROM (SELECT narrative_id, kind, id, argMax(is_deleted, version) AS gone
+            FROM weft_narratives WHERE narrative_id LIKE 'req-$SEED-%' GROUP BY narrative_id, kind, id) WHERE gone = 0" || echo 0)
+  [ "${got:-0}" -ge "$want" ] && break
+  sleep 0.2
+done
+printf '%s of %s events in %s narratives, %.1f s after publishing\n' "$got" "$want" "$FLOWS" \
+  "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{print b-a}')"
+
+say "what weft stored (all runs)"
+ch "SELECT kind, count() AS facts, uniqExact(request_id) AS requests, sum(conflict) AS id_conflicts FROM weft_events GROUP BY kind ORDER BY kind FORMAT PrettyCompactMonoBlock"
+curl -sf http://127.0.0.1:8788/metrics | grep -E '^weft_ingest_(consumed|inserted|deduplicated|dead_lettered|replay)' | awk '{s[$1]+=$2} END {for (k in s) printf "  %-60s %d\n", k, s[k]}' | sort
+ch "SELECT count() AS narratives FROM (SELECT DISTINCT narrative_id FROM weft_narratives WHERE narrative_id LIKE 'req-$SEED-%') FORMAT PrettyCompactMonoBlock"
+
+say "one narrative, rebuilt from events that arrived shuffled (some without a request id)"
+$WEFT narrative "req-$SEED-1" | head -40
+say "the same through the API"
+echo "curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' http://127.0.0.1:8788/v1/narratives/req-$SEED-1"
+curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' "http://127.0.0.1:8788/v1/narratives/req-$SEED-1" | head -c 400; echo ' ...'
+
+say "done"
+cat <<MSG
+weft ingest keeps running (pid $(cat "$RUN/ingest.pid"), log $RUN/ingest.log).
+Explore:   $WEFT narrative req-$SEED-2 --format json
+Stop all:  kill \$(cat $RUN/ingest.pid); bash deploy/local/stack.sh down
+MSG
