@@ -171,6 +171,13 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_parses() {
+        let s: Settings = toml::from_str(include_str!("../deploy/weft.example.toml")).unwrap();
+        assert_eq!(s.ingest.batch_max_rows, 50_000);
+        assert_eq!(s.publisher.topics.prefix, "weaver.");
+    }
+
+    #[test]
     fn unknown_keys_in_the_file_are_errors() {
         let err = toml::from_str::<Settings>("[kafka]\nbroker = \"typo\"\n").unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");

@@ -59,6 +59,8 @@ pub struct IngestConfig {
     pub brokers: String,
     /// Consumer group; offsets are committed there (for lag dashboards and resumption).
     pub group_id: String,
+    /// Topic names; the CLI fills them from `[publisher.topics]`, so both sides agree.
+    #[serde(skip)]
     pub topics: Topics,
     pub role: Role,
     /// Partitions for topics this process creates when they are missing.
@@ -76,7 +78,7 @@ pub struct IngestConfig {
     /// Longest wait between ClickHouse retries (milliseconds).
     pub max_backoff_ms: u64,
     /// Extra librdkafka properties for every Kafka client (security.protocol, sasl.*, debug...).
-    pub librdkafka: BTreeMap<String, String>,
+    pub kafka_properties: BTreeMap<String, String>,
 }
 
 impl Default for IngestConfig {
@@ -93,7 +95,7 @@ impl Default for IngestConfig {
             dedup_window_secs: 7 * 24 * 3600,
             listen: "127.0.0.1:8788".into(),
             max_backoff_ms: 10_000,
-            librdkafka: BTreeMap::new(),
+            kafka_properties: BTreeMap::new(),
         }
     }
 }
@@ -830,7 +832,7 @@ where
 fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.brokers);
-    for (k, v) in &cfg.librdkafka {
+    for (k, v) in &cfg.kafka_properties {
         c.set(k, v);
     }
     c

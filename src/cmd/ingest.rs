@@ -88,6 +88,8 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     if cfg.brokers.is_empty() {
         cfg.brokers = settings.kafka.brokers.clone();
     }
+    // One place names the topics, for publishers and consumers alike: `[publisher.topics]`.
+    cfg.topics = settings.publisher.topics.clone();
     if let Some(v) = a.listen {
         cfg.listen = v;
     }
