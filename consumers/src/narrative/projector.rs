@@ -51,32 +51,32 @@ pub struct NarrativeRow {
 }
 
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
-struct NodeRow {
-    tenant: String,
-    kind: String,
-    id: String,
-    narrative_id: String,
-    request_id: String,
-    ts: i64,
-    version: u64,
+pub(crate) struct NodeRow {
+    pub(crate) tenant: String,
+    pub(crate) kind: String,
+    pub(crate) id: String,
+    pub(crate) narrative_id: String,
+    pub(crate) request_id: String,
+    pub(crate) ts: i64,
+    pub(crate) version: u64,
 }
 
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
-struct LinkRow {
-    tenant: String,
-    to_kind: String,
-    to_id: String,
-    from_kind: String,
-    from_id: String,
-    via: String,
+pub(crate) struct LinkRow {
+    pub(crate) tenant: String,
+    pub(crate) to_kind: String,
+    pub(crate) to_id: String,
+    pub(crate) from_kind: String,
+    pub(crate) from_id: String,
+    pub(crate) via: String,
 }
 
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
-struct ProgressRow {
-    topic: String,
-    partition: u32,
-    offset: i64,
-    version: u64,
+pub(crate) struct ProgressRow {
+    pub(crate) topic: String,
+    pub(crate) partition: u32,
+    pub(crate) offset: i64,
+    pub(crate) version: u64,
 }
 
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.

@@ -14,7 +14,7 @@ use weft_schemas::links::{Link, NodeKind, Via};
 use weft_schemas::Kind;
 
 use super::graph::{Graph, NodeKey};
-use super::projector::{insert, NarrativeRow, VersionClock};
+use super::projector::{insert, LinkRow, NarrativeRow, NodeRow, ProgressRow, VersionClock};
 use crate::store::{Store, StoreError};
 
 const CHUNK: usize = 50_000;
@@ -41,35 +41,6 @@ struct FactPayload {
     ts: i64,
     request_id: String,
     payload: String,
-}
-
-#[derive(Debug, Row, Serialize)]
-struct NodeOut {
-    tenant: String,
-    kind: String,
-    id: String,
-    narrative_id: String,
-    request_id: String,
-    ts: i64,
-    version: u64,
-}
-
-#[derive(Debug, Row, Serialize)]
-struct LinkOut {
-    tenant: String,
-    to_kind: String,
-    to_id: String,
-    from_kind: String,
-    from_id: String,
-    via: String,
-}
-
-#[derive(Debug, Row, Serialize)]
-struct ProgressOut {
-    topic: String,
-    partition: u32,
-    offset: i64,
-    version: u64,
 }
 
 /// What a rebuild did.
@@ -128,7 +99,7 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             &links,
         );
         for l in &links {
-            link_rows.push(LinkOut {
+            link_rows.push(LinkRow {
                 tenant: f.tenant.clone(),
                 to_kind: l.to_kind.as_str().to_owned(),
                 to_id: l.to_id.clone(),
@@ -192,7 +163,7 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
         let Some(nid) = narrative_of(&tenant, &kind, &id) else {
             continue;
         };
-        nodes.push(NodeOut {
+        nodes.push(NodeRow {
             tenant,
             kind,
             id,
@@ -207,9 +178,9 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
         }
     }
     insert(store, "weft_narrative_nodes", &nodes).await?;
-    let progress: Vec<ProgressOut> = progress
+    let progress: Vec<ProgressRow> = progress
         .into_iter()
-        .map(|((topic, partition), offset)| ProgressOut {
+        .map(|((topic, partition), offset)| ProgressRow {
             topic,
             partition,
             offset,
