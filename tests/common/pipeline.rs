@@ -123,6 +123,11 @@ impl Pipeline {
 
     /// Start `weft ingest` for this pipeline (status server off unless `listen` is given).
     pub fn ingest(&self, listen: Option<&str>) -> Proc {
+        self.ingest_with(listen, &[])
+    }
+
+    /// [`Pipeline::ingest`] with extra environment variables.
+    pub fn ingest_with(&self, listen: Option<&str>, env: &[(&str, &str)]) -> Proc {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -136,6 +141,7 @@ impl Pipeline {
             .arg("--group")
             .arg(&self.db)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,0 +1,103 @@
+//! `GET /v1/narratives/{id}` on the ingest status server: bearer keys scoped to one tenant,
+//! the same answer for "unknown" and "another tenant's", and no 5xx on hostile ids.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pipeline::{free_port, wait_for_port, Pipeline};
+use reqwest::StatusCode;
+
+const ACME: &str = "k-acme-0123456789abcdef";
+const GLOBEX: &str = "k-globex-0123456789abcdef";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrative_api_is_tenant_scoped() {
+    let p = Pipeline::new("it_api");
+    let truth = p.simulate(&["--flows", "5", "--seed", "9", "--tenant", "acme"]);
+    let file = p.path("events.jsonl");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let keys = format!("{ACME}=acme,{GLOBEX}=globex");
+    let _ingest = p.ingest_with(Some(&addr), &[("WEFT_API_KEYS", &keys)]);
+    p.publish(&file);
+    p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    assert!(wait_for_port(&addr, Duration::from_secs(5)));
+
+    let http = reqwest::Client::new();
+    let req = &truth.requests[0].request_id;
+    let url = |id: &str| format!("http://{addr}/v1/narratives/{}", urlencode(id));
+    let get = |id: String, key: Option<&'static str>| {
+        let mut r = http.get(url(&id));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    // The owner reads it (once the projector has written it).
+    let mut body = serde_json::Value::Null;
+    for _ in 0..100 {
+        let r = get(req.clone(), Some(ACME)).await.unwrap();
+        if r.status() == StatusCode::OK {
+            body = r.json().await.unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(body["narrative_id"], req.as_str());
+    assert_eq!(
+        body["entries"].as_array().unwrap().len(),
+        truth.requests[0].members.len()
+    );
+
+    // Another tenant's key: not found, exactly like an unknown id.
+    assert_eq!(
+        get(req.clone(), Some(GLOBEX)).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get("no-such-id".into(), Some(ACME)).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    // No key, or a wrong one: 401.
+    assert_eq!(
+        get(req.clone(), None).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get(req.clone(), Some("k-wrong-0123456789abcdef"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+
+    // Hostile ids: quotes, SQL fragments, unicode, very long. Never a 5xx.
+    for id in [
+        "' OR 1=1 --".to_owned(),
+        "x'); DROP TABLE weft_events; --".to_owned(),
+        "{t:String}".to_owned(),
+        "наратив 🧵 \u{0}".to_owned(),
+        "a".repeat(5000),
+    ] {
+        let status = get(id.clone(), Some(ACME)).await.unwrap().status();
+        assert!(
+            status.is_client_error(),
+            "{status} for {:?}",
+            &id[..id.len().min(40)]
+        );
+    }
+    assert!(
+        p.scalar("SELECT count() FROM weft_events").await > 0,
+        "tables intact"
+    );
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
