@@ -1,1 +1,14 @@
-//! placeholder
+//! `weft-router`: the feedback-aware router.
+//!
+//! - [`model`]: the fitted state (decayed per tenant x context x candidate statistics) and
+//!   its versioned snapshot file;
+//! - [`policy`]: greedy, epsilon-greedy, Thompson sampling, UCB and static choice, each with
+//!   its propensity, under the request's constraints;
+//! - [`eval`]: off-policy estimates (IPS, SNIPS, DR) with bootstrap intervals;
+//! - [`store`]: reading the `weft_router_stats` aggregates and the logged decisions;
+//! - [`service`]: the HTTP service (`weft router`).
+
+pub mod eval;
+pub mod model;
+pub mod policy;
+pub mod rng;

@@ -1,0 +1,167 @@
+//! The fitted state: per tenant x context x candidate statistics, as read from the
+//! `weft_router_stats` aggregates (decayed), and the versioned snapshot file format.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The snapshot file's `format` value.
+pub const SNAPSHOT_FORMAT: &str = "weft-router-snapshot";
+/// The snapshot file's `version` value (bumped on incompatible changes).
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Decayed outcome statistics of one candidate in one context. Counts are `f64` because
+/// the decay weights them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ArmStats {
+    pub n: f64,
+    pub successes: f64,
+    pub latency_n: f64,
+    pub latency_sum: f64,
+    /// Latency quantiles (p50, p90, p99) over the window, undecayed; `None` when unknown.
+    pub latency_q: Option<[f64; 3]>,
+    pub cost_sum: f64,
+    pub quality_n: f64,
+    pub quality_sum: f64,
+}
+
+impl ArmStats {
+    /// Add one observed outcome (used by `weft eval` to fit from logged data, and by tests).
+    pub fn observe(
+        &mut self,
+        success: bool,
+        latency_ms: Option<f64>,
+        cost: f64,
+        quality: Option<f64>,
+    ) {
+        self.n += 1.0;
+        if success {
+            self.successes += 1.0;
+        }
+        if let Some(l) = latency_ms {
+            self.latency_n += 1.0;
+            self.latency_sum += l;
+        }
+        self.cost_sum += cost;
+        if let Some(q) = quality {
+            self.quality_n += 1.0;
+            self.quality_sum += q;
+        }
+    }
+
+    pub fn mean_latency(&self) -> Option<f64> {
+        (self.latency_n > 0.0).then(|| self.latency_sum / self.latency_n)
+    }
+
+    /// The latency used against `max_latency_ms`: the p90 when known, else the mean.
+    pub fn latency_bound(&self) -> Option<f64> {
+        match self.latency_q {
+            Some(q) if q[1].is_finite() => Some(q[1]),
+            _ => self.mean_latency(),
+        }
+    }
+
+    pub fn mean_cost(&self) -> Option<f64> {
+        (self.n > 0.0).then(|| self.cost_sum / self.n)
+    }
+
+    pub fn mean_quality(&self) -> Option<f64> {
+        (self.quality_n > 0.0).then(|| self.quality_sum / self.quality_n)
+    }
+}
+
+/// Statistics per candidate id.
+pub type Arms = BTreeMap<String, ArmStats>;
+
+/// Everything the router learned, per tenant, then per context key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub format: String,
+    pub version: u32,
+    /// When the statistics were read (RFC 3339).
+    pub created_at: String,
+    /// Where they came from (`clickhouse:<db>`, `file:<path>`, `priors`, `logged-data`).
+    pub source: String,
+    /// Half-life of the decay applied when reading, in seconds (0 = none).
+    #[serde(default)]
+    pub half_life_s: f64,
+    /// tenant -> context key -> candidate id -> statistics.
+    pub tenants: BTreeMap<String, BTreeMap<String, Arms>>,
+}
+
+impl Snapshot {
+    /// An empty snapshot: every decision runs on the priors.
+    pub fn empty(source: &str) -> Self {
+        Snapshot {
+            format: SNAPSHOT_FORMAT.into(),
+            version: SNAPSHOT_VERSION,
+            created_at: weft_schemas::time::now_rfc3339(),
+            source: source.into(),
+            half_life_s: 0.0,
+            tenants: BTreeMap::new(),
+        }
+    }
+
+    /// The arms of one tenant's context, if any feedback was seen there.
+    pub fn arms(&self, tenant: &str, context: &str) -> Option<&Arms> {
+        self.tenants.get(tenant)?.get(context)
+    }
+
+    /// Mutable arms (created on demand).
+    pub fn arms_mut(&mut self, tenant: &str, context: &str) -> &mut Arms {
+        self.tenants
+            .entry(tenant.to_owned())
+            .or_default()
+            .entry(context.to_owned())
+            .or_default()
+    }
+
+    /// Parse and check a snapshot file's text.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let s: Snapshot = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if s.format != SNAPSHOT_FORMAT {
+            return Err(format!(
+                "format is `{}`, expected `{SNAPSHOT_FORMAT}`",
+                s.format
+            ));
+        }
+        if s.version != SNAPSHOT_VERSION {
+            return Err(format!(
+                "snapshot version {} is not supported (this weft reads {SNAPSHOT_VERSION})",
+                s.version
+            ));
+        }
+        Ok(s)
+    }
+
+    /// Number of (tenant, context, candidate) cells.
+    pub fn cells(&self) -> usize {
+        self.tenants
+            .values()
+            .flat_map(|c| c.values())
+            .map(|a| a.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_round_trips_and_checks_its_version() {
+        let mut s = Snapshot::empty("test");
+        s.arms_mut("acme", "search")
+            .entry("a".into())
+            .or_default()
+            .observe(true, Some(100.0), 0.5, Some(0.9));
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(Snapshot::from_json(&text).unwrap(), s);
+        assert_eq!(s.cells(), 1);
+        let bad = text.replace("\"version\":1", "\"version\":99");
+        assert!(Snapshot::from_json(&bad)
+            .unwrap_err()
+            .contains("version 99"));
+    }
+}

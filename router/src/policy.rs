@@ -1,0 +1,491 @@
+//! Policies: how a candidate is chosen from the admissible ones, and with what probability.
+//!
+//! Every policy reports the propensity of its choice: exact for greedy, UCB, static and
+//! epsilon-greedy; a Monte-Carlo estimate for Thompson sampling (the chosen draw counts as
+//! one of the samples, so the estimate is unbiased and never zero for the chosen arm).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::model::{ArmStats, Arms};
+use crate::rng::Rng;
+
+/// Which policy decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// Highest expected utility; ties go to the earliest candidate. Deterministic.
+    Greedy,
+    /// Greedy with probability 1 - epsilon, else uniform over the admissible candidates.
+    EpsilonGreedy,
+    /// Sample each candidate's success rate from its Beta posterior; highest sampled utility.
+    Thompson,
+    /// Highest upper confidence bound of the utility. Deterministic.
+    Ucb,
+    /// The first admissible candidate, in request order. Deterministic.
+    Static,
+}
+
+impl PolicyName {
+    pub const ALL: [PolicyName; 5] = [
+        PolicyName::Greedy,
+        PolicyName::EpsilonGreedy,
+        PolicyName::Thompson,
+        PolicyName::Ucb,
+        PolicyName::Static,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Greedy => "greedy",
+            PolicyName::EpsilonGreedy => "epsilon_greedy",
+            PolicyName::Thompson => "thompson",
+            PolicyName::Ucb => "ucb",
+            PolicyName::Static => "static",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+/// Utility weights: `success * p + quality * q - cost * c - latency_per_s * latency_s`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Weights {
+    pub success: f64,
+    pub quality: f64,
+    pub cost: f64,
+    pub latency_per_s: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            success: 1.0,
+            quality: 0.0,
+            cost: 0.0,
+            latency_per_s: 0.0,
+        }
+    }
+}
+
+impl Weights {
+    pub fn utility(&self, success: f64, quality: f64, cost: f64, latency_ms: f64) -> f64 {
+        self.success * success + self.quality * quality
+            - self.cost * cost
+            - self.latency_per_s * latency_ms / 1000.0
+    }
+}
+
+/// Policy settings (the `[router]` knobs that change decisions).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub policy: PolicyName,
+    /// Bumped by operators when settings change; logged with every decision.
+    pub version: String,
+    pub epsilon: f64,
+    pub ucb_c: f64,
+    /// Monte-Carlo draws for Thompson propensities and for confidence.
+    pub mc_samples: usize,
+    /// Beta prior of the success rate.
+    pub prior_successes: f64,
+    pub prior_failures: f64,
+    /// Prior quality when neither feedback nor the candidate says.
+    pub prior_quality: f64,
+    /// Observations needed before observed latency/cost/quality replace declared ones.
+    pub min_obs: f64,
+    pub weights: Weights,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            policy: PolicyName::Greedy,
+            version: "1".into(),
+            epsilon: 0.1,
+            ucb_c: 1.0,
+            mc_samples: 256,
+            prior_successes: 1.0,
+            prior_failures: 1.0,
+            prior_quality: 0.5,
+            min_obs: 5.0,
+            weights: Weights::default(),
+        }
+    }
+}
+
+/// What the router knows about one candidate for one decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Estimate {
+    pub candidate_id: String,
+    pub n: f64,
+    pub successes: f64,
+    /// Expected latency / cost / quality (observed once `min_obs` is reached, else declared
+    /// in the candidate's `metadata.x_weft_latency_ms` / `x_weft_cost` / `x_weft_quality`).
+    pub latency_ms: Option<f64>,
+    pub cost: Option<f64>,
+    pub quality: Option<f64>,
+}
+
+fn meta_f64(meta: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
+    meta?.get(key)?.as_f64()
+}
+
+impl Estimate {
+    /// Combine the candidate's declared figures with the observed statistics.
+    pub fn new(
+        cfg: &PolicyConfig,
+        candidate_id: &str,
+        meta: Option<&Map<String, Value>>,
+        stats: Option<&ArmStats>,
+    ) -> Self {
+        let empty = ArmStats::default();
+        let st = stats.unwrap_or(&empty);
+        let seen = st.n >= cfg.min_obs;
+        Estimate {
+            candidate_id: candidate_id.to_owned(),
+            n: st.n,
+            successes: st.successes,
+            latency_ms: if st.latency_n >= cfg.min_obs {
+                st.latency_bound()
+            } else {
+                meta_f64(meta, "x_weft_latency_ms")
+            },
+            cost: if seen {
+                st.mean_cost()
+            } else {
+                meta_f64(meta, "x_weft_cost")
+            },
+            quality: if st.quality_n >= cfg.min_obs {
+                st.mean_quality()
+            } else {
+                meta_f64(meta, "x_weft_quality")
+            },
+        }
+    }
+
+    fn alpha_beta(&self, cfg: &PolicyConfig) -> (f64, f64) {
+        (
+            cfg.prior_successes + self.successes,
+            cfg.prior_failures + (self.n - self.successes).max(0.0),
+        )
+    }
+
+    /// Utility with a given success rate.
+    fn utility_at(&self, cfg: &PolicyConfig, p: f64) -> f64 {
+        cfg.weights.utility(
+            p,
+            self.quality.unwrap_or(cfg.prior_quality),
+            self.cost.unwrap_or(0.0),
+            self.latency_ms.unwrap_or(0.0),
+        )
+    }
+
+    /// Expected utility under the posterior mean success rate.
+    pub fn mean_utility(&self, cfg: &PolicyConfig) -> f64 {
+        let (a, b) = self.alpha_beta(cfg);
+        self.utility_at(cfg, a / (a + b))
+    }
+}
+
+/// The request's constraints, as numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Constraints {
+    pub max_latency_ms: Option<f64>,
+    pub max_cost: Option<f64>,
+    pub min_quality: Option<f64>,
+}
+
+impl Constraints {
+    pub fn from_map(m: Option<&Map<String, Value>>) -> Self {
+        let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_f64);
+        Constraints {
+            max_latency_ms: get("max_latency_ms"),
+            max_cost: get("max_cost"),
+            min_quality: get("min_quality"),
+        }
+    }
+
+    /// The first constraint an estimate violates, as a reason code. Unknown figures pass.
+    pub fn violation(&self, e: &Estimate) -> Option<&'static str> {
+        if let (Some(max), Some(l)) = (self.max_latency_ms, e.latency_ms) {
+            if l > max {
+                return Some("exceeds_max_latency_ms");
+            }
+        }
+        if let (Some(max), Some(c)) = (self.max_cost, e.cost) {
+            if c > max {
+                return Some("exceeds_max_cost");
+            }
+        }
+        if let (Some(min), Some(q)) = (self.min_quality, e.quality) {
+            if q < min {
+                return Some("below_min_quality");
+            }
+        }
+        None
+    }
+}
+
+/// The outcome of one choice among admissible estimates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// Index into the admissible estimates.
+    pub chosen: usize,
+    /// Probability that this policy picks `chosen` (exact or Monte-Carlo).
+    pub propensity: f64,
+    /// Posterior probability that `chosen` has the highest utility (Monte-Carlo).
+    pub confidence: f64,
+    /// Point score of each admissible estimate (mean utility; UCB's bound for UCB).
+    pub scores: Vec<f64>,
+}
+
+fn argmax(xs: &[f64]) -> usize {
+    let mut best = 0;
+    for (i, x) in xs.iter().enumerate() {
+        if *x > xs[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn thompson_draw(cfg: &PolicyConfig, ests: &[Estimate], rng: &mut Rng) -> usize {
+    let draws: Vec<f64> = ests
+        .iter()
+        .map(|e| {
+            let (a, b) = e.alpha_beta(cfg);
+            e.utility_at(cfg, rng.beta(a, b))
+        })
+        .collect();
+    argmax(&draws)
+}
+
+/// Monte-Carlo frequencies with which Thompson sampling picks each estimate.
+fn thompson_counts(cfg: &PolicyConfig, ests: &[Estimate], rng: &mut Rng) -> Vec<f64> {
+    let mut counts = vec![0.0; ests.len()];
+    for _ in 0..cfg.mc_samples.max(1) {
+        counts[thompson_draw(cfg, ests, rng)] += 1.0;
+    }
+    counts
+}
+
+fn point_scores(policy: PolicyName, cfg: &PolicyConfig, ests: &[Estimate]) -> Vec<f64> {
+    match policy {
+        PolicyName::Ucb => {
+            let total: f64 = ests.iter().map(|e| e.n).sum::<f64>() + 1.0;
+            ests.iter()
+                .map(|e| {
+                    e.mean_utility(cfg)
+                        + cfg.ucb_c * cfg.weights.success.abs() * (total.ln() / (e.n + 1.0)).sqrt()
+                })
+                .collect()
+        }
+        _ => ests.iter().map(|e| e.mean_utility(cfg)).collect(),
+    }
+}
+
+/// The probability of each admissible estimate under `policy` (Thompson: Monte-Carlo).
+/// Used by `weft eval` to evaluate a target policy on logged contexts.
+pub fn probabilities(
+    policy: PolicyName,
+    cfg: &PolicyConfig,
+    ests: &[Estimate],
+    rng: &mut Rng,
+) -> Vec<f64> {
+    let k = ests.len();
+    let mut p = vec![0.0; k];
+    if k == 0 {
+        return p;
+    }
+    let scores = point_scores(policy, cfg, ests);
+    match policy {
+        PolicyName::Greedy | PolicyName::Ucb => p[argmax(&scores)] = 1.0,
+        PolicyName::Static => p[0] = 1.0,
+        PolicyName::EpsilonGreedy => {
+            let eps = cfg.epsilon.clamp(0.0, 1.0);
+            for x in p.iter_mut() {
+                *x = eps / k as f64;
+            }
+            p[argmax(&scores)] += 1.0 - eps;
+        }
+        PolicyName::Thompson => {
+            let c = thompson_counts(cfg, ests, rng);
+            let total: f64 = c.iter().sum();
+            for (x, c) in p.iter_mut().zip(c) {
+                *x = c / total;
+            }
+        }
+    }
+    p
+}
+
+/// Choose among admissible estimates (non-empty).
+pub fn choose(policy: PolicyName, cfg: &PolicyConfig, ests: &[Estimate], rng: &mut Rng) -> Choice {
+    assert!(
+        !ests.is_empty(),
+        "choose needs at least one admissible candidate"
+    );
+    let k = ests.len();
+    let scores = point_scores(policy, cfg, ests);
+    let best = argmax(&scores);
+    // P(best) per estimate under the posterior: confidence for every policy, and the
+    // Monte-Carlo propensity for Thompson sampling.
+    let counts = thompson_counts(cfg, ests, rng);
+    let samples = counts.iter().sum::<f64>();
+    let (chosen, propensity) = match policy {
+        PolicyName::Greedy | PolicyName::Ucb => (best, 1.0),
+        PolicyName::Static => (0, 1.0),
+        PolicyName::EpsilonGreedy => {
+            let eps = cfg.epsilon.clamp(0.0, 1.0);
+            let chosen = if rng.uniform() < eps {
+                rng.below(k)
+            } else {
+                best
+            };
+            let p = eps / k as f64 + if chosen == best { 1.0 - eps } else { 0.0 };
+            (chosen, p)
+        }
+        PolicyName::Thompson => {
+            let chosen = thompson_draw(cfg, ests, rng);
+            (chosen, (counts[chosen] + 1.0) / (samples + 1.0))
+        }
+    };
+    let confidence = if k == 1 {
+        1.0
+    } else {
+        counts[chosen] / samples
+    };
+    Choice {
+        chosen,
+        propensity,
+        confidence: confidence.clamp(0.0, 1.0),
+        scores,
+    }
+}
+
+/// The estimates of a request's candidates, from a tenant's context arms.
+pub fn estimates<'a>(
+    cfg: &PolicyConfig,
+    candidates: impl IntoIterator<Item = (&'a str, Option<&'a Map<String, Value>>)>,
+    arms: Option<&Arms>,
+) -> Vec<Estimate> {
+    candidates
+        .into_iter()
+        .map(|(id, meta)| Estimate::new(cfg, id, meta, arms.and_then(|a| a.get(id))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn est(id: &str, n: f64, s: f64) -> Estimate {
+        Estimate {
+            candidate_id: id.into(),
+            n,
+            successes: s,
+            latency_ms: None,
+            cost: None,
+            quality: None,
+        }
+    }
+
+    #[test]
+    fn greedy_is_deterministic_and_exact() {
+        let cfg = PolicyConfig::default();
+        let e = [
+            est("a", 100.0, 50.0),
+            est("b", 100.0, 80.0),
+            est("c", 0.0, 0.0),
+        ];
+        let c = choose(PolicyName::Greedy, &cfg, &e, &mut Rng::new(1));
+        assert_eq!((c.chosen, c.propensity), (1, 1.0));
+        assert!(c.confidence > 0.7, "{}", c.confidence);
+        assert_eq!(
+            probabilities(PolicyName::Greedy, &cfg, &e, &mut Rng::new(1)),
+            vec![0.0, 1.0, 0.0]
+        );
+    }
+
+    #[test]
+    fn epsilon_greedy_propensities_match_frequencies() {
+        let cfg = PolicyConfig {
+            epsilon: 0.3,
+            ..Default::default()
+        };
+        let e = [
+            est("a", 100.0, 50.0),
+            est("b", 100.0, 80.0),
+            est("c", 10.0, 1.0),
+        ];
+        let mut rng = Rng::new(3);
+        let mut freq = [0.0; 3];
+        let n = 20_000;
+        for _ in 0..n {
+            let c = choose(PolicyName::EpsilonGreedy, &cfg, &e, &mut rng);
+            let want = if c.chosen == 1 { 0.8 } else { 0.1 };
+            assert!((c.propensity - want).abs() < 1e-12);
+            freq[c.chosen] += 1.0 / n as f64;
+        }
+        assert!((freq[1] - 0.8).abs() < 0.01, "{freq:?}");
+    }
+
+    #[test]
+    fn thompson_propensity_estimates_are_close_to_frequencies() {
+        let cfg = PolicyConfig::default();
+        let e = [est("a", 10.0, 6.0), est("b", 10.0, 7.0), est("c", 3.0, 1.0)];
+        let exact = probabilities(
+            PolicyName::Thompson,
+            &PolicyConfig {
+                mc_samples: 200_000,
+                ..cfg.clone()
+            },
+            &e,
+            &mut Rng::new(9),
+        );
+        let mut rng = Rng::new(5);
+        let mut mean_prop = [0.0; 3];
+        let mut count = [0.0; 3];
+        for _ in 0..3000 {
+            let c = choose(PolicyName::Thompson, &cfg, &e, &mut rng);
+            mean_prop[c.chosen] += c.propensity;
+            count[c.chosen] += 1.0;
+        }
+        for i in 0..3 {
+            assert!(
+                (count[i] / 3000.0 - exact[i]).abs() < 0.03,
+                "{count:?} {exact:?}"
+            );
+            assert!((mean_prop[i] / count[i] - exact[i]).abs() < 0.03);
+        }
+    }
+
+    #[test]
+    fn constraints_use_declared_then_observed_figures() {
+        let cfg = PolicyConfig::default();
+        let meta: Map<String, Value> =
+            serde_json::from_str(r#"{"x_weft_latency_ms": 900, "x_weft_cost": 0.2}"#).unwrap();
+        let c = Constraints {
+            max_latency_ms: Some(500.0),
+            ..Default::default()
+        };
+        let e = Estimate::new(&cfg, "a", Some(&meta), None);
+        assert_eq!(c.violation(&e), Some("exceeds_max_latency_ms"));
+        let mut st = ArmStats::default();
+        for _ in 0..10 {
+            st.observe(true, Some(100.0), 0.1, None);
+        }
+        let e = Estimate::new(&cfg, "a", Some(&meta), Some(&st));
+        assert_eq!(e.latency_ms, Some(100.0));
+        assert_eq!(c.violation(&e), None);
+        let c = Constraints {
+            max_cost: Some(0.05),
+            ..Default::default()
+        };
+        assert_eq!(c.violation(&e), Some("exceeds_max_cost"));
+    }
+}
