@@ -41,6 +41,7 @@ enum Command {
     Ingest(Box<cmd::ingest::IngestArgs>),
     Narrative(cmd::narrative::NarrativeArgs),
     Rebuild(cmd::rebuild::RebuildArgs),
+    Router(Box<cmd::router::RouterArgs>),
 }
 
 fn init_logging(format: LogFormat) {
@@ -98,6 +99,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Rebuild(a) => block_on(cmd::rebuild::run(a, settings()?)),
+        Command::Router(a) => block_on(cmd::router::run(*a, settings()?)),
     }
 }
 

@@ -12,3 +12,8 @@ pub mod eval;
 pub mod model;
 pub mod policy;
 pub mod rng;
+pub mod service;
+pub mod store;
+
+/// The ClickHouse client crate, re-exported for callers of [`store`] and [`service`].
+pub use clickhouse;

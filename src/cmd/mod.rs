@@ -9,5 +9,6 @@ pub mod migrate;
 pub mod narrative;
 pub mod publish;
 pub mod rebuild;
+pub mod router;
 pub mod simulate;
 pub mod validate;

@@ -1,0 +1,133 @@
+//! The router keeps answering when ClickHouse is unreachable: from its priors, or from the
+//! snapshot file it started from, and says so in the reason codes. ClickHouse is simulated
+//! as down by pointing the router at a closed port (the shared ClickHouse is left alone).
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::pipeline::{free_port, Proc};
+use serde_json::{json, Value};
+use weft_router::model::Snapshot;
+
+const KEY: &str = "k-resilience-0123456789";
+
+fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
+    let name = common::unique(tag);
+    let port = free_port();
+    let dead_ch = format!("http://127.0.0.1:{}", free_port());
+    let addr = format!("127.0.0.1:{port}");
+    let child = common::weft()
+        .env("WEFT_KAFKA_BROKERS", common::brokers())
+        .env("WEFT_CLICKHOUSE_URL", dead_ch)
+        .env("WEFT_ROUTER_KEYS", format!("{KEY}=acme"))
+        .env("RUST_LOG", "warn")
+        .args(["router", "--listen", &addr, "--refresh-ms", "200"])
+        .args(["--topic-prefix", &format!("{name}.")])
+        .arg("--spool-dir")
+        .arg(std::env::temp_dir().join(&name).join("spool"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        common::pipeline::wait_for_port(&addr, Duration::from_secs(30)),
+        "router did not listen"
+    );
+    (Proc(child), format!("http://{addr}"))
+}
+
+fn request() -> Value {
+    json!({
+        "context": {"intent": "search", "request_id": "req-1"},
+        "candidates": [
+            {"candidate_id": "a", "candidate_type": "tool"},
+            {"candidate_id": "b", "candidate_type": "tool"}
+        ],
+        "constraints": {"max_latency_ms": 1000}
+    })
+}
+
+async fn route(base: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/route"))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+fn codes(v: &Value) -> Vec<String> {
+    v["reason_codes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down() {
+    // No snapshot: priors, and the answer says so.
+    let (_p, base) = start_router("router_res_priors", &[]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, v) = route(&base, &request()).await;
+    assert_eq!(status, 200, "{v}");
+    let c = codes(&v);
+    assert!(c.contains(&"priors_only".into()), "{c:?}");
+    assert!(c.contains(&"snapshot_stale".into()), "{c:?}");
+    assert!(weft_schemas::Validator::global()
+        .check("execution_routing_decision", &v)
+        .unwrap()
+        .is_empty());
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_router_snapshot_stale 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("weft_router_snapshot_age_seconds"));
+
+    // From a snapshot file in which `b` is much better: greedy picks b, stale but not priors.
+    let mut snap = Snapshot::empty("test");
+    let arms = snap.arms_mut("acme", "search");
+    for i in 0..100 {
+        arms.entry("a".into())
+            .or_default()
+            .observe(i % 2 == 0, Some(100.0), 0.0, None);
+        arms.entry("b".into())
+            .or_default()
+            .observe(i % 10 != 0, Some(100.0), 0.0, None);
+    }
+    let file = std::env::temp_dir()
+        .join(common::unique("router_snap"))
+        .with_extension("json");
+    std::fs::write(&file, serde_json::to_string(&snap).unwrap()).unwrap();
+    let (_p2, base2) = start_router("router_res_snap", &["--snapshot", file.to_str().unwrap()]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..20 {
+        let (status, v) = route(&base2, &request()).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["candidate"]["candidate_id"], "b", "{v}");
+        assert_eq!(v["metadata"]["x_weft_propensity"], 1.0);
+        let c = codes(&v);
+        assert!(c.contains(&"snapshot_stale".into()), "{c:?}");
+        assert!(!c.contains(&"priors_only".into()), "{c:?}");
+    }
+    // Another tenant's request never sees acme's statistics: unknown key is refused.
+    let r = reqwest::Client::new()
+        .post(format!("{base2}/v1/route"))
+        .bearer_auth("k-not-a-key-0000000000")
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+}
