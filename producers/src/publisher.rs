@@ -17,17 +17,27 @@
 //! - a replayer thread sends spooled records to Kafka in order, in batches, and moves the
 //!   durable cursor only after a whole batch is acknowledged (a failed batch is resent whole:
 //!   at-least-once, consumers deduplicate by identity);
-//! - when the spool is empty and nothing is held or in flight, events go directly again.
+//! - when the replayer reads the last batch the spool holds, it starts a *handover*: new
+//!   events are held in memory instead of appended; once that batch is acknowledged, the
+//!   held events are sent directly, in order, and so is everything after them. Without the
+//!   handover, constant traffic would keep the spool from ever being empty.
 //!
 //! A process that restarts finds its spool non-empty and starts in spool mode, so what the
 //! spool holds is replayed before anything new.
+//!
+//! # One Kafka producer per healthy stretch
+//! After a message times out, librdkafka's idempotent producer bumps its epoch locally and
+//! resets its sequence numbers. Kafka accepts that, but the local broker (tansu 0.6) panics
+//! on the unknown epoch and stops serving. So a producer instance that saw a delivery failure
+//! is *tainted*: the replayer swaps in a fresh one (a new producer id), purges the old one's
+//! queue (those events are spooled, in order) and never sends through it again.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,7 +47,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
 use rdkafka::{ClientContext, Message};
 use tokio::sync::oneshot;
 use tracing::{debug, error, info, warn};
@@ -181,6 +191,8 @@ enum Pending {
 #[derive(Default)]
 struct State {
     spooling: bool,
+    /// The replayer is sending the spool's last batch; new events wait in `held`.
+    handover: bool,
     /// Live (non-replay) messages inside librdkafka.
     in_flight: u64,
     /// Spool-mode events waiting for the in-flight ones to resolve.
@@ -204,14 +216,27 @@ struct Shared {
     /// ... and this one wakes the replayer when records were appended.
     wake: Condvar,
     writer: Mutex<mpsc::Sender<WriterMsg>>,
+    /// The current Kafka producer; replaced when tainted (see the module docs).
+    producer: RwLock<Option<Kafka>>,
+    kafka_config: ClientConfig,
     metrics: Arc<Metrics>,
     spool_bytes: AtomicU64,
     max_bytes: u64,
     shutdown: AtomicBool,
 }
 
+type Kafka = ThreadedProducer<Ctx>;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
@@ -232,7 +257,7 @@ impl Shared {
 
     /// Once nothing is in flight, held events may follow the failed ones into the spool.
     fn release_held(&self, st: &mut State) {
-        if st.in_flight == 0 {
+        if st.in_flight == 0 && !st.handover {
             while let Some(job) = st.held.pop_front() {
                 st.held_bytes -= job.size;
                 self.to_writer(st, job);
@@ -242,9 +267,104 @@ impl Shared {
 
     /// Leave spool mode when everything spooled is delivered and nothing is pending.
     fn maybe_resume_direct(&self, st: &mut State) {
-        if st.spooling && st.in_flight == 0 && st.held.is_empty() && st.settled == st.to_spool {
+        if st.spooling
+            && st.in_flight == 0
+            && (st.held.is_empty() || st.handover)
+            && st.settled == st.to_spool
+            && !self.producer_tainted()
+        {
             st.spooling = false;
-            info!("spool drained; publishing directly to Kafka again");
+            st.handover = false;
+            info!(
+                held = st.held.len(),
+                "spool drained; publishing directly to Kafka again"
+            );
+            self.send_held_direct(st);
+        }
+    }
+
+    /// End of a handover: the held events go straight to Kafka, oldest first. If librdkafka
+    /// refuses one (queue full), the rest stay held and spool mode resumes.
+    fn send_held_direct(&self, st: &mut State) {
+        let guard = read(&self.producer);
+        let Some(producer) = guard.as_ref() else {
+            return;
+        };
+        while let Some(job) = st.held.pop_front() {
+            st.held_bytes -= job.size;
+            let Some(reply) = job.reply else { continue };
+            let r = &job.record;
+            let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+            for (k, v) in &r.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_slice()),
+                });
+            }
+            let mut record = BaseRecord::with_opaque_to(
+                &r.topic,
+                Box::new(Pending::Live {
+                    reply,
+                    started: job.started,
+                }),
+            )
+            .payload(&r.value)
+            .headers(headers);
+            if let Some(k) = &r.key {
+                record = record.key(k.as_slice());
+            }
+            st.in_flight += 1;
+            if let Err((e, rec)) = producer.send(record) {
+                st.in_flight -= 1;
+                warn!(error = %e, "handing held events to Kafka failed; spooling again");
+                st.spooling = true;
+                if let Pending::Live { reply, .. } = *rec.delivery_opaque {
+                    st.held_bytes += job.size;
+                    st.held.push_front(Job {
+                        reply: Some(reply),
+                        ..job
+                    });
+                }
+                // Behind any events just sent: they may still fail and be spooled first.
+                self.release_held(st);
+                return;
+            }
+        }
+    }
+
+    /// Whether the current producer saw a delivery failure and must be replaced.
+    fn producer_tainted(&self) -> bool {
+        read(&self.producer)
+            .as_ref()
+            .is_none_or(|p| p.context().tainted.load(Ordering::SeqCst))
+    }
+
+    /// Replace a tainted producer: new instance first (so nothing is ever sent through the
+    /// old one again), then purge the old one, whose queued events fail and are spooled.
+    fn replace_producer_if_tainted(self: &Arc<Self>) {
+        if !self.producer_tainted() || self.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        let fresh: Result<Kafka, KafkaError> = self.kafka_config.create_with_context(Ctx {
+            shared: self.clone(),
+            tainted: AtomicBool::new(false),
+        });
+        let fresh = match fresh {
+            Ok(p) => p,
+            Err(e) => {
+                error!(error = %e, "cannot create a new Kafka producer");
+                return;
+            }
+        };
+        let old = write(&self.producer).replace(fresh);
+        info!("replaced the Kafka producer after delivery failures (new producer id)");
+        if let Some(old) = old {
+            // Queued events fail now (and are spooled). Requests already on the wire are let
+            // finish, so the broker never sees a connection torn down mid-request.
+            old.purge(PurgeConfig::default().queue());
+            let _ = old.flush(Duration::from_secs(30));
+            // Dropping joins its polling thread.
+            drop(old);
         }
     }
 
@@ -264,6 +384,8 @@ impl Shared {
 /// librdkafka's callbacks: route each delivery report back to its waiter or the spool.
 struct Ctx {
     shared: Arc<Shared>,
+    /// Set on the first retriable delivery failure; the instance is then retired.
+    tainted: AtomicBool,
 }
 
 impl ClientContext for Ctx {}
@@ -290,6 +412,11 @@ impl ProducerContext for Ctx {
         let sh = &self.shared;
         match (*opaque, result) {
             (Pending::Replay(tx), r) => {
+                if let Err((e, _)) = r {
+                    if !is_permanent(e) {
+                        self.tainted.store(true, Ordering::SeqCst);
+                    }
+                }
                 let _ = tx.send(r.as_ref().map(|_| ()).map_err(|(e, _)| e.clone()));
             }
             (Pending::Live { reply, started }, Ok(msg)) => {
@@ -321,6 +448,7 @@ impl ProducerContext for Ctx {
                     let _ = reply.send(Err(PublishError::Kafka(e.clone())));
                     return;
                 }
+                self.tainted.store(true, Ordering::SeqCst);
                 if !st.spooling {
                     warn!(error = %e, "delivery failed; spooling events until Kafka is back");
                     st.spooling = true;
@@ -351,6 +479,7 @@ impl ProducerContext for Ctx {
                 sh.release_held(&mut st);
                 drop(st);
                 sh.changed.notify_all();
+                sh.wake.notify_all();
             }
         }
     }
@@ -358,7 +487,6 @@ impl ProducerContext for Ctx {
 
 struct Inner {
     shared: Arc<Shared>,
-    producer: ThreadedProducer<Ctx>,
     config: PublisherConfig,
     topics: [String; 8],
     content_type: ContentType,
@@ -432,13 +560,17 @@ impl Publisher {
             spool: Mutex::new(spool),
             wake: Condvar::new(),
             writer: Mutex::new(tx),
+            producer: RwLock::new(None),
+            kafka_config: kafka_config(&config),
             metrics,
             max_bytes: config.spool_max_bytes,
             shutdown: AtomicBool::new(false),
         });
-        let producer: ThreadedProducer<Ctx> = kafka_config(&config).create_with_context(Ctx {
+        let producer: Kafka = shared.kafka_config.create_with_context(Ctx {
             shared: shared.clone(),
+            tainted: AtomicBool::new(false),
         })?;
+        *write(&shared.producer) = Some(producer);
         let mut threads = Vec::new();
         let sh = shared.clone();
         let fsync = config.fsync;
@@ -449,20 +581,18 @@ impl Publisher {
                 .map_err(PublisherError::Thread)?,
         );
         let sh = shared.clone();
-        let p = producer.clone();
         let batch = config.replay_batch;
         let timeout = Duration::from_millis(config.message_timeout_ms);
         threads.push(
             std::thread::Builder::new()
                 .name("weft-spool-replayer".into())
-                .spawn(move || replayer_loop(sh, p, batch, timeout))
+                .spawn(move || replayer_loop(sh, batch, timeout))
                 .map_err(PublisherError::Thread)?,
         );
         let topics = Kind::ALL.map(|k| config.topics.topic(k));
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
-                producer,
                 content_type: config.content_type.content_type(),
                 schema_ids,
                 producer_id: config.effective_producer_id(),
@@ -547,7 +677,11 @@ impl Publisher {
                     .key(key.as_bytes())
                     .payload(&value)
                     .headers(owned);
-            let reply = match inner.producer.send(record) {
+            let sent = match read(&sh.producer).as_ref() {
+                Some(p) => p.send(record),
+                None => Err((KafkaError::Canceled, record)),
+            };
+            let reply = match sent {
                 Ok(()) => return Ok(receipt),
                 Err((e, rec)) => match *rec.delivery_opaque {
                     Pending::Live { reply, .. } if !is_permanent(&e) => {
@@ -718,7 +852,9 @@ impl Publisher {
         let sh = &*inner.shared;
         lock(&sh.state).closed = true;
         let deadline = Instant::now() + timeout;
-        let _ = inner.producer.flush(timeout);
+        if let Some(p) = read(&sh.producer).as_ref() {
+            let _ = p.flush(timeout);
+        }
         {
             let mut st = lock(&sh.state);
             while st.in_flight > 0 && Instant::now() < deadline {
@@ -748,13 +884,16 @@ impl Publisher {
         for t in threads {
             let _ = t.join();
         }
+        // Also breaks the Shared -> producer -> context -> Shared cycle.
+        let producer = write(&sh.producer).take();
+        drop(producer);
     }
 }
 
 impl Shared {
     /// Spool-mode routing: hold while older messages are in flight, else append.
     fn held_or_write(&self, st: &mut State, job: Job) {
-        if st.in_flight > 0 {
+        if st.in_flight > 0 || st.handover {
             st.held_bytes += job.size;
             st.held.push_back(job);
         } else {
@@ -769,6 +908,8 @@ impl Drop for Inner {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
         let _ = lock(&self.shared.writer).send(WriterMsg::Stop);
+        let producer = write(&self.shared.producer).take();
+        drop(producer);
     }
 }
 
@@ -989,23 +1130,34 @@ fn fail_jobs(sh: &Shared, jobs: impl Iterator<Item = Job>, e: &SpoolError, n: u6
 }
 
 /// The replayer: send spooled records in order, commit the cursor per acknowledged batch.
-fn replayer_loop(
-    sh: Arc<Shared>,
-    producer: ThreadedProducer<Ctx>,
-    batch: usize,
-    timeout: Duration,
-) {
+fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
     let mut backoff = Duration::from_millis(250);
+    // Halved after a failed round (a slow broker may not ack a big batch within
+    // message.timeout.ms), doubled back after each success.
+    let mut size = batch;
     while !sh.shutdown.load(Ordering::SeqCst) {
-        let read = {
+        sh.replace_producer_if_tainted();
+        {
+            let mut st = lock(&sh.state);
+            sh.maybe_resume_direct(&mut st);
+        }
+        let (batch_read, last) = {
             let mut sp = lock(&sh.spool);
             if sp.unread() == 0 {
                 let _ = sh.wake.wait_timeout(sp, Duration::from_millis(200));
                 continue;
             }
-            sp.read_batch(batch)
+            let r = sp.read_batch(size);
+            (r, sp.unread() == 0)
         };
-        let b = match read {
+        if last && batch_read.is_ok() {
+            // The spool's last batch: hold new events in memory until it is acknowledged.
+            let mut st = lock(&sh.state);
+            if st.spooling {
+                st.handover = true;
+            }
+        }
+        let b = match batch_read {
             Ok(b) => b,
             Err(e) => {
                 error!(error = %e, "reading the spool failed; retrying");
@@ -1021,6 +1173,10 @@ fn replayer_loop(
         let (tx, rx) = mpsc::channel();
         let mut sent = 0;
         let mut failed: Option<String> = None;
+        let guard = read(&sh.producer);
+        let Some(producer) = guard.as_ref() else {
+            break;
+        };
         for r in &b.records {
             let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
             for (k, v) in &r.headers {
@@ -1056,6 +1212,7 @@ fn replayer_loop(
                 break;
             }
         }
+        drop(guard);
         drop(tx);
         // Every sent message reports back within message.timeout.ms.
         let deadline = Instant::now() + timeout + Duration::from_secs(5);
@@ -1094,15 +1251,22 @@ fn replayer_loop(
                 sh.changed.notify_all();
                 debug!(events = n, "replayed spooled events to Kafka");
                 backoff = Duration::from_millis(250);
+                size = (size * 2).min(batch);
             }
             Some(e) => {
                 warn!(error = %e, events = n, "replaying the spool failed; will retry the whole batch");
                 lock(&sh.spool).rewind();
+                {
+                    let mut st = lock(&sh.state);
+                    st.handover = false;
+                    sh.release_held(&mut st);
+                }
                 let until = Instant::now() + backoff;
                 while Instant::now() < until && !sh.shutdown.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
+                size = (size / 2).max(50.min(batch));
             }
         }
     }
