@@ -846,7 +846,8 @@ impl Publisher {
     /// Stop accepting events, wait (up to `timeout`) for in-flight ones to be acknowledged or
     /// spooled, write out everything queued for the spool, and stop the background threads.
     /// Every receipt is resolved when this returns. Undelivered spool content stays on disk
-    /// for the next run. Blocking: call it from `spawn_blocking` inside a runtime.
+    /// for the next run; the spool directory's lock is released when the last handle drops.
+    /// Blocking: call it from `spawn_blocking` inside a runtime.
     pub fn close(&self, timeout: Duration) {
         let inner = &*self.inner;
         let sh = &*inner.shared;
@@ -1071,29 +1072,56 @@ fn writer_loop(sh: Arc<Shared>, rx: mpsc::Receiver<WriterMsg>, fsync: FsyncPolic
 fn append_batch(sh: &Shared, batch: Vec<Job>, fsync: FsyncPolicy, unsynced: &mut Vec<Job>) {
     let records: Vec<SpoolRecord> = batch.iter().map(|j| j.record.clone()).collect();
     let bytes: u64 = batch.iter().map(|j| j.size).sum();
-    let n = batch.len() as u64;
-    let res = {
+    let n = batch.len();
+    // Append the whole group; if it does not fit, the longest prefix that does (a later
+    // event never lands when an earlier one was refused, so per-request order holds).
+    let (res, refused) = {
         let mut sp = lock(&sh.spool);
-        let r = sp.append(&records);
+        let mut res = sp.append(&records).map(|synced| (synced, n));
+        if let Err(SpoolError::Full { used, max }) = res {
+            let room = max.saturating_sub(used);
+            let (mut k, mut acc) = (0, 0);
+            for r in &records {
+                acc += Spool::size_of(std::slice::from_ref(r));
+                if acc > room {
+                    break;
+                }
+                k += 1;
+            }
+            if k > 0 {
+                res = sp.append(&records[..k]).map(|synced| (synced, k));
+            }
+        }
         sh.spool_bytes.store(sp.bytes(), Ordering::Relaxed);
         sh.metrics.spool_bytes.set(sp.bytes() as i64);
         sh.metrics.spool_pending.set(sp.pending() as i64);
-        r
+        let refused = SpoolError::Full {
+            used: sp.bytes(),
+            max: sh.max_bytes,
+        };
+        (res, refused)
     };
     lock(&sh.state).queued_bytes -= bytes;
     match res {
-        Ok(synced) => {
-            sh.metrics.spooled.inc_by(n);
+        Ok((synced, k)) => {
+            let mut batch = batch;
+            let rest = batch.split_off(k);
+            sh.metrics.spooled.inc_by(k as u64);
             sh.wake.notify_all();
             if synced || fsync == FsyncPolicy::Never {
                 resolve_spooled(sh, batch.into_iter());
             } else {
                 unsynced.extend(batch);
             }
+            if !rest.is_empty() {
+                warn!(events = rest.len(), "spool is full; refusing events");
+                let m = rest.len() as u64;
+                fail_jobs(sh, rest.into_iter(), &refused, m);
+            }
         }
         Err(e) => {
             error!(error = %e, events = n, "could not spool events; their receipts fail");
-            fail_jobs(sh, batch.into_iter(), &e, n);
+            fail_jobs(sh, batch.into_iter(), &e, n as u64);
         }
     }
 }
@@ -1269,5 +1297,112 @@ fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
                 size = (size / 2).max(50.min(batch));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(i: usize) -> Envelope {
+        let text = format!(
+            r#"{{"kind":"trace_event","request_id":"r","payload":{{"event_id":"e{i}","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z"}}}}"#
+        );
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn offline(dir: &std::path::Path) -> PublisherConfig {
+        PublisherConfig {
+            // Nothing listens on the discard port: every delivery times out.
+            brokers: "127.0.0.1:9".into(),
+            spool_dir: dir.to_owned(),
+            message_timeout_ms: 300,
+            ..PublisherConfig::default()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unreachable_broker_spools_in_order_and_the_spool_outlives_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Publisher::connect(offline(dir.path())).await.unwrap();
+        let receipts: Vec<Receipt> = (0..50).map(|i| p.publish(env(i)).unwrap()).collect();
+        for r in receipts {
+            assert_eq!(r.await.unwrap(), Delivery::Spooled);
+        }
+        assert!(p.is_spooling());
+        assert_eq!(p.spool_pending(), 50);
+        assert_eq!(p.metrics().spooled.get(), 50);
+        let bad: Envelope =
+            serde_json::from_str(r#"{"kind":"frame","payload":{"frame_id":"f"}}"#).unwrap();
+        assert_eq!(p.publish(bad).unwrap_err().code(), "schema_invalid");
+        // In spool mode new events go straight to the spool, behind the older ones.
+        assert_eq!(
+            p.publish(env(50)).unwrap().await.unwrap(),
+            Delivery::Spooled
+        );
+        let p2 = p.clone();
+        tokio::task::spawn_blocking(move || p2.close(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert!(matches!(p.publish(env(51)), Err(PublishError::Closed)));
+        drop(p); // the last handle releases the spool directory's lock
+
+        let (mut spool, report) = Spool::open(
+            dir.path(),
+            SpoolOptions {
+                fsync: FsyncPolicy::Never,
+                max_bytes: u64::MAX,
+                segment_bytes: 1 << 20,
+            },
+        )
+        .unwrap();
+        assert_eq!(report.pending, 51);
+        let batch = spool.read_batch(100).unwrap();
+        let ids: Vec<String> = batch
+            .records
+            .iter()
+            .map(|r| {
+                let v: serde_json::Value = serde_json::from_slice(&r.value).unwrap();
+                v["event_id"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        let want: Vec<String> = (0..51).map(|i| format!("e{i}")).collect();
+        assert_eq!(ids, want, "publish order kept");
+        assert_eq!(batch.records[0].key.as_deref(), Some(&b"r"[..]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_spool_is_back_pressure_never_a_silent_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = PublisherConfig {
+            spool_max_bytes: 20_000,
+            spool_segment_bytes: 10_000,
+            ..offline(dir.path())
+        };
+        let p = Publisher::connect(cfg).await.unwrap();
+        let (mut durable, mut full) = (0, 0);
+        let mut receipts = Vec::new();
+        for i in 0..400 {
+            match p.publish(env(i)) {
+                Ok(r) => receipts.push(r),
+                Err(PublishError::SpoolFull { .. }) => full += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        for r in receipts {
+            match r.await {
+                Ok(_) => durable += 1,
+                Err(e) => {
+                    assert_eq!(e.code(), "spool_full", "{e}");
+                    full += 1
+                }
+            }
+        }
+        assert_eq!(durable + full, 400, "every event is accounted for");
+        assert!(
+            durable > 10 && full > 100,
+            "{durable} durable, {full} refused"
+        );
+        assert_eq!(p.spool_pending(), durable as u64);
     }
 }
