@@ -1,0 +1,178 @@
+//! The feedback loop on the local stack: 3000 route -> execute -> feedback cycles through the
+//! router's HTTP API, with the feedback going through Kafka, `weft ingest`, the 0003
+//! aggregates and the router's snapshot refresh. Three admissible candidates with hidden
+//! success rates, latencies and costs, and a fourth whose declared latency breaks the
+//! constraint. Thompson sampling must settle on the best candidate (>= 80% of the last 500),
+//! never break the constraint, and log a propensity with every decision.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::pipeline::{free_port, wait_for_port, Pipeline, Proc};
+use serde_json::{json, Value};
+use weft_router::rng::Rng;
+
+const KEY: &str = "k-learning-0123456789";
+const CYCLES: usize = 3000;
+const WORKERS: usize = 12;
+const MAX_LATENCY_MS: f64 = 1000.0;
+
+/// Hidden truth: (id, success rate, mean latency ms, cost usd).
+const ARMS: [(&str, f64, f64, f64); 3] = [
+    ("fast-cheap", 0.60, 120.0, 0.001),
+    ("solid", 0.90, 400.0, 0.010),
+    ("middling", 0.75, 250.0, 0.004),
+];
+const BEST: &str = "solid";
+
+fn candidates() -> Value {
+    json!([
+        {"candidate_id": "fast-cheap", "candidate_type": "tool"},
+        {"candidate_id": "solid", "candidate_type": "tool"},
+        {"candidate_id": "middling", "candidate_type": "flow"},
+        {"candidate_id": "slow-batch", "candidate_type": "workflow",
+         "metadata": {"x_weft_latency_ms": 5000}}
+    ])
+}
+
+fn start_router(p: &Pipeline) -> (Proc, String) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = std::fs::File::create(p.path("router.log")).unwrap();
+    let child = p
+        .weft()
+        .env("WEFT_ROUTER_KEYS", format!("{KEY}=acme"))
+        .args(["router", "--listen", &addr, "--refresh-ms", "250"])
+        .args(["--policy", "thompson", "--half-life-s", "0"])
+        .args(["--w-success", "1", "--w-cost", "1", "--w-latency-per-s", "0.1"])
+        .args(["--topic-prefix", &p.prefix, "--no-create-topics"])
+        .arg("--spool-dir")
+        .arg(p.path("router-spool"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert!(wait_for_port(&addr, Duration::from_secs(30)), "router did not listen");
+    (Proc(child), format!("http://{addr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
+    let p = Pipeline::new("router_learn");
+    let _ingest = p.ingest(None);
+    // The ingester creates the topics; the router must not race it (two creators of one
+    // topic at once can upset the broker).
+    common::wait_for(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        log.contains("narrative projector loaded").then_some(())
+    })
+    .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
+    let (_router, base) = start_router(&p);
+    let http = reqwest::Client::new();
+    // (sequence number, chosen id, propensity)
+    let log: Arc<Mutex<Vec<(usize, String, f64)>>> = Arc::default();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let (http, base, log, next) = (http.clone(), base.clone(), log.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(1000 + w as u64);
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= CYCLES {
+                    return;
+                }
+                let req = json!({
+                    "context": {"intent": "summarize", "request_id": format!("learn-{i}")},
+                    "candidates": candidates(),
+                    "constraints": {"max_latency_ms": MAX_LATENCY_MS},
+                });
+                let r = http
+                    .post(format!("{base}/v1/route"))
+                    .bearer_auth(KEY)
+                    .json(&req)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                let d: Value = r.json().await.unwrap();
+                let id = d["candidate"]["candidate_id"].as_str().unwrap().to_owned();
+                let prop = d["metadata"]["x_weft_propensity"].as_f64().unwrap();
+                // Execute: draw the hidden outcome.
+                let (_, rate, lat, cost) = *ARMS
+                    .iter()
+                    .find(|a| a.0 == id)
+                    .unwrap_or_else(|| panic!("constraint violated: chose {id}"));
+                let success = rng.uniform() < rate;
+                let latency = (lat * (0.8 + 0.4 * rng.uniform())) as u64;
+                let fb = json!({
+                    "decision_id": d["decision_id"],
+                    "candidate_id": id,
+                    "success": success,
+                    "timestamp": weft_schemas::time::now_rfc3339(),
+                    "latency_ms": latency,
+                    "cost": {"usd": cost},
+                });
+                let r = http
+                    .post(format!("{base}/v1/feedback"))
+                    .bearer_auth(KEY)
+                    .json(&fb)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
+                log.lock().unwrap().push((i, id, prop));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let mut log = log.lock().unwrap().clone();
+    log.sort_by_key(|x| x.0);
+    assert_eq!(log.len(), CYCLES);
+    let last = &log[CYCLES - 500..];
+    let best_share = last.iter().filter(|x| x.1 == BEST).count() as f64 / 500.0;
+    let regret = |r: &[(usize, String, f64)]| -> f64 {
+        let best = ARMS.iter().find(|a| a.0 == BEST).unwrap().1;
+        r.iter()
+            .map(|x| best - ARMS.iter().find(|a| a.0 == x.1).unwrap().1)
+            .sum()
+    };
+    let first_half = regret(&log[..CYCLES / 2]);
+    let second_half = regret(&log[CYCLES / 2..]);
+    eprintln!(
+        "{CYCLES} cycles in {elapsed:?}; best share in the last 500: {best_share:.3}; \
+         expected-success regret first half {first_half:.1}, second half {second_half:.1}"
+    );
+    assert!(best_share >= 0.8, "best share {best_share}");
+    assert!(second_half < first_half, "regret must grow sublinearly");
+    assert!(log.iter().all(|x| x.2 > 0.0 && x.2 <= 1.0));
+
+    // Everything reached ClickHouse: every decision with its propensity, every outcome
+    // in the aggregates.
+    p.wait_for_facts(2 * CYCLES as u64, Duration::from_secs(60)).await;
+    let with_prop = p
+        .scalar(
+            "SELECT count() FROM weft_events WHERE kind = 'execution_routing_decision' \
+             AND JSONExtractFloat(payload, 'metadata', 'x_weft_propensity') > 0",
+        )
+        .await;
+    assert_eq!(with_prop, CYCLES as u64);
+    let aggregated = p
+        .scalar("SELECT toUInt64(sum(n)) FROM weft_router_stats WHERE context_key = 'summarize'")
+        .await;
+    assert_eq!(aggregated, CYCLES as u64);
+    let slow = p
+        .scalar(
+            "SELECT count() FROM weft_events WHERE kind = 'execution_routing_decision' \
+             AND candidate_id = 'slow-batch'",
+        )
+        .await;
+    assert_eq!(slow, 0, "a decision violated the latency constraint");
+}
