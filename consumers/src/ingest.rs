@@ -111,6 +111,28 @@ pub enum IngestError {
     Listen(String),
 }
 
+/// Notes group rebalances. A partition this process loses may be advanced by another
+/// process before it comes back, so every cached resume point must be dropped and reread
+/// from ClickHouse; the loop does that when the flag is set (buffered records of revoked
+/// partitions are uncommitted, so dropping them loses nothing).
+#[derive(Default)]
+struct RebalanceWatch(Arc<std::sync::atomic::AtomicBool>);
+
+impl rdkafka::ClientContext for RebalanceWatch {}
+
+impl rdkafka::consumer::ConsumerContext for RebalanceWatch {
+    fn pre_rebalance(
+        &self,
+        _: &rdkafka::consumer::BaseConsumer<Self>,
+        r: &rdkafka::consumer::Rebalance<'_>,
+    ) {
+        if let rdkafka::consumer::Rebalance::Revoke(tpl) = r {
+            info!(partitions = tpl.count(), "partitions revoked");
+        }
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A record that will go to the dead-letter topic, owned.
 struct DeadLetter {
     key: Option<Vec<u8>>,
@@ -156,7 +178,8 @@ pub struct Ingestor {
     cfg: IngestConfig,
     store: Store,
     ids: SchemaIds,
-    consumer: StreamConsumer,
+    consumer: StreamConsumer<RebalanceWatch>,
+    rebalanced: Arc<std::sync::atomic::AtomicBool>,
     dlq: FutureProducer,
     metrics: Arc<IngestMetrics>,
     projector: Option<Projector>,
@@ -192,7 +215,9 @@ impl Ingestor {
             })
             .await?;
         }
-        let consumer: StreamConsumer = kafka_config(&cfg)
+        let watch = RebalanceWatch::default();
+        let rebalanced = watch.0.clone();
+        let consumer: StreamConsumer<RebalanceWatch> = kafka_config(&cfg)
             .set("group.id", &cfg.group_id)
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")
@@ -203,7 +228,7 @@ impl Ingestor {
             // evict us for it.
             .set("max.poll.interval.ms", "3600000")
             .set("fetch.wait.max.ms", "100")
-            .create()?;
+            .create_with_context(watch)?;
         let dlq: FutureProducer = kafka_config(&cfg)
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -223,6 +248,7 @@ impl Ingestor {
             store,
             ids: SchemaIds::default(),
             consumer,
+            rebalanced,
             dlq,
             metrics,
             projector,
@@ -372,6 +398,7 @@ impl Ingestor {
                         Ok(m) => {
                             let owned = OwnedRecord::from(&m);
                             drop(m);
+                            self.after_rebalance().await?;
                             let full = self.accept(owned).await?;
                             if full && self.flush().await.is_err() { return Ok(self.totals); }
                         }
@@ -379,11 +406,47 @@ impl Ingestor {
                     }
                 }
                 _ = tick.tick() => {
+                    self.after_rebalance().await?;
                     let due = self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every));
                     if due && self.flush().await.is_err() { return Ok(self.totals); }
                 }
             }
         }
+    }
+
+    /// After a group rebalance: forget the partitions this process lost (their new owner
+    /// rereads them from the committed offset, which never passes what is stored), and
+    /// reread the resume point of those it kept, dropping buffered records that another
+    /// owner stored meanwhile. Buffers of kept partitions stay: their records may not be
+    /// fetched again.
+    async fn after_rebalance(&mut self) -> Result<(), IngestError> {
+        if !self
+            .rebalanced
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let assigned: std::collections::HashSet<(String, i32)> = self
+            .consumer
+            .assignment()?
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        self.parts.retain(|k, _| assigned.contains(k));
+        for st in self.parts.values_mut() {
+            let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
+                facts::stored_max_offset(&self.store, &st.topic, st.partition)
+            })
+            .await?;
+            if stored > st.stored {
+                st.stored = stored;
+                st.facts.retain(|(o, _)| *o > stored);
+                st.dead.retain(|d| d.offset > stored);
+            }
+        }
+        info!(partitions = assigned.len(), "rebalanced");
+        Ok(())
     }
 
     /// Buffer one record; returns true when a batch is full.
@@ -481,7 +544,7 @@ impl Ingestor {
             let mut inserts = Vec::new();
             for (st, facts) in parts.iter_mut().zip(&facts) {
                 let rows = self.fact_rows(st, facts, ingested_at);
-                if let Some(last_fact) = rows.last().map(|r| r.offset as i64) {
+                if let Some(last_fact) = rows.iter().map(|r| r.offset as i64).max() {
                     inserts.push((st.topic.clone(), st.partition, rows, last_fact));
                 }
             }

@@ -128,6 +128,11 @@ impl Pipeline {
 
     /// [`Pipeline::ingest`] with extra environment variables.
     pub fn ingest_with(&self, listen: Option<&str>, env: &[(&str, &str)]) -> Proc {
+        self.ingest_args(listen, env, &[])
+    }
+
+    /// [`Pipeline::ingest`] with extra environment variables and arguments.
+    pub fn ingest_args(&self, listen: Option<&str>, env: &[(&str, &str)], args: &[&str]) -> Proc {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -140,6 +145,7 @@ impl Pipeline {
             .arg(listen.unwrap_or(""))
             .arg("--group")
             .arg(&self.db)
+            .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
