@@ -42,6 +42,7 @@ enum Command {
     Narrative(cmd::narrative::NarrativeArgs),
     Rebuild(cmd::rebuild::RebuildArgs),
     Router(Box<cmd::router::RouterArgs>),
+    Eval(Box<cmd::eval::EvalArgs>),
 }
 
 fn init_logging(format: LogFormat) {
@@ -100,6 +101,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Rebuild(a) => block_on(cmd::rebuild::run(a, settings()?)),
         Command::Router(a) => block_on(cmd::router::run(*a, settings()?)),
+        // Exit 1 when --gate is given and not met.
+        Command::Eval(a) => {
+            let pass =
+                tokio::runtime::Runtime::new()?.block_on(cmd::eval::run(*a, settings()?))?;
+            Ok(if pass {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
     }
 }
 

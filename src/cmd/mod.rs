@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_ingest;
 pub mod bench_lookup;
+pub mod eval;
 pub mod gateway;
 pub mod ingest;
 pub mod migrate;
