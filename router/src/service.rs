@@ -105,6 +105,7 @@ pub struct Service {
     counters: Counters,
     seq: AtomicU64,
     started: u64,
+    receipt_errors: Arc<AtomicU64>,
 }
 
 /// A route request.
@@ -167,6 +168,7 @@ impl Service {
             counters: Counters::default(),
             seq: AtomicU64::new(0),
             started,
+            receipt_errors: Arc::default(),
         })
     }
 
@@ -407,8 +409,7 @@ impl Service {
 
     fn counters_handle(&self) -> Arc<AtomicU64> {
         // Receipts resolve after the handler returns; their failures are counted here.
-        static ERRORS: std::sync::OnceLock<Arc<AtomicU64>> = std::sync::OnceLock::new();
-        ERRORS.get_or_init(|| Arc::new(AtomicU64::new(0))).clone()
+        self.receipt_errors.clone()
     }
 
     fn observe_latency(&self, us: u64) {

@@ -24,6 +24,7 @@ pub enum BenchWhat {
     Publish(BenchPublishArgs),
     Ingest(crate::cmd::bench_ingest::BenchIngestArgs),
     Lookup(crate::cmd::bench_lookup::BenchLookupArgs),
+    Route(crate::cmd::router::BenchRouteArgs),
 }
 
 /// Publish N TraceEvents through the Publisher into the broker and report events/s and
@@ -91,6 +92,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
         BenchWhat::Publish(a) => a,
         BenchWhat::Ingest(a) => return crate::cmd::bench_ingest::run(a, settings).await,
         BenchWhat::Lookup(a) => return crate::cmd::bench_lookup::run(a, settings).await,
+        BenchWhat::Route(a) => return crate::cmd::router::bench(a, settings).await,
     };
     let mut pargs = args.publisher.clone();
     let run = format!(
