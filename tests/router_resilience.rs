@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use weft_router::model::Snapshot;
 
 const KEY: &str = "k-resilience-0123456789";
+const OTHER_KEY: &str = "k-resilience-globex-0123";
 
 fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
     let name = common::unique(tag);
@@ -21,7 +22,7 @@ fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
     let child = common::weft()
         .env("WEFT_KAFKA_BROKERS", common::brokers())
         .env("WEFT_CLICKHOUSE_URL", dead_ch)
-        .env("WEFT_ROUTER_KEYS", format!("{KEY}=acme"))
+        .env("WEFT_ROUTER_KEYS", format!("{KEY}=acme,{OTHER_KEY}=globex"))
         .env("RUST_LOG", "warn")
         .args(["router", "--listen", &addr, "--refresh-ms", "200"])
         .args(["--topic-prefix", &format!("{name}.")])
@@ -121,7 +122,24 @@ async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down()
         assert!(c.contains(&"snapshot_stale".into()), "{c:?}");
         assert!(!c.contains(&"priors_only".into()), "{c:?}");
     }
-    // Another tenant's request never sees acme's statistics: unknown key is refused.
+    // Another tenant never sees acme's statistics: for globex both candidates are unknown,
+    // so greedy falls back to the first one.
+    let r = reqwest::Client::new()
+        .post(format!("{base2}/v1/route"))
+        .bearer_auth(OTHER_KEY)
+        .json(&request())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["candidate"]["candidate_id"], "a", "{v}");
+    assert!(codes(&v).contains(&"cold_start".into()));
+    // A request naming another tenant in its context is refused; so is an unknown key.
+    let mut foreign = request();
+    foreign["context"]["tenant"] = json!("globex");
+    let (status, _) = route(&base2, &foreign).await;
+    assert_eq!(status, 403);
     let r = reqwest::Client::new()
         .post(format!("{base2}/v1/route"))
         .bearer_auth("k-not-a-key-0000000000")
