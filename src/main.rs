@@ -103,8 +103,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Router(a) => block_on(cmd::router::run(*a, settings()?)),
         // Exit 1 when --gate is given and not met.
         Command::Eval(a) => {
-            let pass =
-                tokio::runtime::Runtime::new()?.block_on(cmd::eval::run(*a, settings()?))?;
+            let pass = tokio::runtime::Runtime::new()?.block_on(cmd::eval::run(*a, settings()?))?;
             Ok(if pass {
                 ExitCode::SUCCESS
             } else {

@@ -41,8 +41,15 @@ async fn fault_ingest_survives_repeated_sigkill() {
     let p = Pipeline::new("it_kill");
     let events_s = events.to_string();
     let truth = p.simulate(&[
-        "--events", &events_s, "--seed", "11", "--shuffle", "--no-request-id", "0.1",
-        "--duplicates", "0.02",
+        "--events",
+        &events_s,
+        "--seed",
+        "11",
+        "--shuffle",
+        "--no-request-id",
+        "0.1",
+        "--duplicates",
+        "0.02",
     ]);
     let file = p.path("events.jsonl");
     p.publish(&file);
@@ -56,17 +63,26 @@ async fn fault_ingest_survives_repeated_sigkill() {
     let mut ingest = p.ingest(None);
     let started = Instant::now();
     for k in 1..=11u64 {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let jitter = (seed >> 33) % (want / 40).max(1);
         let threshold = (want * k / 13 + jitter).min(want - 1);
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
             let n = p.scalar("SELECT count() FROM weft_events").await;
-            assert!(n <= want, "more rows ({n}) than distinct events ({want}): a duplicate was stored");
+            assert!(
+                n <= want,
+                "more rows ({n}) than distinct events ({want}): a duplicate was stored"
+            );
             if n >= threshold {
                 break;
             }
-            assert!(Instant::now() < deadline, "stalled at {n}/{want}:\n{}", p.ingest_log());
+            assert!(
+                Instant::now() < deadline,
+                "stalled at {n}/{want}:\n{}",
+                p.ingest_log()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         ingest.sigkill();
@@ -75,10 +91,22 @@ async fn fault_ingest_survives_repeated_sigkill() {
     }
     assert!(kills >= 10);
     p.wait_for_facts(want, Duration::from_secs(900)).await;
-    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, want, "exact count after {kills} kills");
-    assert_eq!(p.scalar("SELECT uniqExact(tenant, kind, id, content_hash) FROM weft_events").await, want);
-    p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(300)).await;
-    eprintln!("{events} events, {kills} SIGKILLs, exact in {:.0}s", started.elapsed().as_secs_f64());
+    assert_eq!(
+        p.scalar("SELECT count() FROM weft_events").await,
+        want,
+        "exact count after {kills} kills"
+    );
+    assert_eq!(
+        p.scalar("SELECT uniqExact(tenant, kind, id, content_hash) FROM weft_events")
+            .await,
+        want
+    );
+    p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(300))
+        .await;
+    eprintln!(
+        "{events} events, {kills} SIGKILLs, exact in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
     drop(ingest);
 }
 
@@ -100,9 +128,21 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     drop(back);
     p.wait_for_facts(want, Duration::from_secs(600)).await;
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, want);
-    assert_eq!(p.scalar("SELECT uniqExact(tenant, kind, id, content_hash) FROM weft_events").await, want);
-    p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(120)).await;
+    assert_eq!(
+        p.scalar("SELECT uniqExact(tenant, kind, id, content_hash) FROM weft_events")
+            .await,
+        want
+    );
+    p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(120))
+        .await;
     let log = p.ingest_log();
-    assert!(log.contains("retrying"), "ingest never saw the outage:\n{log}");
-    assert_eq!(ingest.terminate().code(), Some(0), "ingest survived the outage and stops cleanly");
+    assert!(
+        log.contains("retrying"),
+        "ingest never saw the outage:\n{log}"
+    );
+    assert_eq!(
+        ingest.terminate().code(),
+        Some(0),
+        "ingest survived the outage and stops cleanly"
+    );
 }

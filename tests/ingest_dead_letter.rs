@@ -14,19 +14,49 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 /// (topic suffix, value, extra headers, expected reason code)
-fn garbage() -> Vec<(&'static str, Vec<u8>, Vec<(&'static str, &'static [u8])>, &'static str)> {
-    let mut g: Vec<(&'static str, Vec<u8>, Vec<(&'static str, &'static [u8])>, &'static str)> = Vec::new();
+fn garbage() -> Vec<(
+    &'static str,
+    Vec<u8>,
+    Vec<(&'static str, &'static [u8])>,
+    &'static str,
+)> {
+    let mut g: Vec<(
+        &'static str,
+        Vec<u8>,
+        Vec<(&'static str, &'static [u8])>,
+        &'static str,
+    )> = Vec::new();
     for i in 0..4u8 {
-        g.push(("frames", vec![0xff, 0xfe, i, 0x00, 0x13], vec![], "undecodable"));
-        g.push(("trace_events", format!("{{\"event_id\": \"e{i}\", ").into_bytes(), vec![], "undecodable_json"));
+        g.push((
+            "frames",
+            vec![0xff, 0xfe, i, 0x00, 0x13],
+            vec![],
+            "undecodable",
+        ));
+        g.push((
+            "trace_events",
+            format!("{{\"event_id\": \"e{i}\", ").into_bytes(),
+            vec![],
+            "undecodable_json",
+        ));
         g.push((
             "trace_events",
             format!(r#"{{"event_id":"bad-{i}","event_type":"not_a_type","timestamp":"2026-01-01T00:00:00Z"}}"#).into_bytes(),
             vec![],
             "schema_invalid",
         ));
-        g.push(("handles", b"{}".to_vec(), vec![("weft-kind", b"telemetry_blob")], "unknown_kind"));
-        g.push(("frames", vec![0xC3, 0x01, 9, 9, 9, 9, 9, 9, 9, i, 2, 4], vec![], "unknown_schema"));
+        g.push((
+            "handles",
+            b"{}".to_vec(),
+            vec![("weft-kind", b"telemetry_blob")],
+            "unknown_kind",
+        ));
+        g.push((
+            "frames",
+            vec![0xC3, 0x01, 9, 9, 9, 9, 9, 9, 9, i, 2, 4],
+            vec![],
+            "unknown_schema",
+        ));
     }
     g
 }
@@ -45,17 +75,32 @@ async fn garbage_goes_to_the_dead_letter_topic_with_a_reason() {
         .unwrap();
     let bad = garbage();
     let per_mille = bad.len() as u64 * 1000 / valid;
-    assert!((9..=11).contains(&per_mille), "about 1% garbage, got {per_mille}‰");
+    assert!(
+        (9..=11).contains(&per_mille),
+        "about 1% garbage, got {per_mille}‰"
+    );
     for (i, (suffix, value, extra, _)) in bad.iter().enumerate() {
         let topic = format!("{}{}", p.prefix, suffix);
         let id = i.to_string();
-        let mut headers = OwnedHeaders::new().insert(Header { key: "x-test-id", value: Some(id.as_bytes()) });
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: "x-test-id",
+            value: Some(id.as_bytes()),
+        });
         for (k, v) in extra {
-            headers = headers.insert(Header { key: k, value: Some(*v) });
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(*v),
+            });
         }
         let key = format!("garbage-{i}");
         producer
-            .send(FutureRecord::to(&topic).key(&key).payload(value).headers(headers), Duration::from_secs(10))
+            .send(
+                FutureRecord::to(&topic)
+                    .key(&key)
+                    .payload(value)
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
             .await
             .map_err(|(e, _)| e)
             .unwrap();
@@ -73,20 +118,32 @@ async fn garbage_goes_to_the_dead_letter_topic_with_a_reason() {
         .create()
         .unwrap();
     let dlq = format!("{}dead_letter", p.prefix);
-    let md = consumer.fetch_metadata(Some(&dlq), Duration::from_secs(10)).unwrap();
+    let md = consumer
+        .fetch_metadata(Some(&dlq), Duration::from_secs(10))
+        .unwrap();
     let mut tpl = TopicPartitionList::new();
     for part in md.topics()[0].partitions() {
-        tpl.add_partition_offset(&dlq, part.id(), Offset::Beginning).unwrap();
+        tpl.add_partition_offset(&dlq, part.id(), Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).unwrap();
     let mut got: BTreeMap<usize, (Vec<u8>, Vec<u8>, String, String)> = BTreeMap::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while got.len() < bad.len() && std::time::Instant::now() < deadline {
-        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else { continue };
-        let h = |name: &str| -> Option<String> {
-            m.headers()?.iter().find(|h| h.key == name).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
         };
-        let id: usize = h("x-test-id").expect("original headers kept").parse().unwrap();
+        let h = |name: &str| -> Option<String> {
+            m.headers()?
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        let id: usize = h("x-test-id")
+            .expect("original headers kept")
+            .parse()
+            .unwrap();
         got.insert(
             id,
             (
@@ -97,7 +154,11 @@ async fn garbage_goes_to_the_dead_letter_topic_with_a_reason() {
             ),
         );
     }
-    assert_eq!(got.len(), bad.len(), "every garbage record dead-lettered exactly once");
+    assert_eq!(
+        got.len(),
+        bad.len(),
+        "every garbage record dead-lettered exactly once"
+    );
     for (i, (suffix, value, _, reason)) in bad.iter().enumerate() {
         let (v, k, r, t) = &got[&i];
         assert_eq!(v, value, "record {i}: original bytes kept");
@@ -111,14 +172,24 @@ async fn garbage_goes_to_the_dead_letter_topic_with_a_reason() {
 
     // Metrics count dead letters by reason.
     assert!(wait_for_port(&addr, Duration::from_secs(5)));
-    let body = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let total: u64 = body
         .lines()
         .filter(|l| l.starts_with("weft_ingest_dead_lettered_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
     assert_eq!(total, bad.len() as u64, "{body}");
-    assert!(body.contains(r#"weft_ingest_dead_lettered_total{reason="schema_invalid"} 4"#), "{body}");
-    let health = reqwest::get(format!("http://{addr}/healthz")).await.unwrap();
+    assert!(
+        body.contains(r#"weft_ingest_dead_lettered_total{reason="schema_invalid"} 4"#),
+        "{body}"
+    );
+    let health = reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .unwrap();
     assert!(health.status().is_success());
 }
