@@ -281,4 +281,28 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
             "{got} vs {want}"
         );
     }
+
+    // The fitted state exports as a versioned snapshot that a router can start from.
+    let snap_file = p.path("snapshot.json");
+    let run = p
+        .weft()
+        .args(["router", "snapshot", "--half-life-s", "0", "--out"])
+        .arg(&snap_file)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let snap =
+        weft_router::model::Snapshot::from_json(&std::fs::read_to_string(&snap_file).unwrap())
+            .unwrap();
+    let arms = snap
+        .arms("acme", "summarize")
+        .expect("acme/summarize in the snapshot");
+    let total: f64 = arms.values().map(|a| a.n).sum();
+    assert_eq!(total, CYCLES as f64);
+    let solid = &arms[BEST];
+    assert!(solid.latency_q.is_some() && solid.mean_cost().unwrap() > 0.0);
 }
