@@ -76,7 +76,7 @@ impl EventRow {
     ) -> Self {
         use weft_schemas::Kind;
         let p = &f.payload;
-        let meta = p.get("metadata").cloned().unwrap_or_default();
+        let meta = p.get("metadata");
         let kind = f.envelope.kind;
         let decision_id = match kind {
             // On feedback, decision_id is the routing decision: kept in the links, not here,
@@ -129,7 +129,7 @@ impl EventRow {
             handle_id,
             handle_refs,
             candidate_id,
-            flow_id: s(&meta, "flow_id"),
+            flow_id: meta.map(|m| s(m, "flow_id")).unwrap_or_default(),
             links: f
                 .links
                 .iter()
