@@ -515,7 +515,7 @@ async fn amplify(
             {tok}, {dec}, {frame}, {handle}, arrayMap(x -> {hx}, handle_refs), candidate_id, {flow}, \
             arrayMap(l -> (tupleElement(l, 1), tupleElement(l, 2), {lx}), links), \
             conflict, topic, partition, offset + number * {n}, content_type, {payload} \
-         FROM tpl_weft_events, numbers(__FROM__, __COUNT__)",
+         FROM tpl_weft_events, numbers(__FROM__, __COUNT__) AS n",
         id_ = id("id"),
         payload = m("payload"),
         ts = shift("ts"),
@@ -534,7 +534,7 @@ async fn amplify(
         "INSERT INTO weft_narratives (tenant, narrative_id, kind, id, content_hash, ts, request_id, \
             payload, version, is_deleted) \
          SELECT tenant, {nid}, kind, {id_}, SHA256({payload}), {ts}, {req}, {payload}, version, is_deleted \
-         FROM tpl_weft_narratives, numbers(__FROM__, __COUNT__)",
+         FROM tpl_weft_narratives, numbers(__FROM__, __COUNT__) AS n",
         nid = id("narrative_id"),
         id_ = id("id"),
         payload = m("payload"),
@@ -544,7 +544,7 @@ async fn amplify(
     let nodes = format!(
         "INSERT INTO weft_narrative_nodes (tenant, kind, id, narrative_id, request_id, ts, version) \
          SELECT tenant, kind, {id_}, {nid}, {req}, {ts}, version \
-         FROM tpl_weft_narrative_nodes, numbers(__FROM__, __COUNT__)",
+         FROM tpl_weft_narrative_nodes, numbers(__FROM__, __COUNT__) AS n",
         id_ = id("id"),
         nid = id("narrative_id"),
         req = m("request_id"),
@@ -553,7 +553,7 @@ async fn amplify(
     let links = format!(
         "INSERT INTO weft_links (tenant, to_kind, to_id, from_kind, from_id, via) \
          SELECT tenant, to_kind, {to}, from_kind, {from}, via \
-         FROM tpl_weft_links, numbers(__FROM__, __COUNT__)",
+         FROM tpl_weft_links, numbers(__FROM__, __COUNT__) AS n",
         to = id("to_id"),
         from = id("from_id"),
     );
