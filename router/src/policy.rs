@@ -254,20 +254,29 @@ fn argmax(xs: &[f64]) -> usize {
 }
 
 fn thompson_draw(cfg: &PolicyConfig, ests: &[Estimate], rng: &mut Rng) -> usize {
-    let draws: Vec<f64> = ests
-        .iter()
-        .map(|e| {
-            let (a, b) = e.alpha_beta(cfg);
-            e.utility_at(cfg, rng.beta(a, b))
-        })
-        .collect();
-    argmax(&draws)
+    // No allocation: this runs mc_samples times per decision.
+    let mut best = 0;
+    let mut best_u = f64::NEG_INFINITY;
+    for (i, e) in ests.iter().enumerate() {
+        let (a, b) = e.alpha_beta(cfg);
+        let u = e.utility_at(cfg, rng.beta(a, b));
+        if u > best_u {
+            best = i;
+            best_u = u;
+        }
+    }
+    best
 }
 
 /// Monte-Carlo frequencies with which Thompson sampling picks each estimate.
-fn thompson_counts(cfg: &PolicyConfig, ests: &[Estimate], rng: &mut Rng) -> Vec<f64> {
+fn thompson_counts(
+    cfg: &PolicyConfig,
+    ests: &[Estimate],
+    rng: &mut Rng,
+    samples: usize,
+) -> Vec<f64> {
     let mut counts = vec![0.0; ests.len()];
-    for _ in 0..cfg.mc_samples.max(1) {
+    for _ in 0..samples.max(1) {
         counts[thompson_draw(cfg, ests, rng)] += 1.0;
     }
     counts
@@ -313,7 +322,7 @@ pub fn probabilities(
             p[argmax(&scores)] += 1.0 - eps;
         }
         PolicyName::Thompson => {
-            let c = thompson_counts(cfg, ests, rng);
+            let c = thompson_counts(cfg, ests, rng, cfg.mc_samples);
             let total: f64 = c.iter().sum();
             for (x, c) in p.iter_mut().zip(c) {
                 *x = c / total;
@@ -333,8 +342,13 @@ pub fn choose(policy: PolicyName, cfg: &PolicyConfig, ests: &[Estimate], rng: &m
     let scores = point_scores(policy, cfg, ests);
     let best = argmax(&scores);
     // P(best) per estimate under the posterior: confidence for every policy, and the
-    // Monte-Carlo propensity for Thompson sampling.
-    let counts = thompson_counts(cfg, ests, rng);
+    // Monte-Carlo propensity for Thompson sampling. Confidence alone needs fewer draws.
+    let samples = if policy == PolicyName::Thompson {
+        cfg.mc_samples
+    } else {
+        (cfg.mc_samples / 4).max(16)
+    };
+    let counts = thompson_counts(cfg, ests, rng, samples);
     let samples = counts.iter().sum::<f64>();
     let (chosen, propensity) = match policy {
         PolicyName::Greedy | PolicyName::Ucb => (best, 1.0),
@@ -487,5 +501,46 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.violation(&e), Some("exceeds_max_cost"));
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// `cargo test --release -p weft-router timing -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn decision_core_cost() {
+        let cfg = PolicyConfig::default();
+        let e: Vec<Estimate> = ["a", "b", "c"]
+            .iter()
+            .map(|id| Estimate {
+                candidate_id: (*id).into(),
+                n: 100.0,
+                successes: 70.0,
+                latency_ms: None,
+                cost: None,
+                quality: None,
+            })
+            .collect();
+        let mut rng = Rng::new(1);
+        for p in [PolicyName::Greedy, PolicyName::Thompson] {
+            let t = std::time::Instant::now();
+            for _ in 0..10_000 {
+                std::hint::black_box(choose(p, &cfg, &e, &mut rng));
+            }
+            eprintln!("{p:?}: {:?} per choice", t.elapsed() / 10_000);
+        }
+        let erd = serde_json::json!({"decision_id": "d", "candidate": {"candidate_id": "a", "candidate_type": "tool"},
+            "fallback_candidates": [{"candidate_id": "b", "candidate_type": "tool"}, {"candidate_id": "c", "candidate_type": "tool"}],
+            "confidence": 0.5, "reason_codes": ["x"], "created_at": "2026-01-01T00:00:00Z", "metadata": {"x_weft_propensity": 0.5}});
+        let t = std::time::Instant::now();
+        for _ in 0..10_000 {
+            std::hint::black_box(
+                weft_schemas::Validator::global().check("execution_routing_decision", &erd),
+            );
+        }
+        eprintln!("validate: {:?}", t.elapsed() / 10_000);
     }
 }
