@@ -537,7 +537,7 @@ mod timing {
             "confidence": 0.5, "reason_codes": ["x"], "created_at": "2026-01-01T00:00:00Z", "metadata": {"x_weft_propensity": 0.5}});
         let t = std::time::Instant::now();
         for _ in 0..10_000 {
-            std::hint::black_box(
+            let _ = std::hint::black_box(
                 weft_schemas::Validator::global().check("execution_routing_decision", &erd),
             );
         }
