@@ -13,19 +13,16 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-/// (topic suffix, value, extra headers, expected reason code)
-fn garbage() -> Vec<(
+/// One garbage record: (topic suffix, value, extra headers, expected reason code).
+type Garbage = (
     &'static str,
     Vec<u8>,
     Vec<(&'static str, &'static [u8])>,
     &'static str,
-)> {
-    let mut g: Vec<(
-        &'static str,
-        Vec<u8>,
-        Vec<(&'static str, &'static [u8])>,
-        &'static str,
-    )> = Vec::new();
+);
+
+fn garbage() -> Vec<Garbage> {
+    let mut g: Vec<Garbage> = Vec::new();
     for i in 0..4u8 {
         g.push((
             "frames",
