@@ -20,6 +20,18 @@ use weft_schemas::Kind;
 const KEY_ACME: &str = "acme-key-0123456789abcdef";
 const KEY_GLOBEX: &str = "globex-key-0123456789abcdef";
 
+/// Kills the spawned gateway if the test fails before stopping it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// An in-process gateway on an ephemeral port; returns its base URL and the publisher.
 async fn start(prefix: &str, spool: &std::path::Path, max_body: usize) -> (String, Publisher) {
     let p = Publisher::connect(config(prefix, spool)).await.unwrap();
@@ -243,22 +255,24 @@ async fn request_level_errors_are_clear_4xx() {
 async fn weft_gateway_binary_round_trips_every_kind() {
     let spool = tempfile::tempdir().unwrap();
     let prefix = common::unique("t") + ".";
-    let mut child = common::weft()
-        .args([
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--topic-prefix",
-            &prefix,
-        ])
-        .arg("--spool-dir")
-        .arg(spool.path())
-        .env("WEFT_GATEWAY_KEYS", format!("{KEY_ACME}=acme"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        common::weft()
+            .args([
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--topic-prefix",
+                &prefix,
+            ])
+            .arg("--spool-dir")
+            .arg(spool.path())
+            .env("WEFT_GATEWAY_KEYS", format!("{KEY_ACME}=acme"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
+    BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     let url = line
@@ -316,8 +330,8 @@ async fn weft_gateway_binary_round_trips_every_kind() {
 
     // SIGTERM: graceful shutdown, exit 0.
     // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = common::wait_for(Duration::from_secs(30), || child.try_wait().unwrap())
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let status = common::wait_for(Duration::from_secs(30), || child.0.try_wait().unwrap())
         .expect("gateway exits after SIGTERM");
     assert!(status.success(), "{status:?}");
 }
