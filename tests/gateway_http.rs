@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use publish_support::{config, consume, count, trace_payload};
 use serde_json::{json, Value};
-use weft_producers::auth::ApiKeys;
+use weft_http::ApiKeys;
 use weft_producers::gateway::{self, Gateway};
 use weft_producers::simulate::{generate, SimConfig};
 use weft_producers::Publisher;

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use weft_http::KeyRing;
+use weft_http::ApiKeys;
 
 use crate::metrics::IngestMetrics;
 use crate::narrative::query;
@@ -19,7 +19,7 @@ use crate::store::Store;
 pub struct AppState {
     pub store: Store,
     pub metrics: Arc<IngestMetrics>,
-    pub keys: Arc<KeyRing>,
+    pub keys: Arc<ApiKeys>,
 }
 
 /// The router of the status server.

@@ -28,8 +28,8 @@ use serde_json::value::RawValue;
 use tracing::{info_span, Instrument};
 use weft_schemas::Envelope;
 
-use crate::auth::ApiKeys;
 use crate::publisher::{Delivery, PublishError, Publisher, Receipt};
+use weft_http::ApiKeys;
 
 /// The `[gateway]` TOML section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

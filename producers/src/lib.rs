@@ -4,9 +4,8 @@
 //!   once it is durable (acknowledged by Kafka, or written to the on-disk [`spool`]);
 //! - [`spool`]: append-only, checksummed segments that hold events while Kafka cannot;
 //! - [`gateway`]: the HTTP ingest endpoint for producers that are not written in Rust;
-//! - [`config`], [`auth`], [`metrics`], [`registry`]: what those need.
+//! - [`config`], [`metrics`], [`registry`]: what those need (API keys live in `weft-http`).
 
-pub mod auth;
 pub mod config;
 pub mod gateway;
 pub mod metrics;

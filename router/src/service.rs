@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router as AxumRouter};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use weft_http::KeyRing;
+use weft_http::ApiKeys;
 use weft_producers::Publisher;
 use weft_schemas::contracts::ExecutionCandidate;
 use weft_schemas::{Envelope, Kind};
@@ -97,7 +97,7 @@ struct Health {
 /// The router's shared state.
 pub struct Service {
     cfg: ServiceConfig,
-    keys: KeyRing,
+    keys: ApiKeys,
     publisher: Publisher,
     snapshot: RwLock<Arc<Snapshot>>,
     health: Mutex<Health>,
@@ -142,7 +142,7 @@ impl Service {
     /// `initial`: a snapshot file's content, if the router starts from one.
     pub fn new(
         cfg: ServiceConfig,
-        keys: KeyRing,
+        keys: ApiKeys,
         publisher: Publisher,
         initial: Option<Snapshot>,
     ) -> Arc<Self> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use weft_producers::auth::ApiKeys;
+use weft_http::ApiKeys;
 use weft_producers::gateway::{self, Gateway};
 
 use crate::cmd::publish::PublisherArgs;

@@ -9,7 +9,7 @@ use weft_consumers::http::{self, AppState};
 use weft_consumers::ingest::{listen_addr, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
 use weft_consumers::store::Store;
-use weft_http::KeyRing;
+use weft_http::ApiKeys;
 
 use crate::config::Settings;
 
@@ -49,7 +49,7 @@ pub struct IngestArgs {
     /// Flush batches at least this often, in milliseconds (default 1000).
     #[arg(long, value_name = "MS")]
     pub flush_interval_ms: Option<u64>,
-    /// Keys for the narrative API. KEYS_HELP: `KEY=TENANT[,KEY=TENANT...]`, each key scoped
+    /// Keys for the narrative API: `KEY=TENANT[,KEY=TENANT...]`, each key scoped
     /// to one tenant (at least 16 characters).
     #[arg(
         long,
@@ -71,16 +71,16 @@ pub enum RoleArg {
     Narratives,
 }
 
-/// Build the key ring from the flag/env value and the optional file.
-pub fn key_ring(inline: Option<&str>, file: Option<&str>) -> anyhow::Result<KeyRing> {
-    let mut ring = KeyRing::default();
-    if let Some(spec) = inline {
-        ring.extend(KeyRing::parse(spec).context("parsing API keys")?);
+/// The API keys from the flag/env list and the optional file.
+pub fn api_keys(list: Option<&str>, file: Option<&str>) -> anyhow::Result<ApiKeys> {
+    let mut keys = ApiKeys::default();
+    if let Some(list) = list {
+        keys.add_list(list).context("parsing API keys")?;
     }
     if let Some(path) = file {
-        ring.extend(KeyRing::from_file(path)?);
+        keys.add_file(std::path::Path::new(path))?;
     }
-    Ok(ring)
+    Ok(keys)
 }
 
 pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
@@ -112,7 +112,7 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     if let Some(v) = a.flush_interval_ms {
         cfg.flush_interval_ms = v;
     }
-    let keys = key_ring(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
+    let keys = api_keys(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
     let store = Store::new(settings.clickhouse)?;
     let metrics = Arc::new(IngestMetrics::new());
     if let Some(addr) = listen_addr(&cfg)? {

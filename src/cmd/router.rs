@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use weft_consumers::store::Store;
-use weft_http::KeyRing;
+use weft_http::ApiKeys;
 use weft_router::model::Snapshot;
 use weft_router::policy::{PolicyConfig, PolicyName, Weights};
 use weft_router::service::{self, Service, ServiceConfig};
@@ -193,8 +193,12 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
         return snapshot(a, settings).await;
     }
     let keys = match &args.keys {
-        Some(k) => KeyRing::parse(k).context("WEFT_ROUTER_KEYS / --keys")?,
-        None => KeyRing::default(),
+        Some(k) => {
+            let mut keys = ApiKeys::default();
+            keys.add_list(k).context("WEFT_ROUTER_KEYS / --keys")?;
+            keys
+        }
+        None => ApiKeys::default(),
     };
     if keys.is_empty() {
         tracing::warn!("no API keys configured: every request will get 401 (see --help)");

@@ -1,9 +1,10 @@
-//! Gateway API keys: each bearer key maps to exactly one tenant.
+//! Bearer API keys for every weft HTTP service: each key maps to exactly one tenant.
 //!
 //! Keys come from three places, merged (a key listed twice must name the same tenant):
-//! - `WEFT_GATEWAY_KEYS="key1=tenantA,key2=tenantB"` (environment);
-//! - `[gateway] keys = { "key1" = "tenantA" }` in the TOML config;
-//! - a keys file (`keys_file` / `--keys-file`): one `key=tenant` per line, `#` comments.
+//! - a `key1=tenantA,key2=tenantB` list (a flag or its environment variable, e.g.
+//!   `WEFT_GATEWAY_KEYS`, `WEFT_API_KEYS`, `WEFT_ROUTER_KEYS`);
+//! - a `keys = { "key1" = "tenantA" }` table in the TOML config;
+//! - a keys file: one `key=tenant` per line, `#` comments.
 //!
 //! Only SHA-256 digests of the keys are kept, and a presented key is compared with every
 //! digest in constant time (`subtle`), so neither timing nor a memory dump gives keys away.
@@ -11,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use axum::http::{header, HeaderMap, StatusCode};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use weft_schemas::envelope::is_valid_tenant;
@@ -31,6 +33,23 @@ pub enum AuthError {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// Why a request was not authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unauthorized {
+    Missing,
+    Invalid,
+}
+
+impl Unauthorized {
+    /// The HTTP status and a short reason for the response body.
+    pub fn response(self) -> (StatusCode, &'static str) {
+        match self {
+            Unauthorized::Missing => (StatusCode::UNAUTHORIZED, "missing bearer API key"),
+            Unauthorized::Invalid => (StatusCode::UNAUTHORIZED, "invalid API key"),
+        }
+    }
 }
 
 /// The configured keys, as digests.
@@ -65,7 +84,7 @@ impl ApiKeys {
 
     /// Add one key. Re-adding a key for the same tenant is a no-op.
     pub fn insert(&mut self, key: &str, tenant: &str, entry: usize) -> Result<(), AuthError> {
-        // 16+ characters, like every weft HTTP service (weft-http's key ring).
+        // 16+ characters: short keys are guessable.
         if key.len() < 16 || key.contains(|c: char| c.is_whitespace() || c == ',') {
             return Err(AuthError::BadKey(entry));
         }
@@ -125,6 +144,20 @@ impl ApiKeys {
             self.insert(k.trim(), t.trim(), i + 1)?;
         }
         Ok(())
+    }
+
+    /// Authenticate a request from its `Authorization: Bearer KEY` header.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<&str, Unauthorized> {
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or(Unauthorized::Missing)?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .ok_or(Unauthorized::Missing)?
+            .trim();
+        self.tenant_for(token).ok_or(Unauthorized::Invalid)
     }
 
     /// The tenant of a presented key, comparing against every key in constant time.
