@@ -107,7 +107,7 @@ pub fn decode(rec: &Record<'_>, topics: &Topics, ids: &SchemaIds) -> Result<Fact
 /// are sorted by their keys' UTF-16 code units (RFC 8785 section 3.2.3) up front, strings and
 /// keys are escaped by serde_json (whose escaping serde_jcs uses too), and numbers, the one
 /// part with its own formatting rules (ECMAScript's), are written by serde_jcs itself.
-fn canonical_json(v: &Value, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+pub fn canonical_json(v: &Value, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
     match v {
         Value::Null | Value::Bool(_) | Value::String(_) => serde_json::to_writer(&mut *out, v),
         Value::Number(_) => {

@@ -1102,6 +1102,16 @@ fn step_costs(cfg: SimConfig, n: usize, topics: &Topics) -> anyhow::Result<Vec<S
             }
         },
     );
+    time(
+        "  canonical JSON (RFC 8785; SHA-256 not included)",
+        &mut || {
+            let mut out = Vec::with_capacity(1024);
+            for (_, v) in &values {
+                out.clear();
+                std::hint::black_box(decode::canonical_json(v, &mut out).ok());
+            }
+        },
+    );
     time("  links::extract", &mut || {
         for (k, v) in &values {
             std::hint::black_box(links::extract(*k, v));
@@ -1134,29 +1144,6 @@ fn step_costs(cfg: SimConfig, n: usize, topics: &Topics) -> anyhow::Result<Vec<S
         },
     );
     std::hint::black_box((&rows, &facts));
-    // What decode spends besides the parts timed alone: its canonical JSON + SHA-256, the
-    // timestamps and the Fact itself.
-    let of = |steps: &[Step], prefix: &str| {
-        steps
-            .iter()
-            .find(|s| s.step.starts_with(prefix))
-            .map_or(0.0, |s| s.us_per_event)
-    };
-    let rest = of(&steps, "decode total")
-        - of(&steps, "  wire::decode")
-        - of(&steps, "  Envelope::validate")
-        - of(&steps, "  links::extract");
-    let at = steps
-        .iter()
-        .position(|s| s.step.starts_with("  links::extract"))
-        .map_or(steps.len(), |i| i + 1);
-    steps.insert(
-        at,
-        Step {
-            step: "  canonical JSON + SHA-256 + rest (total minus the above)",
-            us_per_event: rest,
-        },
-    );
     Ok(steps)
 }
 
