@@ -377,6 +377,7 @@ impl Ingestor {
         let mut shutdown = self.stop.clone();
         let flush_every = Duration::from_millis(self.cfg.flush_interval_ms);
         let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut since_check = 0u32;
         spawn_lag_monitor(
             kafka_config(&self.cfg),
             self.positions.clone(),
@@ -400,7 +401,14 @@ impl Ingestor {
                             drop(m);
                             self.after_rebalance().await?;
                             let full = self.accept(owned).await?;
-                            if full && self.flush().await.is_err() { return Ok(self.totals); }
+                            // Under constant load `recv` always wins the biased select, so the
+                            // timer branch may never run: check the flush deadline here too.
+                            since_check += 1;
+                            let due = since_check >= 256 && {
+                                since_check = 0;
+                                self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every))
+                            };
+                            if (full || due) && self.flush().await.is_err() { return Ok(self.totals); }
                         }
                         Err(e) => warn!(error = %e, "kafka consumer error (retrying)"),
                     }
