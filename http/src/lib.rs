@@ -12,6 +12,28 @@ mod keys;
 
 pub use keys::{ApiKeys, AuthError, Unauthorized};
 
+/// Resolves on SIGINT or SIGTERM: every weft server stops gracefully on either.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
 /// Errors binding a listener.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {

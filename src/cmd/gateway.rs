@@ -90,30 +90,8 @@ pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
     // A line on stdout that scripts and tests can wait for (the port may be 0 = any).
     println!("listening on http://{local}");
     let gw = Gateway::new(publisher.clone(), keys, max_body);
-    gateway::serve(listener, gw, shutdown_signal()).await?;
+    gateway::serve(listener, gw, weft_http::shutdown_signal()).await?;
     tracing::info!("shutting down: flushing in-flight events");
     tokio::task::spawn_blocking(move || publisher.close(Duration::from_secs(30))).await?;
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }

@@ -131,7 +131,7 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     }
     let (tx, mut rx) = watch::channel(false);
     tokio::spawn(async move {
-        let _ = shutdown_signal().await;
+        weft_http::shutdown_signal().await;
         let _ = tx.send(true);
     });
     let ingestor = tokio::select! {
@@ -144,13 +144,4 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
         totals.consumed, totals.inserted, totals.deduplicated, totals.dead_lettered
     );
     Ok(())
-}
-
-/// Resolve on SIGINT or SIGTERM.
-pub async fn shutdown_signal() -> std::io::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r,
-        _ = term.recv() => Ok(()),
-    }
 }

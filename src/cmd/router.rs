@@ -230,7 +230,7 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
     tracing::info!(listen = %local, policy = args.policy.policy.as_str(), "router listening");
     println!("listening on http://{local}");
     axum::serve(listener, service::app(svc))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(weft_http::shutdown_signal())
         .await?;
     tokio::task::spawn_blocking(move || publisher.close(Duration::from_secs(30))).await?;
     Ok(())
@@ -250,28 +250,6 @@ async fn snapshot(a: SnapshotArgs, settings: Settings) -> anyhow::Result<()> {
         eprintln!("snapshot: {} cells written to {}", snap.cells(), a.out);
     }
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }
 
 /// Measure a running router over loopback HTTP: decisions/s with --concurrency keep-alive
