@@ -155,6 +155,10 @@ struct PartitionState {
     dead: Vec<DeadLetter>,
     bytes: usize,
     last_offset: i64,
+    /// The offset the next record should carry: the resume point, then last seen + 1.
+    /// weft's topics are neither compacted nor transactional, so a jump past it means records
+    /// the broker never delivered; it is counted and logged, never silent.
+    expected: Option<i64>,
     oldest: Option<Instant>,
 }
 
@@ -295,6 +299,7 @@ impl Ingestor {
                     Role::Narratives => st.projected,
                     _ => st.stored.min(st.projected),
                 };
+                st.expected = Some(from + 1);
                 tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
             }
         }
@@ -363,6 +368,7 @@ impl Ingestor {
             dead: Vec::new(),
             bytes: 0,
             last_offset: -1,
+            expected: None,
             oldest: None,
         })
     }
@@ -465,7 +471,22 @@ impl Ingestor {
         let ids = self.ids.clone();
         let (max_rows, max_bytes) = (self.cfg.batch_max_rows, self.cfg.batch_max_bytes);
         let role = self.cfg.role;
+        let metrics = self.metrics.clone();
         let st = self.partition_state(&rec.topic, rec.partition).await?;
+        if let Some(expected) = st.expected.filter(|e| rec.offset > *e) {
+            warn!(
+                topic = %rec.topic,
+                partition = rec.partition,
+                expected,
+                got = rec.offset,
+                "the broker skipped offsets: records in between were never delivered"
+            );
+            metrics
+                .offset_gaps
+                .with_label_values(&[&rec.topic])
+                .inc_by((rec.offset - expected) as u64);
+        }
+        st.expected = Some(rec.offset + 1);
         let need_fact = role != Role::Narratives && rec.offset > st.stored;
         let need_projection = rec.offset > st.projected;
         st.last_offset = st.last_offset.max(rec.offset);

@@ -14,6 +14,7 @@ pub struct IngestMetrics {
     pub conflicts: IntCounter,
     pub dead_lettered: IntCounterVec,
     pub replay_skipped: IntCounter,
+    pub offset_gaps: IntCounterVec,
     pub batch_rows: Histogram,
     pub insert_seconds: Histogram,
     pub insert_retries: IntCounter,
@@ -117,6 +118,12 @@ impl IngestMetrics {
                 &r,
                 "weft_ingest_replay_skipped_total",
                 "Records at or below the stored offset, skipped after a restart",
+            ),
+            offset_gaps: counter_vec(
+                &r,
+                "weft_ingest_offset_gaps_total",
+                "Offsets the broker never delivered (retention, compaction, or a broker fault)",
+                &["topic"],
             ),
             batch_rows: histogram(
                 &r,

@@ -71,9 +71,44 @@ say "the same through the API"
 echo "curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' http://127.0.0.1:8788/v1/narratives/req-$SEED-1"
 curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' "http://127.0.0.1:8788/v1/narratives/req-$SEED-1" | head -c 400; echo ' ...'
 
+say "the feedback loop: weft router learns from ExecutionFeedback aggregated in ClickHouse"
+ROUTER_KEY=demo-router-key-0123456789abcdef
+if [ -f "$RUN/router.pid" ] && kill -0 "$(cat "$RUN/router.pid")" 2>/dev/null; then
+  echo "router already running (pid $(cat "$RUN/router.pid"))"
+else
+  WEFT_ROUTER_KEYS="$ROUTER_KEY=default" setsid "$WEFT" router --policy thompson --refresh-ms 500 \
+    --spool-dir "$RUN/router-spool" >"$RUN/router.log" 2>&1 &
+  echo $! >"$RUN/router.pid"
+  for _ in $(seq 1 100); do curl -sf http://127.0.0.1:8790/healthz >/dev/null && break; sleep 0.1; done
+fi
+echo "400 decisions among 3 candidates with hidden success rates 0.60 / 0.90 / 0.75 (and one"
+echo "that breaks the latency constraint); each outcome is posted back as feedback:"
+python3 deploy/local/demo/route_loop.py --key "$ROUTER_KEY" --cycles 400 --seed "$SEED"
+
+say "offline evaluation of the greedy policy on the logged decisions (IPS, SNIPS, DR)"
+# The decisions and feedback travel through Kafka and ingest first: wait until they are stored.
+for _ in $(seq 1 300); do
+  n=$(ch "SELECT count() FROM weft_events WHERE kind = 'execution_feedback' AND decision_id IN
+          (SELECT id FROM weft_events WHERE kind = 'execution_routing_decision' AND request_id LIKE 'demo-route-$SEED-%')" || echo 0)
+  [ "${n:-0}" -ge 400 ] && break
+  sleep 0.2
+done
+$WEFT eval --tenant default --since-s 3600 --policy greedy --bootstrap 200 --out "$RUN/eval.json" || true
+python3 - "$RUN/eval.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))
+for k in ("candidate_policy", "baseline_policy", "support_state", "recommendation_kind"):
+    print(f"  {k:<22} {a.get(k)}")
+for k, v in a.items():
+    if isinstance(v, dict) and any(x in k for x in ("estimate", "metric", "result")):
+        print(f"  {k:<22} {json.dumps(v)[:300]}")
+PY
+
 say "done"
 cat <<MSG
-weft ingest keeps running (pid $(cat "$RUN/ingest.pid"), log $RUN/ingest.log).
+weft ingest (pid $(cat "$RUN/ingest.pid"), log $RUN/ingest.log) and weft router
+(pid $(cat "$RUN/router.pid"), log $RUN/router.log) keep running.
 Explore:   $WEFT narrative req-$SEED-2 --format json
-Stop all:  kill \$(cat $RUN/ingest.pid); bash deploy/local/stack.sh down
+           the evaluation artifact: $RUN/eval.json
+Stop all:  kill \$(cat $RUN/ingest.pid) \$(cat $RUN/router.pid); bash deploy/local/stack.sh down
 MSG

@@ -23,9 +23,11 @@ cleanup() { if [ "$started_here" = 1 ]; then $STACK down || true; fi; }
 trap cleanup EXIT
 
 step "local stack"
-# Throughput-bound tests run on the broker's in-memory log (the sqlite log costs ~60 broker
-# CPU-seconds per million fetched records); the broker-restart tests switch to sqlite below.
-WEFT_KAFKA_STORAGE=${WEFT_KAFKA_STORAGE:-memory} $STACK up
+# The main suite runs on the broker's in-memory log: it is fast, and those tests read each
+# partition once, from offset 0. Tests that resume a consumer (restarts) run on the sqlite
+# log below, because tansu's memory engine skips records when a fetch starts
+# inside a record batch (deploy/local/README.md, Known limits).
+WEFT_KAFKA_STORAGE=memory $STACK up
 # shellcheck disable=SC1091
 source "${WEFT_RUN_DIR:-$REPO/.weft/run}/env"
 
@@ -39,14 +41,13 @@ step "unit and integration tests"
 # Fault tests stop shared services, so they run afterwards, alone (see below).
 cargo test --workspace --no-fail-fast -- --skip fault_
 
-step "fault-injection tests (services stopped and restarted; one at a time)"
+step "fault-injection and consumer-resume tests (sqlite log; services stopped and restarted; one at a time)"
+$STACK stop kafka
+WEFT_KAFKA_STORAGE=sqlite $STACK start kafka
 # SIGKILL of ingest (11 times) during a large ingest, and a 30 s ClickHouse outage. The
 # SIGKILL run uses 200k events here to fit CI's time on 2 cores in a debug build (each restart
 # reloads the narrative graph); WEFT_FAULT_EVENTS=1000000 runs the full size.
 WEFT_FAULT_EVENTS=${WEFT_FAULT_EVENTS:-200000} cargo test --test fault_ingest -- --test-threads=1
-# Broker stops and restarts need a log that survives them: the sqlite engine.
-$STACK stop kafka
-WEFT_KAFKA_STORAGE=sqlite $STACK start kafka
 cargo test --test fault_broker -- --test-threads=1
 
 step "done"

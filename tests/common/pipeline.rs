@@ -106,12 +106,17 @@ impl Pipeline {
         serde_json::from_slice(&std::fs::read(self.path("truth.json")).unwrap()).unwrap()
     }
 
-    /// `weft publish FILE` into this pipeline's topics.
+    /// `weft publish FILE --drain-spool` into this pipeline's topics: returns once every
+    /// event is in Kafka. The long delivery timeout keeps a slow (loaded) broker from
+    /// counting as down: a timed-out idempotent producer bumps its epoch, which makes
+    /// tansu 0.6's sqlite engine panic (see deploy/local/README.md). Spooling has its own tests.
     pub fn publish(&self, file: &Path) {
         let out = self
             .weft()
             .arg("publish")
             .arg(file)
+            .arg("--drain-spool")
+            .args(["--message-timeout-ms", "300000"])
             .arg("--topic-prefix")
             .arg(&self.prefix)
             .arg("--spool-dir")
