@@ -288,6 +288,19 @@ pub struct BenchRouteArgs {
 }
 
 /// One keep-alive HTTP/1.1 connection (a tiny client: the binary carries no HTTP client).
+/// The router's `process_cpu_seconds_total`, read from its `/metrics` (no auth needed).
+async fn router_cpu_seconds(addr: SocketAddr) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 async fn bench_conn(
     addr: SocketAddr,
     request: Vec<u8>,
@@ -357,6 +370,7 @@ pub async fn bench(a: BenchRouteArgs, _settings: Settings) -> anyhow::Result<()>
     request.extend_from_slice(&body);
     // Warm-up.
     bench_conn(a.addr, request.clone(), 200).await?;
+    let cpu_before = router_cpu_seconds(a.addr).await;
     let per = a.requests.div_ceil(a.concurrency.max(1));
     let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..a.concurrency.max(1))
@@ -367,6 +381,7 @@ pub async fn bench(a: BenchRouteArgs, _settings: Settings) -> anyhow::Result<()>
         all.extend(t.await??);
     }
     let wall = started.elapsed().as_secs_f64();
+    let cpu_after = router_cpu_seconds(a.addr).await;
     let pct = |mut v: Vec<u64>, q: f64| {
         v.sort_unstable();
         v[((v.len() - 1) as f64 * q).round() as usize]
@@ -381,6 +396,13 @@ pub async fn bench(a: BenchRouteArgs, _settings: Settings) -> anyhow::Result<()>
         a.candidates,
         a.policy
     );
+    if let (Some(b), Some(e)) = (cpu_before, cpu_after) {
+        let cpu = (e - b).max(1e-3);
+        println!(
+            "router CPU: {cpu:.2} s = {:.0} decisions per router CPU-second (one core's capacity)",
+            all.len() as f64 / cpu
+        );
+    }
     println!(
         "server-side decision time: p50 {} us, p99 {} us, max {} us",
         pct(server.clone(), 0.5),
