@@ -33,7 +33,16 @@ from chainweaver import FlowRegistry, Tool
 from chainweaver.flow import DAGFlow, DAGFlowStep
 from chainweaver.integrations.agent_kernel import KernelBackedExecutor
 from weaver_contracts.extended import ExecutionCandidate, ExecutionRoutingDecision
-from weaver_kernel import Capability, CapabilityRegistry, Kernel, PolicyDenied, Principal, SafetyClass, StaticRouter
+from weaver_kernel import (
+    Capability,
+    CapabilityRegistry,
+    DefaultPolicyEngine,
+    Kernel,
+    PolicyDenied,
+    Principal,
+    SafetyClass,
+    StaticRouter,
+)
 from weaver_kernel.models import CapabilityRequest, RawResult
 
 import weft_publish
@@ -77,7 +86,10 @@ def build(publisher: weft_publish.Publisher) -> dict[str, Any]:
     reg.register(Capability(capability_id="repo.write", name="Write repository",
                             description="write files to the repository", safety_class=SafetyClass.WRITE))
     store = WeftTraceStore(publisher)  # wraps the kernel's own TraceStore
-    kernel = Kernel(reg, router=StaticRouter(fallback=["codegen-local"]), trace_store=store)
+    # The kernel's default rate limit (60 READ grants a minute per principal) would deny the
+    # long outage run; the policy is otherwise the kernel's own.
+    policy = DefaultPolicyEngine(rate_limits={SafetyClass.READ: (1_000_000, 60.0)})
+    kernel = Kernel(reg, policy=policy, router=StaticRouter(fallback=["codegen-local"]), trace_store=store)
     kernel.register_driver(CodegenDriver())
     store.attach(kernel)  # tokens and real Frames too
     agent = Principal(principal_id="agent-7", roles=["reader"])
@@ -94,6 +106,7 @@ def build(publisher: weft_publish.Publisher) -> dict[str, Any]:
         ))
     mw = WeftFlowMiddleware(publisher, principal=agent.principal_id)
     executor = KernelBackedExecutor(registry=flows, kernel=KernelBridge(kernel, agent), middleware=[mw])
+    mw.bind(executor)  # kernel events of a capability step carry its step index
     executor.register_tool(Tool(name="research", description="research a topic",
                                 input_schema=ResearchIn, output_schema=ResearchOut, fn=research))
     return {"kernel": kernel, "agent": agent, "executor": executor, "mw": mw}

@@ -114,12 +114,15 @@ class DiskBuffer:
         while self._segments:
             s = self._segments[0]
             finished = s < self._cursor.segment or (
-                s == self._cursor.segment
-                and self._cursor.offset >= self._sizes.get(s, 0)
-                and s != self._write_seg
+                s == self._cursor.segment and self._cursor.offset >= self._sizes.get(s, 0)
             )
             if not finished:
                 break
+            if s == self._write_seg and self._write_file is not None:
+                # Everything written is delivered: the next append starts a new segment.
+                self._write_file.close()
+                self._write_file = None
+                self._write_seg += 1
             os.remove(self._path(s))
             self._segments.pop(0)
             self._sizes.pop(s, None)

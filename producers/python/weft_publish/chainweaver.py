@@ -74,6 +74,29 @@ class WeftFlowMiddleware:
         finally:
             _routed.reset(token)
 
+    def bind(self, executor: Any) -> Any:
+        """Register on `executor` (if not yet) and bind each capability step's index for
+        the kernel events it causes. Needed because ChainWeaver 0.14 fires `on_step_start`
+        for a `step_type="capability"` step only after the kernel call returned; without
+        `bind`, those kernel events carry the flow id but no step index. Returns executor."""
+        if self not in getattr(executor, "_middleware", []):
+            executor.add_middleware(self)
+        inner = getattr(executor, "_execute_capability_step", None)
+        if inner is None:
+            return executor
+
+        @functools.wraps(inner)
+        def execute_capability_step(step_index: int, step: Any, context: Any, flow_name: str,
+                                    trace_id: str, *args: Any, **kwargs: Any) -> Any:
+            token = set_flow_step(FlowStep(flow_id_for(trace_id), step_index))
+            try:
+                return inner(step_index, step, context, flow_name, trace_id, *args, **kwargs)
+            finally:
+                reset_flow_step(token)
+
+        executor._execute_capability_step = execute_capability_step
+        return executor
+
     # -- hooks ----------------------------------------------------------------------------
     def on_flow_start(self, ctx: Any) -> None:
         """flow_started; binds the request id (= trace_id) and flow for what follows."""
