@@ -473,7 +473,7 @@ async fn gateway_outage_mid_run_loses_nothing() {
             "--progress",
             progress.to_str().unwrap(),
             "--pause",
-            "0.1",
+            "1.0",
         ],
     )
     .stdout(Stdio::null())
