@@ -112,23 +112,22 @@ fn requests(m: &Value) -> Vec<(String, &Value)> {
 /// `weft narrative ID --format json`, polled until it has `members` entries.
 fn narrative(p: &Pipeline, id: &str, members: usize) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut last = String::new();
     loop {
         let out = p
             .weft()
             .args(["narrative", id, "--tenant", TENANT, "--format", "json"])
             .output()
             .unwrap();
-        if out.status.success() {
+        let last = if out.status.success() {
             let v: Value = serde_json::from_slice(&out.stdout).unwrap();
             let n = v["entries"].as_array().map_or(0, Vec::len);
             if n == members {
                 return v;
             }
-            last = format!("{n} entries: {v:#}");
+            format!("{n} entries: {v:#}")
         } else {
-            last = String::from_utf8_lossy(&out.stderr).into_owned();
-        }
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        };
         assert!(
             Instant::now() < deadline,
             "narrative {id}: want {members} entries, last answer {last}\ningest log:\n{}",
@@ -422,6 +421,79 @@ async fn weaver_kernel_and_chainweaver_narratives_match_what_they_did() {
             }
         }
     }
+    // `weft validate`: every stored payload against weaver-spec 0.9.0 (also I-01 on frames,
+    // I-06 on tokens), and each request's audit chain as a TraceBundle for I-02 (every
+    // PolicyDecision, allow or deny, has its TraceEvent). A bundle without its TraceEvents
+    // must fail, so the check can fail.
+    let mut envelopes = String::new();
+    for (rid, r) in &reqs {
+        let n = narrative(&p, rid, expected_members(r));
+        let mut by_kind: BTreeMap<&str, Vec<Value>> = BTreeMap::new();
+        for e in n["entries"].as_array().unwrap() {
+            let kind = e["kind"].as_str().unwrap();
+            envelopes
+                .push_str(&serde_json::json!({"kind": kind, "payload": e["payload"]}).to_string());
+            envelopes.push('\n');
+            by_kind.entry(kind).or_default().push(e["payload"].clone());
+        }
+        let take = |k: &str| Value::Array(by_kind.get(k).cloned().unwrap_or_default());
+        let mut bundle = serde_json::json!({
+            "bundle_id": format!("bundle-{rid}"),
+            "routing_decision": {"id": format!("rd-{rid}"), "timestamp": "2026-01-01T00:00:00Z",
+                "choice_cards": [{"id": "c", "items": [{"id": "i", "label": "l", "description": "d"}]}]},
+            "policy_decisions": take("policy_decision"),
+            "frames": take("frame"),
+            "handles": take("handle"),
+            "trace_events": take("trace_event"),
+        });
+        assert!(
+            !bundle["policy_decisions"].as_array().unwrap().is_empty() || r.get("steps").is_some()
+        );
+        let file = p.path(&format!("bundle-{rid}.json"));
+        std::fs::write(&file, bundle.to_string()).unwrap();
+        let out = p
+            .weft()
+            .args(["validate", "--kind", "trace_bundle"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "I-02 for {rid}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        if !bundle["policy_decisions"].as_array().unwrap().is_empty() {
+            bundle["trace_events"] = Value::Array(vec![]);
+            std::fs::write(&file, bundle.to_string()).unwrap();
+            let out = p
+                .weft()
+                .args(["validate", "--kind", "trace_bundle"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                !out.status.success(),
+                "a bundle without TraceEvents must break I-02"
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("I-02"));
+        }
+    }
+    let file = p.path("stored.jsonl");
+    std::fs::write(&file, &envelopes).unwrap();
+    let out = p.weft().arg("validate").arg(&file).output().unwrap();
+    assert!(
+        out.status.success(),
+        "weft validate:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(": ok"))
+            .count(),
+        total
+    );
+
     // Each flow ran as ChainWeaver says: the routed one succeeded, the WRITE one was denied.
     let flows = m["flows"].as_array().unwrap();
     assert!(flows
