@@ -281,6 +281,22 @@ class PublisherTest(unittest.TestCase):
         self.assertEqual(ids, sorted(ids), "in order")
         p.close()
 
+    def test_publish_many_is_all_or_nothing(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}", max_queue=5, max_buffer_bytes=10)
+        # The buffer holds 10 bytes: the sender holds its first batch and takes no more.
+        p.publish("trace_event", {"id": 0, "pad": "x" * 20})
+        self.assertTrue(wait_until(lambda: p.stats.get("enqueued", 0) == 1 and p.stats["queued"] == 0))
+        for i in (1, 2):
+            p.publish("trace_event", {"id": i})
+        self.assertEqual(p.stats["queued"], 2)
+        group = [("policy_decision", {"id": "pd"}, "r"), ("trace_event", {"id": "te"}, "r"),
+                 ("frame", {"id": "f"}, "r"), ("handle", {"id": "h"}, "r")]
+        with self.assertRaises(Backpressure):
+            p.publish_many(group)  # 3 of the 4 would fit one by one
+        self.assertEqual(p.stats["queued"], 2, "nothing of the refused group was enqueued")
+        p.close(timeout=0.2)
+
     def test_close_keeps_undelivered_events_for_the_next_publisher(self):
         port = free_port()
         p = self.publisher(f"http://127.0.0.1:{port}")

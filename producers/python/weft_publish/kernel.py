@@ -82,14 +82,19 @@ class WeftTraceStore:
         rid = self._request_id or current_request_id()
         step = current_flow_step()
         flow = {"flow_id": step.flow_id, "step_index": step.step_index} if step else None
-        pub = self._publisher.publish
         did = decision_id_for(trace.action_id)
-        pub("policy_decision", functools.partial(_policy_decision, trace, did, self._kernel_id, flow), request_id=rid)
-        pub("trace_event", functools.partial(_trace_event, trace, did, flow), request_id=rid)
+        events = [
+            ("policy_decision", functools.partial(_policy_decision, trace, did, self._kernel_id, flow), rid),
+            ("trace_event", functools.partial(_trace_event, trace, did, flow), rid),
+        ]
         if trace.event_type != "deny" and trace.error is None and not _capturing.get():
-            pub("frame", functools.partial(_frame_from_trace, trace), request_id=rid)
+            events.append(("frame", functools.partial(_frame_from_trace, trace), rid))
             if trace.handle_id and trace.event_type == "invoke":
-                pub("handle", functools.partial(_handle_from_trace, trace), request_id=rid)
+                events.append(("handle", functools.partial(_handle_from_trace, trace), rid))
+        # All or nothing. A full queue raises Backpressure out of record(): the kernel
+        # treats a failed audit write as a failed action (fail closed, I-02), except for
+        # denials, whose audit write it makes best-effort.
+        self._publisher.publish_many(events)
 
     def get(self, action_id: str) -> Any:
         """The inner store's trace."""

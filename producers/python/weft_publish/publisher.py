@@ -219,6 +219,21 @@ class Publisher:
         self._q.append((kind, request_id, tenant, payload))
         self._wake.set()
 
+    def publish_many(self, events: list[tuple[str, Any, str | None]]) -> None:
+        """Enqueue `(kind, payload, request_id)` events all together or not at all, so a
+        group that must stay whole (a PolicyDecision and its TraceEvent: I-02) is never
+        half-published. Raises `Backpressure` (enqueuing nothing) when they do not fit."""
+        if self._closed:
+            raise PublishError("publisher is closed")
+        if len(self._q) + len(events) > self._max_queue:
+            self._stats["backpressure"] += 1
+            raise Backpressure(
+                f"weft publisher queue is full ({self._max_queue} events); "
+                f"gateway unreachable and buffer full? last error: {self.last_error}"
+            )
+        self._q.extend((kind, rid, None, payload) for kind, payload, rid in events)
+        self._wake.set()
+
     @property
     def stats(self) -> dict[str, int]:
         """Counters: enqueued (taken by the sender), accepted, rejected, retries,
