@@ -617,8 +617,13 @@ async fn gateway_outage_mid_run_loses_nothing() {
     );
     let reqs = requests(&m);
     let total: usize = reqs.iter().map(|(_, r)| expected_members(r)).sum();
-    p.wait_for_facts(total as u64, Duration::from_secs(120))
+    eprintln!(
+        "outage run: {} rounds, {total} events, {} written to the Python buffer, {} replayed; scenario done {:?} after the stop",
+        m["rounds"], m["stats"]["spilled"], m["stats"]["replayed"], down_at.elapsed()
+    );
+    p.wait_for_facts(total as u64, Duration::from_secs(240))
         .await;
+    eprintln!("all facts stored {:?} after the stop", down_at.elapsed());
     assert_eq!(
         p.scalar("SELECT count() FROM weft_events").await,
         total as u64,
