@@ -494,6 +494,39 @@ async fn weaver_kernel_and_chainweaver_narratives_match_what_they_did() {
         total
     );
 
+    // A payload the real gateway refuses is surfaced (counted, kept with its reason) and
+    // not retried; the good event next to it is stored.
+    let probe = r#"
+import sys, weft_publish
+p = weft_publish.Publisher(sys.argv[1], sys.argv[2], buffer_dir=sys.argv[3])
+p.publish("trace_event", {"event_id": "bad-1", "event_type": "no_such_type", "timestamp": "2026-01-01T00:00:00Z"}, request_id="probe")
+p.publish("trace_event", {"event_id": "good-1", "event_type": "flow_started", "timestamp": "2026-01-01T00:00:00Z"}, request_id="probe")
+assert p.flush(60), p.stats
+print(p.stats["accepted"], p.stats["rejected"], p.rejections[0].code if p.rejections else "-")
+p.close()
+"#;
+    let out = Command::new(&py)
+        .args(["-c", probe, &url, KEY])
+        .arg(p.path("probe-buffer"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "1 1 schema_invalid"
+    );
+    p.wait_for_facts(total as u64 + 1, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        p.scalar("SELECT count() FROM weft_events WHERE id IN ('good-1', 'bad-1')")
+            .await,
+        1
+    );
+
     // Each flow ran as ChainWeaver says: the routed one succeeded, the WRITE one was denied.
     let flows = m["flows"].as_array().unwrap();
     assert!(flows
