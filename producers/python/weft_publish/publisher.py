@@ -432,21 +432,26 @@ class Publisher:
         return self._conn
 
     def _post(self, body: bytes) -> tuple[int, bytes]:
-        try:
-            conn = self._connection()
-            conn.request(
-                "POST",
-                self._path,
-                body=body,
-                headers={"Content-Type": "application/json", "Authorization": self._auth},
-            )
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            raise _Transient(f"gateway unreachable: {type(exc).__name__}: {exc}") from exc
+        # A kept-alive connection the server has since closed fails on first use: that one
+        # failure is retried at once on a fresh connection before counting as an outage.
+        for fresh in ((False, True) if self._conn is not None else (True,)):
+            try:
+                conn = self._connection()
+                conn.request(
+                    "POST",
+                    self._path,
+                    body=body,
+                    headers={"Content-Type": "application/json", "Authorization": self._auth},
+                )
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                if fresh:
+                    raise _Transient(f"gateway unreachable: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     def _deliver(self, lines: list[bytes]) -> list[bytes]:
         """POST `lines`; returns the lines still to retry (empty when all were resolved).
