@@ -123,7 +123,7 @@ class WeftFlowMiddleware:
         }
         if routed:
             meta["routing_decision_id"] = routed[0].decision_id
-        self._event(tid, f"cw-{tid}-start", "flow_started", _iso(ctx.started_at), ctx.flow_name, meta)
+        self._event(tid, f"cw-{tid}-start", "flow_started", ctx.started_at, ctx.flow_name, meta)
 
     def on_step_start(self, ctx: Any) -> None:
         """flow_step_started; kernel calls inside the step carry its flow id and index."""
@@ -131,7 +131,7 @@ class WeftFlowMiddleware:
         set_flow_step(FlowStep(fid, ctx.step_index))
         meta = {"flow_id": fid, "step_index": ctx.step_index, "tool_name": ctx.tool_name, "flow_name": ctx.flow_name}
         self._event(ctx.trace_id, f"cw-{ctx.trace_id}-s{ctx.step_index}-start", "flow_step_started",
-                    _iso(ctx.started_at), ctx.tool_name, meta)
+                    ctx.started_at, ctx.tool_name, meta)
 
     def on_step_end(self, ctx: Any) -> None:
         """flow_step_completed, with outcome success or failure."""
@@ -151,7 +151,7 @@ class WeftFlowMiddleware:
             ctx.trace_id,
             f"cw-{ctx.trace_id}-s{r.step_index}-end",
             "flow_step_completed",
-            _iso(r.ended_at),
+            r.ended_at,
             r.tool_name,
             meta,
             outcome="success" if r.success else "failure",
@@ -175,7 +175,7 @@ class WeftFlowMiddleware:
             tid,
             f"cw-{tid}-end",
             "flow_completed" if res.success else "flow_failed",
-            _iso(res.ended_at),
+            res.ended_at,
             ctx.flow_name,
             meta,
             outcome="success" if res.success else "failure",
@@ -199,22 +199,35 @@ class WeftFlowMiddleware:
                 except ValueError:  # ended in another context (async): leave it
                     pass
 
-    def _event(self, tid: str, event_id: str, event_type: str, ts: str, capability: str,
+    def _event(self, tid: str, event_id: str, event_type: str, ts: Any, capability: str,
                meta: dict[str, Any], outcome: str | None = None, error: str | None = None) -> None:
-        payload: dict[str, Any] = {
-            "event_id": event_id,
-            "event_type": event_type,
-            "timestamp": ts,
-            "capability_id": capability,
-            "metadata": meta,
-        }
-        if self._principal:
-            payload["principal"] = self._principal
-        if outcome:
-            payload["outcome"] = outcome
-        if error:
-            payload["error_message"] = error
-        self._publisher.publish("trace_event", payload, request_id=tid)
+        # The payload is built on the publisher's thread: only references are taken here.
+        self._publisher.publish(
+            "trace_event",
+            functools.partial(_flow_event, event_id, event_type, ts, capability, meta, outcome, error,
+                              self._principal),
+            request_id=tid,
+        )
+
+
+def _flow_event(event_id: str, event_type: str, ts: Any, capability: str, meta: dict[str, Any],
+                outcome: str | None, error: str | None, principal: str | None) -> dict[str, Any]:
+    if isinstance(ts, datetime.datetime):
+        ts = _iso(ts)
+    payload: dict[str, Any] = {
+        "event_id": event_id,
+        "event_type": event_type,
+        "timestamp": ts,
+        "capability_id": capability,
+        "metadata": meta,
+    }
+    if principal:
+        payload["principal"] = principal
+    if outcome:
+        payload["outcome"] = outcome
+    if error:
+        payload["error_message"] = error
+    return payload
 
 
 def _decision(decision: Any) -> dict[str, Any]:
