@@ -1,0 +1,314 @@
+"""Unit tests of weft_publish's transport: the on-disk buffer and the Publisher.
+
+The gateway here is a stand-in (a local http.server speaking the same protocol as
+`producers/src/gateway.rs`); the integration tests in `tests/python_siblings.rs` use the
+real `weft gateway`. Stdlib only: `python -m unittest discover -s producers/python/tests`.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+import unittest
+
+from weft_publish import Backpressure, BufferFull, BufferLocked, DiskBuffer, Publisher
+
+
+def wait_until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+class FakeGateway:
+    """POST /v1/events: records every item it accepts; `self.mode` decides the answer."""
+
+    def __init__(self, port: int = 0):
+        self.received: list[dict] = []  # accepted items, in arrival order
+        self.posts = 0
+        self.mode = "ok"  # ok | down503
+        self.reject_payload_ids: set = set()  # payload["id"] values to reject (schema_invalid)
+        self.transient_once: set = set()  # payload["id"] values to answer spool_full once
+        self.lock = threading.Lock()
+        gw = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(n)
+                assert self.headers["Authorization"] == "Bearer k-test"
+                with gw.lock:
+                    gw.posts += 1
+                    if gw.mode == "down503":
+                        return self._send(503, {"error": {"code": "unavailable", "message": "down"}})
+                    items = json.loads(body)
+                    results = []
+                    for i, it in enumerate(items):
+                        pid = it["payload"].get("id")
+                        if pid in gw.reject_payload_ids:
+                            results.append({"index": i, "status": "rejected",
+                                            "error": {"code": "schema_invalid", "message": "bad"}})
+                        elif pid in gw.transient_once:
+                            gw.transient_once.discard(pid)
+                            results.append({"index": i, "status": "rejected",
+                                            "error": {"code": "spool_full", "message": "full"}})
+                        else:
+                            gw.received.append(it)
+                            results.append({"index": i, "status": "accepted", "id": str(pid)})
+                acc = sum(r["status"] == "accepted" for r in results)
+                status = 200 if acc == len(results) else (207 if acc else 400)
+                self._send(status, {"accepted": acc, "rejected": len(results) - acc, "results": results})
+
+            def _send(self, status, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def ids(self):
+        with self.lock:
+            return [it["payload"]["id"] for it in self.received]
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class DiskBufferTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="weft-buf-")
+
+    def test_reads_in_order_across_segments_and_reopen(self):
+        b = DiskBuffer(self.dir, max_bytes=1 << 20, segment_bytes=64)
+        for i in range(50):
+            b.append([json.dumps({"i": i}).encode()])
+        got = []
+        lines, pos = b.read(7, 1 << 20)
+        got += [json.loads(x)["i"] for x in lines]
+        b.commit(pos)
+        b.close()
+        # A new process resumes after the committed position, still in order.
+        b = DiskBuffer(self.dir, max_bytes=1 << 20, segment_bytes=64)
+        while not b.is_empty():
+            lines, pos = b.read(5, 1 << 20)
+            got += [json.loads(x)["i"] for x in lines]
+            b.commit(pos)
+        self.assertEqual(got, list(range(50)))
+        self.assertEqual(b.size_bytes, 0, "delivered segments are deleted")
+        b.close()
+
+    def test_uncommitted_lines_are_read_again_after_reopen(self):
+        b = DiskBuffer(self.dir, max_bytes=1 << 20)
+        b.append([b'{"i":0}', b'{"i":1}'])
+        lines, _ = b.read(10, 1 << 20)
+        self.assertEqual(len(lines), 2)
+        b.close()  # crash before commit
+        b = DiskBuffer(self.dir, max_bytes=1 << 20)
+        lines, _ = b.read(10, 1 << 20)
+        self.assertEqual(lines, [b'{"i":0}', b'{"i":1}'])
+        b.close()
+
+    def test_bound_refuses_whole_append(self):
+        b = DiskBuffer(self.dir, max_bytes=100)
+        b.append([b"x" * 40])
+        with self.assertRaises(BufferFull):
+            b.append([b"y" * 30, b"z" * 30])
+        lines, _ = b.read(10, 1 << 20)
+        self.assertEqual(lines, [b"x" * 40], "a refused append writes nothing")
+        b.close()
+
+    def test_one_user_per_folder(self):
+        b = DiskBuffer(self.dir, max_bytes=100)
+        with self.assertRaises(BufferLocked):
+            DiskBuffer(self.dir, max_bytes=100)
+        b.close()
+        DiskBuffer(self.dir, max_bytes=100).close()
+
+
+class PublisherTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="weft-pub-")
+        self.gw = None
+
+    def tearDown(self):
+        if self.gw:
+            self.gw.stop()
+
+    def publisher(self, url, **kw):
+        kw.setdefault("backoff_initial", 0.02)
+        kw.setdefault("backoff_max", 0.1)
+        kw.setdefault("linger", 0.01)
+        return Publisher(url, "k-test", buffer_dir=os.path.join(self.dir, "buf"), **kw)
+
+    def test_delivers_everything_in_order_in_batches(self):
+        self.gw = FakeGateway()
+        p = self.publisher(self.gw.url, batch_size=50)
+        for i in range(1000):
+            p.publish("trace_event", {"id": i}, request_id="r1")
+        self.assertTrue(p.flush(10))
+        self.assertEqual(self.gw.ids(), list(range(1000)))
+        self.assertEqual(self.gw.received[0]["request_id"], "r1")
+        self.assertLessEqual(self.gw.posts, 1000 // 50 + 5, "batched, not one POST per event")
+        self.assertEqual(p.stats["accepted"], 1000)
+        p.close()
+
+    def test_payload_mapping_runs_on_the_sender_thread(self):
+        self.gw = FakeGateway()
+        p = self.publisher(self.gw.url)
+        seen = []
+
+        def lazy():
+            seen.append(threading.current_thread().name)
+            return {"id": "lazy"}
+
+        p.publish("frame", lazy)
+        self.assertTrue(p.flush(10))
+        self.assertEqual(seen, ["weft-publish"])
+        self.assertEqual(self.gw.ids(), ["lazy"])
+        p.close()
+
+    def test_rejected_items_are_surfaced_once_and_not_retried(self):
+        self.gw = FakeGateway()
+        self.gw.reject_payload_ids = {3}
+        seen = []
+        p = self.publisher(self.gw.url, on_rejected=seen.append)
+        for i in range(6):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(10))
+        self.assertEqual(self.gw.ids(), [0, 1, 2, 4, 5])
+        self.assertEqual(p.stats["rejected"], 1)
+        self.assertEqual([r.code for r in p.rejections], ["schema_invalid"])
+        self.assertEqual(len(seen), 1)
+        self.assertIn('"id":3', seen[0].envelope)
+        p.close()
+
+    def test_unserializable_payload_is_rejected_locally(self):
+        self.gw = FakeGateway()
+        p = self.publisher(self.gw.url)
+        p.publish("trace_event", {"id": 1, "x": float("nan")})
+        p.publish("trace_event", {"id": 2})
+        self.assertTrue(p.flush(10))
+        self.assertEqual(self.gw.ids(), [2])
+        self.assertEqual(p.rejections[0].code, "unserializable")
+        p.close()
+
+    def test_transiently_refused_items_are_retried(self):
+        self.gw = FakeGateway()
+        self.gw.transient_once = {1}
+        p = self.publisher(self.gw.url)
+        for i in range(3):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(10))
+        self.assertEqual(sorted(self.gw.ids()), [0, 1, 2])
+        self.assertEqual(p.stats.get("rejected", 0), 0)
+        self.assertGreaterEqual(p.stats["retries"], 1)
+        p.close()
+
+    def test_outage_spills_to_disk_and_replays_in_order(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}")  # nothing listens yet
+        for i in range(300):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(wait_until(lambda: p.stats.get("spilled", 0) == 300), p.stats)
+        self.assertFalse(p.flush(0.2), "not delivered while the gateway is down")
+        self.gw = FakeGateway(port)
+        for i in range(300, 400):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(15), p.stats)
+        self.assertEqual(self.gw.ids(), list(range(400)), "in order, nothing lost, no copies")
+        self.assertEqual(p.stats["buffered_bytes"], 0)
+        p.close()
+
+    def test_gateway_503_is_retried(self):
+        self.gw = FakeGateway()
+        self.gw.mode = "down503"
+        p = self.publisher(self.gw.url)
+        for i in range(20):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(wait_until(lambda: self.gw.posts >= 2))
+        self.gw.mode = "ok"
+        self.assertTrue(p.flush(10))
+        self.assertEqual(self.gw.ids(), list(range(20)))
+        p.close()
+
+    def test_bounds_give_backpressure_not_silent_loss(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}", max_queue=50, max_buffer_bytes=2000)
+        accepted = 0
+        refused = 0
+        for i in range(2000):
+            try:
+                p.publish("trace_event", {"id": i, "pad": "x" * 20})
+                accepted += 1
+            except Backpressure:
+                refused += 1
+                time.sleep(0.001)
+        self.assertGreater(refused, 0, "a full queue and buffer must push back")
+        self.assertGreater(p.stats["backpressure"], 0)
+        self.gw = FakeGateway(port)
+        self.assertTrue(p.flush(15), p.stats)
+        ids = self.gw.ids()
+        self.assertEqual(len(ids), accepted, "every event publish() took is delivered")
+        self.assertEqual(ids, sorted(ids), "in order")
+        p.close()
+
+    def test_publish_many_is_all_or_nothing(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}", max_queue=5, max_buffer_bytes=10)
+        # The buffer holds 10 bytes: the sender holds its first batch and takes no more.
+        p.publish("trace_event", {"id": 0, "pad": "x" * 20})
+        self.assertTrue(wait_until(lambda: p.stats.get("enqueued", 0) == 1 and p.stats["queued"] == 0))
+        for i in (1, 2):
+            p.publish("trace_event", {"id": i})
+        self.assertEqual(p.stats["queued"], 2)
+        group = [("policy_decision", {"id": "pd"}, "r"), ("trace_event", {"id": "te"}, "r"),
+                 ("frame", {"id": "f"}, "r"), ("handle", {"id": "h"}, "r")]
+        with self.assertRaises(Backpressure):
+            p.publish_many(group)  # 3 of the 4 would fit one by one
+        self.assertEqual(p.stats["queued"], 2, "nothing of the refused group was enqueued")
+        p.close(timeout=0.2)
+
+    def test_close_keeps_undelivered_events_for_the_next_publisher(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}")
+        for i in range(25):
+            p.publish("trace_event", {"id": i})
+        p.close(timeout=0.3)
+        self.gw = FakeGateway(port)
+        q = self.publisher(self.gw.url)
+        self.assertTrue(q.flush(10), q.stats)
+        self.assertEqual(self.gw.ids(), list(range(25)))
+        q.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,498 @@
+"""The Publisher: envelopes in on the caller's thread, batches out to weft's gateway.
+
+Why this shape: the Weaver siblings call into their trace stores and middlewares on the
+hot path of an agent. `Publisher.publish` only appends to a bounded in-memory queue (no
+serialization, no I/O); one background thread serializes, batches and POSTs to
+`POST /v1/events`, retries with exponential backoff, and while the gateway is unreachable
+spills to a bounded on-disk buffer (`DiskBuffer`) that is replayed in order when it comes
+back. When both bounds are reached `publish` raises `Backpressure`: events are refused
+loudly, never dropped silently. Items the gateway rejects (an invalid payload, another
+tenant) are logged, counted and kept in `Publisher.rejections`; only transient failures
+(network, 5xx, 429, a full gateway spool) are retried.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import datetime
+import enum
+import http.client
+import json
+import logging
+import os
+import random
+import threading
+import time
+import urllib.parse
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .buffer import BufferFull, DiskBuffer, Position
+
+log = logging.getLogger("weft_publish")
+
+#: Per-item error codes from the gateway that mean "try again later" (the event is fine).
+TRANSIENT_CODES = frozenset({"spool_full", "spool_failed", "kafka_refused", "closed"})
+
+#: The eight kinds weft accepts.
+KINDS = frozenset(
+    {
+        "trace_event",
+        "policy_decision",
+        "execution_feedback",
+        "execution_routing_decision",
+        "routing_decision",
+        "frame",
+        "handle",
+        "capability_token",
+    }
+)
+
+
+class PublishError(Exception):
+    """The event was not accepted for publishing (closed publisher, unknown kind)."""
+
+
+class Backpressure(PublishError):
+    """The in-memory queue is full (and the on-disk buffer too, or the gateway is slow):
+    the caller must slow down. The event was NOT enqueued."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """An event the gateway (or the local encoder) refused for good, with its reason."""
+
+    kind: str
+    request_id: str | None
+    code: str
+    message: str
+    envelope: str
+
+
+class _Transient(Exception):
+    """A batch could not be delivered now; retry later."""
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, datetime.datetime):
+        if o.tzinfo is None:
+            o = o.replace(tzinfo=datetime.timezone.utc)
+        return o.isoformat()
+    if isinstance(o, datetime.date):
+        return o.isoformat()
+    if isinstance(o, enum.Enum):
+        return o.value
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return contract_to_dict(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def contract_to_dict(obj: Any) -> dict[str, Any]:
+    """A weaver-contracts dataclass as its JSON object: top-level `None` fields omitted
+    (several spec fields, e.g. CapabilityToken.issuer, are optional but not nullable),
+    nested dataclasses converted the same way, datetimes as RFC 3339."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if v is None:
+            continue
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            v = contract_to_dict(v)
+        elif isinstance(v, list):
+            v = [contract_to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
+        out[f.name] = v
+    return out
+
+
+def default_buffer_dir() -> str:
+    """`$WEFT_PUBLISH_BUFFER_DIR`, else `~/.cache/weft-publish/buffer`."""
+    return os.environ.get("WEFT_PUBLISH_BUFFER_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "weft-publish", "buffer"
+    )
+
+
+_LIVE: "weakref.WeakSet[Publisher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for p in list(_LIVE):
+        try:
+            p.close(timeout=5.0)
+        except Exception:  # pragma: no cover - best effort at exit
+            log.exception("weft_publish: close at exit failed")
+
+
+class Publisher:
+    """Publishes envelopes `{kind, request_id, tenant, payload}` to a weft gateway.
+
+    Args:
+        url: the gateway's base URL, e.g. `http://127.0.0.1:8787`.
+        api_key: a bearer key the gateway maps to a tenant.
+        buffer_dir: folder of the on-disk buffer (one Publisher per folder).
+        tenant: optional tenant written on every envelope (must be the key's tenant).
+        max_queue: bound of the in-memory queue, in events.
+        max_buffer_bytes: bound of the on-disk buffer.
+        batch_size / max_batch_bytes: largest batch per POST.
+        linger: seconds to wait for a batch to fill before sending it.
+        timeout: HTTP timeout in seconds.
+        backoff_initial / backoff_max: retry delays (doubling, with jitter).
+        on_rejected: called (on the sender thread) with each `Rejection`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        buffer_dir: str | None = None,
+        tenant: str | None = None,
+        max_queue: int = 10_000,
+        max_buffer_bytes: int = 256 << 20,
+        batch_size: int = 500,
+        max_batch_bytes: int = 1 << 20,
+        linger: float = 0.05,
+        timeout: float = 10.0,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        on_rejected: Callable[[Rejection], None] | None = None,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url.rstrip("/"))
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"gateway url must be http(s)://host[:port], got {url!r}")
+        self._parsed = parsed
+        self._path = (parsed.path or "") + "/v1/events"
+        self._auth = f"Bearer {api_key}"
+        self._tenant = tenant
+        self._max_queue = max_queue
+        self._batch_size = batch_size
+        self._max_batch_bytes = max_batch_bytes
+        self._linger = linger
+        self._timeout = timeout
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._on_rejected = on_rejected
+        self._disk = DiskBuffer(buffer_dir or default_buffer_dir(), max_buffer_bytes)
+        self._q: collections.deque[tuple[str, str | None, str | None, Any]] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._cv = threading.Condition()
+        self._busy = True
+        self._closed = False
+        self._conn: http.client.HTTPConnection | None = None
+        self._stats = collections.Counter()
+        self.rejections: collections.deque[Rejection] = collections.deque(maxlen=1000)
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="weft-publish", daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    # -- caller side -----------------------------------------------------------------
+    def publish(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        request_id: str | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        """Enqueue one event. No I/O and no serialization here.
+
+        `payload` is a dict, a weaver-contracts dataclass, or a zero-argument callable
+        returning one of those (evaluated on the sender thread, so mapping work is off the
+        caller's thread). The publisher owns it from now on: do not mutate it afterwards.
+        Raises `Backpressure` when the queue is full, `PublishError` when closed.
+        """
+        if self._closed:
+            raise PublishError("publisher is closed")
+        if len(self._q) >= self._max_queue:
+            self._stats["backpressure"] += 1
+            raise Backpressure(
+                f"weft publisher queue is full ({self._max_queue} events); "
+                f"gateway unreachable and buffer full? last error: {self.last_error}"
+            )
+        self._q.append((kind, request_id, tenant, payload))
+        self._wake.set()
+
+    def publish_many(self, events: list[tuple[str, Any, str | None]]) -> None:
+        """Enqueue `(kind, payload, request_id)` events all together or not at all, so a
+        group that must stay whole (a PolicyDecision and its TraceEvent: I-02) is never
+        half-published. Raises `Backpressure` (enqueuing nothing) when they do not fit."""
+        if self._closed:
+            raise PublishError("publisher is closed")
+        if len(self._q) + len(events) > self._max_queue:
+            self._stats["backpressure"] += 1
+            raise Backpressure(
+                f"weft publisher queue is full ({self._max_queue} events); "
+                f"gateway unreachable and buffer full? last error: {self.last_error}"
+            )
+        self._q.extend((kind, rid, None, payload) for kind, payload, rid in events)
+        self._wake.set()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: enqueued (taken by the sender), accepted, rejected, retries,
+        spilled (events written to the on-disk buffer), replayed, backpressure."""
+        s = dict(self._stats)
+        s["queued"] = len(self._q)
+        s["buffered_bytes"] = self._disk.size_bytes
+        return s
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every event published so far is delivered or rejected (the queue
+        and the on-disk buffer are empty). True if that happened within `timeout`."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        with self._cv:
+            while len(self._q) > 0 or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.1))
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting events, try to deliver for up to `timeout`, then move whatever is
+        left to the on-disk buffer (replayed by the next Publisher on the same folder)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_deadline = time.monotonic() + timeout
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout + 5.0)
+        _LIVE.discard(self)
+
+    # -- sender thread -------------------------------------------------------------------
+    def _encode(self, item: tuple[str, str | None, str | None, Any]) -> bytes | None:
+        kind, request_id, tenant, payload = item
+        try:
+            if callable(payload):
+                payload = payload()
+            if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+                payload = contract_to_dict(payload)
+            env: dict[str, Any] = {"kind": kind}
+            if request_id is not None:
+                env["request_id"] = request_id
+            t = tenant or self._tenant
+            if t is not None:
+                env["tenant"] = t
+            env["payload"] = payload
+            return json.dumps(
+                env, default=_json_default, allow_nan=False, separators=(",", ":")
+            ).encode()
+        except Exception as exc:  # a bad payload is that event's problem only
+            self._reject(kind, request_id, "unserializable", f"{type(exc).__name__}: {exc}", repr(payload)[:500])
+            return None
+
+    def _reject(self, kind: str, request_id: str | None, code: str, message: str, envelope: str) -> None:
+        r = Rejection(kind, request_id, code, message, envelope)
+        self._stats["rejected"] += 1
+        self.rejections.append(r)
+        log.error("weft_publish: event rejected (%s, kind=%s, request=%s): %s", code, kind, request_id, message)
+        if self._on_rejected is not None:
+            try:
+                self._on_rejected(r)
+            except Exception:
+                log.exception("weft_publish: on_rejected callback failed")
+
+    def _take(self, wait: bool) -> list[bytes]:
+        """Up to one batch of encoded events from the queue (waiting `linger` to fill)."""
+        out: list[bytes] = []
+        size = 0
+        deadline = time.monotonic() + (self._linger if wait else 0.0)
+        while len(out) < self._batch_size and size < self._max_batch_bytes:
+            try:
+                item = self._q.popleft()
+            except IndexError:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    break
+                self._wake.clear()
+                if self._q:
+                    continue
+                self._wake.wait(left)
+                continue
+            self._stats["enqueued"] += 1
+            line = self._encode(item)
+            if line is not None:
+                out.append(line)
+                size += len(line)
+        return out
+
+    def _spill(self, lines: list[bytes]) -> bool:
+        """Append to the disk buffer; False (nothing written) when it is full."""
+        try:
+            self._disk.append(lines)
+        except BufferFull as exc:
+            self.last_error = str(exc)
+            return False
+        self._stats["spilled"] += len(lines)
+        return True
+
+    def _set_busy(self, busy: bool) -> None:
+        with self._cv:
+            self._busy = busy
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        held: list[bytes] = []  # taken from memory, not yet durable nor delivered
+        inflight: tuple[list[bytes], Position] | None = None  # from disk, not yet committed
+        attempt = 0
+        next_try = 0.0
+        while True:
+            stopping = self._stop.is_set()
+            if stopping and time.monotonic() >= getattr(self, "_close_deadline", 0.0):
+                break
+            self._set_busy(True)
+            degraded = bool(held) or inflight is not None or not self._disk.is_empty()
+            if not degraded:
+                lines = self._take(wait=not stopping)
+                if not lines:
+                    if stopping:
+                        break
+                    self._set_busy(False)
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                held = lines
+            else:
+                # Keep callers flowing while the gateway is away: move memory to disk.
+                if held and self._spill(held):
+                    held = []
+                while not held and self._q:
+                    more = self._take(wait=False)
+                    if more and not self._spill(more):
+                        held = more
+                        break
+            now = time.monotonic()
+            if now < next_try:
+                time.sleep(min(next_try - now, 0.05))
+                continue
+            try:
+                if held:
+                    held = self._deliver(held)
+                    if held:
+                        raise _Transient("some items were refused for now")
+                else:
+                    if inflight is None:
+                        lines, pos = self._disk.read(self._batch_size, self._max_batch_bytes)
+                        inflight = (lines, pos) if lines else None
+                        if inflight:
+                            self._stats["replayed"] += len(lines)
+                    if inflight is not None:
+                        rest = self._deliver(inflight[0])
+                        if rest:
+                            inflight = (rest, inflight[1])
+                            raise _Transient("some items were refused for now")
+                        self._disk.commit(inflight[1])
+                        inflight = None
+                if attempt:
+                    log.warning("weft_publish: gateway reachable again after %d failed attempts", attempt)
+                attempt = 0
+                next_try = 0.0
+            except _Transient as exc:
+                attempt += 1
+                self._stats["retries"] += 1
+                self.last_error = str(exc)
+                if attempt == 1 or attempt % 20 == 0:
+                    log.warning("weft_publish: delivery failed (attempt %d), buffering: %s", attempt, exc)
+                delay = min(self._backoff_max, self._backoff_initial * (2 ** min(attempt - 1, 16)))
+                next_try = time.monotonic() + delay * (0.5 + random.random() / 2)
+                if held and self._spill(held):
+                    held = []
+        # Closing: nothing in memory may be lost; what could not be delivered goes to disk.
+        leftovers = held + [line for line in (self._encode(i) for i in self._drain_queue()) if line]
+        if leftovers and not self._spill(leftovers):
+            for line in leftovers:
+                self._reject("unknown", None, "buffer_full_at_close", self.last_error or "buffer full", line.decode(errors="replace")[:500])
+        self._disk.close()
+        if self._conn is not None:
+            self._conn.close()
+        self._set_busy(False)
+
+    def _drain_queue(self) -> list[tuple[str, str | None, str | None, Any]]:
+        out = []
+        while True:
+            try:
+                out.append(self._q.popleft())
+            except IndexError:
+                return out
+
+    # -- HTTP ------------------------------------------------------------------------------
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._parsed.scheme == "https" else http.client.HTTPConnection
+            self._conn = cls(self._parsed.hostname, self._parsed.port, timeout=self._timeout)
+        return self._conn
+
+    def _post(self, body: bytes) -> tuple[int, bytes]:
+        # A kept-alive connection the server has since closed fails on first use: that one
+        # failure is retried at once on a fresh connection before counting as an outage.
+        for fresh in ((False, True) if self._conn is not None else (True,)):
+            try:
+                conn = self._connection()
+                conn.request(
+                    "POST",
+                    self._path,
+                    body=body,
+                    headers={"Content-Type": "application/json", "Authorization": self._auth},
+                )
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                if fresh:
+                    raise _Transient(f"gateway unreachable: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _deliver(self, lines: list[bytes]) -> list[bytes]:
+        """POST `lines`; returns the lines still to retry (empty when all were resolved).
+        Raises `_Transient` when the whole batch must be retried."""
+        status, body = self._post(b"[" + b",".join(lines) + b"]")
+        if status == 413 and len(lines) > 1:
+            half = len(lines) // 2
+            return self._deliver(lines[:half]) + self._deliver(lines[half:])
+        if status in (401, 408, 429) or status >= 500:
+            # 401: a wrong or revoked key is a configuration error; keeping the events
+            # buffered (and saying so loudly) beats dropping them.
+            raise _Transient(f"gateway answered {status}: {body[:300]!r}")
+        try:
+            answer = json.loads(body)
+        except ValueError as exc:
+            raise _Transient(f"gateway answered {status} with a non-JSON body") from exc
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or len(results) != len(lines):
+            # A request-level refusal (e.g. 413 for one oversize event, 400 malformed):
+            # retrying cannot help, so each event is rejected with that reason.
+            err = (answer.get("error") or {}) if isinstance(answer, dict) else {}
+            for line in lines:
+                self._reject_line(line, err.get("code", f"http_{status}"), err.get("message", str(body[:300])))
+            return []
+        retry: list[bytes] = []
+        for line, r in zip(lines, results):
+            if r.get("status") == "accepted":
+                self._stats["accepted"] += 1
+                continue
+            err = r.get("error") or {}
+            code = err.get("code", "unknown")
+            if code in TRANSIENT_CODES:
+                retry.append(line)
+            else:
+                self._reject_line(line, code, err.get("message", ""))
+        return retry
+
+    def _reject_line(self, line: bytes, code: str, message: str) -> None:
+        try:
+            env = json.loads(line)
+            kind, rid = env.get("kind", "unknown"), env.get("request_id")
+        except ValueError:
+            kind, rid = "unknown", None
+        self._reject(kind, rid, code, message, line.decode(errors="replace")[:2000])
