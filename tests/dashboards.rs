@@ -398,14 +398,17 @@ async fn every_panel_query_runs_on_simulated_data() {
         log.contains("narrative projector loaded").then_some(())
     })
     .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
+    eprintln!("{:?}: ingest up", started.elapsed());
     let events = p.path("events.jsonl");
     p.publish(&events);
     let (router, base) = start_router(&p);
     const ROUTES: usize = 40;
     route(&base, ROUTES).await;
+    eprintln!("{:?}: published and routed", started.elapsed());
     // Simulated facts + one decision and one feedback per route.
     let want = distinct_facts(&[events.as_path()]) + 2 * ROUTES as u64;
     p.wait_for_facts(want, Duration::from_secs(120)).await;
+    eprintln!("{:?}: facts stored", started.elapsed());
     drop(router);
     // Narratives cover every stored identity.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -452,6 +455,7 @@ async fn every_panel_query_runs_on_simulated_data() {
         artifact["metrics"]["n"], ROUTES,
         "every routed decision evaluated"
     );
+    eprintln!("{:?}: narratives and eval done", started.elapsed());
 
     let range = TimeRange {
         from_ms: (now - 2 * 3600 * 1_000_000) / 1000,
