@@ -401,7 +401,9 @@ async fn every_panel_query_runs_on_simulated_data() {
     eprintln!("{:?}: ingest up", started.elapsed());
     let events = p.path("events.jsonl");
     p.publish(&events);
+    eprintln!("{:?}: published", started.elapsed());
     let (router, base) = start_router(&p);
+    eprintln!("{:?}: router up", started.elapsed());
     const ROUTES: usize = 40;
     route(&base, ROUTES).await;
     eprintln!("{:?}: published and routed", started.elapsed());
