@@ -304,44 +304,58 @@ fn start_router(p: &Pipeline) -> (Proc, String) {
     (Proc(child), format!("http://{addr}"))
 }
 
-/// `n` route -> feedback cycles over the router's HTTP API.
+/// `n` route -> feedback cycles over the router's HTTP API, 8 callers at once (each
+/// feedback waits for its Kafka acknowledgement).
 async fn route(base: &str, n: usize) {
     let http = reqwest::Client::new();
-    for i in 0..n {
-        let req = json!({
-            "context": {"intent": "summarize", "request_id": format!("dash-route-{i}")},
-            "candidates": [
-                {"candidate_id": "alpha", "candidate_type": "tool"},
-                {"candidate_id": "beta", "candidate_type": "tool"}
-            ],
-        });
-        let r = http
-            .post(format!("{base}/v1/route"))
-            .bearer_auth(KEY)
-            .json(&req)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        let d: Value = r.json().await.unwrap();
-        let id = d["candidate"]["candidate_id"].as_str().unwrap().to_owned();
-        let fb = json!({
-            "decision_id": d["decision_id"],
-            "candidate_id": id,
-            "success": id == "beta" || i % 3 == 0,
-            "timestamp": weft_schemas::time::now_rfc3339(),
-            "latency_ms": if id == "beta" { 300 } else { 120 } + (i as u64 % 7) * 10,
-            "cost": {"usd": if id == "beta" { 0.01 } else { 0.002 }},
-        });
-        let r = http
-            .post(format!("{base}/v1/feedback"))
-            .bearer_auth(KEY)
-            .json(&fb)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let (http, base) = (http.clone(), base.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for i in (w..n).step_by(8) {
+                cycle(&http, &base, i).await;
+            }
+        }));
     }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+async fn cycle(http: &reqwest::Client, base: &str, i: usize) {
+    let req = json!({
+        "context": {"intent": "summarize", "request_id": format!("dash-route-{i}")},
+        "candidates": [
+            {"candidate_id": "alpha", "candidate_type": "tool"},
+            {"candidate_id": "beta", "candidate_type": "tool"}
+        ],
+    });
+    let r = http
+        .post(format!("{base}/v1/route"))
+        .bearer_auth(KEY)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let d: Value = r.json().await.unwrap();
+    let id = d["candidate"]["candidate_id"].as_str().unwrap().to_owned();
+    let fb = json!({
+        "decision_id": d["decision_id"],
+        "candidate_id": id,
+        "success": id == "beta" || i % 3 == 0,
+        "timestamp": weft_schemas::time::now_rfc3339(),
+        "latency_ms": if id == "beta" { 300 } else { 120 } + (i as u64 % 7) * 10,
+        "cost": {"usd": if id == "beta" { 0.01 } else { 0.002 }},
+    });
+    let r = http
+        .post(format!("{base}/v1/feedback"))
+        .bearer_auth(KEY)
+        .json(&fb)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
 }
 
 fn now_micros() -> i64 {

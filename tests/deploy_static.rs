@@ -424,7 +424,7 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
             "{file}: Service selects nothing"
         );
     }
-    assert!(kinds.get("ConfigMap").is_some() && kinds.get("Job").is_some());
+    assert!(kinds.contains_key("ConfigMap") && kinds.contains_key("Job"));
 }
 
 /// The ConfigMap's weft.toml uses only keys that weft's own example configuration has.
