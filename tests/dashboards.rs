@@ -343,7 +343,7 @@ async fn cycle(http: &reqwest::Client, base: &str, i: usize) {
     let fb = json!({
         "decision_id": d["decision_id"],
         "candidate_id": id,
-        "success": id == "beta" || i % 3 == 0,
+        "success": id == "beta" || i.is_multiple_of(3),
         "timestamp": weft_schemas::time::now_rfc3339(),
         "latency_ms": if id == "beta" { 300 } else { 120 } + (i as u64 % 7) * 10,
         "cost": {"usd": if id == "beta" { 0.01 } else { 0.002 }},
