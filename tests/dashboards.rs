@@ -547,6 +547,9 @@ async fn every_panel_query_runs_on_simulated_data() {
                         if panel["title"] == "Invariant violations" {
                             check_violations(&truth, &cols, &rows, &mut failures);
                         }
+                        if title == "Latest `weft eval` estimates" {
+                            check_eval(&artifact, &cols, &rows, &mut failures);
+                        }
                         if t["queryType"] == "traces" {
                             check_trace(&vars["narrative"], &cols, &rows, &mut failures);
                         }
@@ -566,6 +569,27 @@ async fn every_panel_query_runs_on_simulated_data() {
         "{checked} panel queries ok in {:?} (whole test)",
         started.elapsed()
     );
+}
+
+/// The eval panel shows the stored artifact's figures.
+fn check_eval(artifact: &Value, cols: &[String], rows: &[Vec<Value>], failures: &mut Vec<String>) {
+    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+    let want = artifact["candidate_policy"].as_str().unwrap();
+    let Some(row) = rows.iter().find(|r| r[at("candidate_policy")] == want) else {
+        return failures.push(format!("eval: no row for {want}: {rows:?}"));
+    };
+    // ClickHouse's JSON output quotes 64-bit integers.
+    let num = |v: &Value| {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    };
+    for (col, metric) in [("n", "n"), ("ips", "ips"), ("snips", "snips"), ("dr", "dr")] {
+        let got = num(&row[at(col)]);
+        let exp = artifact["metrics"][metric].as_f64();
+        if got.zip(exp).is_none_or(|(g, e)| (g - e).abs() > 1e-9) {
+            failures.push(format!("eval: {col} = {got:?}, artifact says {exp:?}"));
+        }
+    }
 }
 
 /// The violation table names exactly the injected violations: (rule, subject kind, id).

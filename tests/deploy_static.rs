@@ -620,3 +620,27 @@ fn clickhouse_cluster_migrations_cover_the_default_set() {
         }
     }
 }
+
+/// The cluster DDL parses: every statement through ClickHouse's own parser (`EXPLAIN AST`)
+/// on the local stack. (Running it needs Keeper and a cluster, which are not here.)
+#[tokio::test]
+async fn clickhouse_cluster_ddl_parses() {
+    let http = reqwest::Client::new();
+    let mut n = 0;
+    for f in files(&deploy().join("clickhouse-cluster"), "sql") {
+        let sql = std::fs::read_to_string(&f).unwrap();
+        for (_, stmt) in created(&sql) {
+            let r = http
+                .post(common::clickhouse_url())
+                .body(format!("EXPLAIN AST {}", stmt.trim().trim_end_matches(';')))
+                .send()
+                .await
+                .unwrap();
+            let ok = r.status().is_success();
+            let text = r.text().await.unwrap();
+            assert!(ok, "{}: {text}\n{stmt}", f.display());
+            n += 1;
+        }
+    }
+    assert!(n >= 12, "only {n} statements");
+}
