@@ -71,6 +71,11 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
 
+    /// Also store the artifact in ClickHouse (`weft_eval_results`, migration 0005), where
+    /// the router dashboard shows the latest estimates per policy.
+    #[arg(long)]
+    pub store: bool,
+
     #[command(flatten)]
     pub policy: PolicyArgs,
 }
@@ -288,6 +293,36 @@ pub fn artifact(
     })
 }
 
+/// Insert one artifact into `weft_eval_results`; every value is a query parameter.
+async fn store_artifact(
+    store: &Store,
+    tenant: &str,
+    art: &Value,
+    (from, to): (i64, i64),
+) -> anyhow::Result<()> {
+    let s = |k: &str| art[k].as_str().unwrap_or_default().to_owned();
+    store
+        .client()
+        .query(
+            "INSERT INTO weft_eval_results \
+               (tenant, candidate_policy, created_at, artifact_id, range_from, range_to, artifact) \
+             SELECT {tenant:String}, {policy:String}, \
+                    parseDateTime64BestEffort({created:String}, 6, 'UTC'), {id:String}, \
+                    fromUnixTimestamp64Micro({from:Int64}, 'UTC'), \
+                    fromUnixTimestamp64Micro({to:Int64}, 'UTC'), {artifact:String}",
+        )
+        .param("tenant", tenant)
+        .param("policy", s("candidate_policy"))
+        .param("created", s("created_at"))
+        .param("id", s("artifact_id"))
+        .param("from", from)
+        .param("to", to)
+        .param("artifact", serde_json::to_string(art)?)
+        .execute()
+        .await?;
+    Ok(())
+}
+
 /// Returns whether the gate passed (always true without --gate).
 pub async fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<bool> {
     let now = weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap_or(0);
@@ -337,6 +372,11 @@ pub async fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<bool> {
         "the evaluation artifact does not validate: {violations:?}"
     );
     let text = serde_json::to_string_pretty(&art)? + "\n";
+    if args.store {
+        store_artifact(&store, &args.tenant, &art, (from, to))
+            .await
+            .context("storing the artifact in weft_eval_results (run `weft migrate`)")?;
+    }
     match &args.out {
         Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
         None => print!("{text}"),

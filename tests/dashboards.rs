@@ -1,0 +1,678 @@
+//! The Grafana dashboards (`dashboards/`), checked without Grafana:
+//!
+//! - statically: stable unique UIDs, every panel and target reads its data source through a
+//!   dashboard variable, every ClickHouse panel declares its columns (`expected.yaml`), the
+//!   Prometheus panels name metrics the ingest exports, and the provisioning files are
+//!   complete;
+//! - live: on the local stack, a simulated stream (with every kind of injected violation)
+//!   plus real router decisions and feedback go through Kafka and `weft ingest`, `weft eval
+//!   --store` stores an estimate, and then every panel's and variable's SQL, with the
+//!   variables and the plugin's macros expanded exactly as Grafana and the plugin do
+//!   (`common/grafana.rs`), runs as a read-only query and must return the declared columns
+//!   and rows. The violation table must name exactly the violations the simulator injected,
+//!   and the trace panel's spans must form one tree.
+
+mod common;
+#[path = "common/grafana.rs"]
+mod grafana;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::pipeline::{distinct_facts, free_port, wait_for_port, Pipeline, Proc};
+use grafana::{expand_macros, interpolate, TimeRange};
+use serde_json::{json, Value};
+
+const CH_PLUGIN: &str = "grafana-clickhouse-datasource";
+const TENANT: &str = "acme";
+const KEY: &str = "k-dashboards-0123456789";
+/// The UIDs other dashboards and links rely on: changing one is a breaking change.
+const UIDS: [&str; 3] = ["weft-compliance", "weft-pipeline-ops", "weft-router"];
+
+fn dir() -> PathBuf {
+    common::repo_root().join("dashboards")
+}
+
+/// Every dashboard file, parsed.
+fn dashboards() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            out.push((p.file_name().unwrap().to_string_lossy().into_owned(), v));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// uid -> panel id -> (columns, non_empty), from `dashboards/expected.yaml`.
+fn expectations() -> BTreeMap<String, BTreeMap<String, (Vec<String>, bool)>> {
+    let v: serde_yaml::Value =
+        serde_yaml::from_slice(&std::fs::read(dir().join("expected.yaml")).unwrap()).unwrap();
+    let mut out = BTreeMap::new();
+    for (uid, d) in v.as_mapping().unwrap() {
+        let mut panels = BTreeMap::new();
+        for (id, e) in d["panels"].as_mapping().unwrap() {
+            let cols = e["columns"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap().to_owned())
+                .collect();
+            panels.insert(
+                id.as_str().unwrap().to_owned(),
+                (cols, e["non_empty"].as_bool().unwrap()),
+            );
+        }
+        out.insert(uid.as_str().unwrap().to_owned(), panels);
+    }
+    out
+}
+
+/// Panels, including those nested in collapsed rows.
+fn panels(d: &Value) -> Vec<&Value> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        out.push(p);
+        if let Some(inner) = p["panels"].as_array() {
+            out.extend(inner.iter());
+        }
+    }
+    out.into_iter().filter(|p| p["type"] != "row").collect()
+}
+
+fn is_ch(ds: &Value) -> bool {
+    ds["type"] == CH_PLUGIN && ds["uid"] == "${datasource}"
+}
+
+fn is_prom(ds: &Value) -> bool {
+    ds["type"] == "prometheus" && ds["uid"] == "${prometheus}"
+}
+
+#[test]
+fn dashboards_are_well_formed_and_read_through_the_datasource_variable() {
+    let boards = dashboards();
+    let expect = expectations();
+    let uids: BTreeSet<&str> = boards
+        .iter()
+        .map(|(_, d)| d["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!(boards.len(), uids.len(), "duplicate dashboard uid");
+    assert_eq!(uids, UIDS.into_iter().collect(), "dashboard uids changed");
+    assert_eq!(
+        expect.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        uids
+    );
+    let metrics_rs =
+        std::fs::read_to_string(common::repo_root().join("consumers/src/metrics.rs")).unwrap();
+    let mut ch_panels = 0;
+    for (file, d) in &boards {
+        let uid = d["uid"].as_str().unwrap();
+        let vars = d["templating"]["list"].as_array().unwrap();
+        let ds_var = vars
+            .iter()
+            .find(|v| v["name"] == "datasource")
+            .unwrap_or_else(|| panic!("{file}: no datasource variable"));
+        assert_eq!(ds_var["type"], "datasource", "{file}");
+        assert_eq!(ds_var["query"], CH_PLUGIN, "{file}");
+        for v in vars.iter().filter(|v| v["type"] == "query") {
+            assert!(is_ch(&v["datasource"]), "{file}: variable {}", v["name"]);
+        }
+        let mut ids = BTreeSet::new();
+        let mut seen = BTreeSet::new();
+        for p in panels(d) {
+            let id = p["id"].as_u64().unwrap().to_string();
+            assert!(ids.insert(id.clone()), "{file}: duplicate panel id {id}");
+            let title = p["title"].as_str().unwrap();
+            let ds = &p["datasource"];
+            if is_prom(ds) {
+                assert!(
+                    vars.iter()
+                        .any(|v| v["name"] == "prometheus" && v["query"] == "prometheus"),
+                    "{file}: {title} needs a prometheus variable"
+                );
+                for t in p["targets"].as_array().unwrap() {
+                    assert!(is_prom(&t["datasource"]), "{file}: {title}");
+                    let expr = t["expr"].as_str().unwrap();
+                    for m in metric_names(expr) {
+                        assert!(
+                            metrics_rs.contains(&format!("\"{m}\"")),
+                            "{file}: {title}: metric {m} is not exported by the ingest"
+                        );
+                    }
+                }
+                continue;
+            }
+            assert!(is_ch(ds), "{file}: {title}: datasource {ds}");
+            ch_panels += 1;
+            for t in p["targets"].as_array().unwrap() {
+                assert!(
+                    is_ch(&t["datasource"]),
+                    "{file}: {title}: target datasource"
+                );
+                assert_eq!(t["editorType"], "sql", "{file}: {title}");
+                let sql = t["rawSql"].as_str().unwrap();
+                assert!(!sql.trim().is_empty(), "{file}: {title}");
+                // A table-spanning query must be scoped by time or read small tables only.
+                // (The trace panel reads one narrative, picked by a time-filtered variable.)
+                if sql.contains("FROM weft_events")
+                    && !sql.contains("weft_projector_progress")
+                    && t["queryType"] != "traces"
+                {
+                    assert!(
+                        sql.contains("$__timeFilter("),
+                        "{file}: {title}: no time filter"
+                    );
+                }
+                if p["type"] == "traces" {
+                    assert_eq!(t["queryType"], "traces", "{file}: {title}");
+                }
+            }
+            assert!(
+                expect[uid].contains_key(&id),
+                "{file}: {title} (panel {id}) has no entry in expected.yaml"
+            );
+            seen.insert(id);
+        }
+        let declared: BTreeSet<String> = expect[uid].keys().cloned().collect();
+        assert_eq!(
+            declared, seen,
+            "{file}: expected.yaml lists panels that do not exist"
+        );
+    }
+    assert!(ch_panels >= 20, "only {ch_panels} ClickHouse panels");
+}
+
+/// `weft_*` metric names in a PromQL expression (histogram suffixes removed).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while let Some(p) = expr[i..].find("weft_").map(|p| p + i) {
+        let mut j = p;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+            j += 1;
+        }
+        let name = &expr[p..j];
+        out.push(name.trim_end_matches("_bucket").to_owned());
+        i = j;
+    }
+    assert!(!out.is_empty(), "no weft metric in {expr}");
+    out
+}
+
+#[test]
+fn provisioning_is_complete() {
+    let prov = dir().join("provisioning");
+    let ds: serde_yaml::Value =
+        serde_yaml::from_slice(&std::fs::read(prov.join("datasources/weft.yaml")).unwrap())
+            .unwrap();
+    let list = ds["datasources"].as_sequence().unwrap();
+    let ch = list
+        .iter()
+        .find(|d| d["type"] == CH_PLUGIN)
+        .expect("ClickHouse data source");
+    assert!(ch["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    let user = ch["jsonData"]["username"].as_str().unwrap();
+    assert_ne!(
+        user, "default",
+        "the data source must not log in as `default`"
+    );
+    assert!(ch["jsonData"]["host"].as_str().is_some());
+    assert!(ch["jsonData"]["protocol"].as_str().is_some());
+    assert!(ch["secureJsonData"]["password"].as_str().is_some());
+    assert!(list.iter().any(|d| d["type"] == "prometheus"));
+    // The user named there exists in the users.d file, read-only.
+    let xml = std::fs::read_to_string(prov.join("clickhouse/weft-grafana-user.xml")).unwrap();
+    assert!(
+        xml.contains(&format!("<{user}>")),
+        "user {user} not defined"
+    );
+    assert!(xml.contains("<readonly>1</readonly>"));
+    let dp: serde_yaml::Value =
+        serde_yaml::from_slice(&std::fs::read(prov.join("dashboards/weft.yaml")).unwrap()).unwrap();
+    let p = &dp["providers"][0];
+    assert_eq!(p["type"], "file");
+    assert!(p["options"]["path"].as_str().is_some());
+    assert_eq!(dp["apiVersion"], 1);
+    assert_eq!(ds["apiVersion"], 1);
+}
+
+/// One query through ClickHouse's HTTP interface as a read-only session.
+async fn run_sql(
+    http: &reqwest::Client,
+    db: &str,
+    sql: &str,
+) -> Result<(Vec<String>, Vec<Vec<Value>>), String> {
+    let r = http
+        .post(common::clickhouse_url())
+        .query(&[
+            ("database", db),
+            ("default_format", "JSONCompact"),
+            ("readonly", "1"),
+        ])
+        .body(sql.to_owned())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = r.status();
+    let text = r.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(text);
+    }
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    let cols = v["meta"]
+        .as_array()
+        .ok_or(text.clone())?
+        .iter()
+        .map(|m| m["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let rows = v["data"]
+        .as_array()
+        .ok_or(text)?
+        .iter()
+        .map(|r| r.as_array().cloned().unwrap_or_default())
+        .collect();
+    Ok((cols, rows))
+}
+
+fn start_router(p: &Pipeline) -> (Proc, String) {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = std::fs::File::create(p.path("router.log")).unwrap();
+    let child = p
+        .weft()
+        .env("WEFT_ROUTER_KEYS", format!("{KEY}={TENANT}"))
+        .args(["router", "--listen", &addr, "--refresh-ms", "500"])
+        .args(["--policy", "epsilon_greedy", "--epsilon", "0.3"])
+        .args(["--topic-prefix", &p.prefix, "--no-create-topics"])
+        .arg("--spool-dir")
+        .arg(p.path("router-spool"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for_port(&addr, Duration::from_secs(30)),
+        "router did not listen"
+    );
+    (Proc(child), format!("http://{addr}"))
+}
+
+/// `n` route -> feedback cycles over the router's HTTP API, 8 callers at once (each
+/// feedback waits for its Kafka acknowledgement).
+async fn route(base: &str, n: usize) {
+    let http = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let (http, base) = (http.clone(), base.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for i in (w..n).step_by(8) {
+                cycle(&http, &base, i).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+async fn cycle(http: &reqwest::Client, base: &str, i: usize) {
+    let req = json!({
+        "context": {"intent": "summarize", "request_id": format!("dash-route-{i}")},
+        "candidates": [
+            {"candidate_id": "alpha", "candidate_type": "tool"},
+            {"candidate_id": "beta", "candidate_type": "tool"}
+        ],
+    });
+    let r = http
+        .post(format!("{base}/v1/route"))
+        .bearer_auth(KEY)
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let d: Value = r.json().await.unwrap();
+    let id = d["candidate"]["candidate_id"].as_str().unwrap().to_owned();
+    let fb = json!({
+        "decision_id": d["decision_id"],
+        "candidate_id": id,
+        "success": id == "beta" || i.is_multiple_of(3),
+        "timestamp": weft_schemas::time::now_rfc3339(),
+        "latency_ms": if id == "beta" { 300 } else { 120 } + (i as u64 % 7) * 10,
+        "cost": {"usd": if id == "beta" { 0.01 } else { 0.002 }},
+    });
+    let r = http
+        .post(format!("{base}/v1/feedback"))
+        .bearer_auth(KEY)
+        .json(&fb)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
+}
+
+fn now_micros() -> i64 {
+    weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_panel_query_runs_on_simulated_data() {
+    let started = std::time::Instant::now();
+    let p = Pipeline::new("it_dash");
+    let now = now_micros();
+    let start = weft_schemas::time::micros_to_rfc3339(now - 20 * 60 * 1_000_000);
+    // Every variation, often enough that each one occurs in 120 flows.
+    let truth = p.simulate(&[
+        "--flows",
+        "120",
+        "--seed",
+        "77",
+        "--tenant",
+        TENANT,
+        "--start",
+        &start,
+        "--deny",
+        "0.08",
+        "--failure",
+        "0.08",
+        "--partial",
+        "0.05",
+        "--expired-token",
+        "0.05",
+        "--reused-token",
+        "0.05",
+        "--out-of-scope",
+        "0.05",
+        "--unauthorized",
+        "0.08",
+        "--raw-output",
+        "0.05",
+        "--orphan",
+        "0.05",
+        "--id-conflict",
+        "0.05",
+    ]);
+    for inv in ["I-01", "I-02", "I-06", "orphan", "id_conflict"] {
+        let n = serde_json::to_value(&truth.totals.violations).unwrap()[inv].as_u64();
+        assert!(
+            n.unwrap_or(0) > 0,
+            "seed 77 injects no {inv}: pick another seed"
+        );
+    }
+    let _ingest = p.ingest(None);
+    common::wait_for(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        log.contains("narrative projector loaded").then_some(())
+    })
+    .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
+    eprintln!("{:?}: ingest up", started.elapsed());
+    let events = p.path("events.jsonl");
+    p.publish(&events);
+    eprintln!("{:?}: published", started.elapsed());
+    let (router, base) = start_router(&p);
+    eprintln!("{:?}: router up", started.elapsed());
+    const ROUTES: usize = 40;
+    route(&base, ROUTES).await;
+    eprintln!("{:?}: published and routed", started.elapsed());
+    // Simulated facts + one decision and one feedback per route.
+    let want = distinct_facts(&[events.as_path()]) + 2 * ROUTES as u64;
+    p.wait_for_facts(want, Duration::from_secs(120)).await;
+    eprintln!("{:?}: facts stored", started.elapsed());
+    drop(router);
+    // Narratives cover every stored identity.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ids = p
+            .scalar("SELECT uniqExact(kind, id) FROM weft_events")
+            .await;
+        let nodes = p
+            .scalar("SELECT uniqExact(kind, id) FROM weft_narrative_nodes")
+            .await;
+        if nodes >= ids {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "narratives cover {nodes} of {ids} ids:\n{}",
+            p.ingest_log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = p
+        .weft()
+        .args([
+            "eval",
+            "--tenant",
+            TENANT,
+            "--since-s",
+            "3600",
+            "--policy",
+            "greedy",
+        ])
+        .args(["--bootstrap", "50", "--store", "--out"])
+        .arg(p.path("eval.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "weft eval --store: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let artifact: Value =
+        serde_json::from_slice(&std::fs::read(p.path("eval.json")).unwrap()).unwrap();
+    assert_eq!(
+        artifact["metrics"]["n"], ROUTES,
+        "every routed decision evaluated"
+    );
+    eprintln!("{:?}: narratives and eval done", started.elapsed());
+
+    let range = TimeRange {
+        from_ms: (now - 2 * 3600 * 1_000_000) / 1000,
+        to_ms: (now_micros() + 10 * 60 * 1_000_000) / 1000,
+        interval_ms: 60_000,
+    };
+    let clean: BTreeSet<&str> = truth
+        .requests
+        .iter()
+        .filter(|r| r.scenario == weft_producers::simulate::Scenario::Clean)
+        .map(|r| r.request_id.as_str())
+        .collect();
+    let http = reqwest::Client::new();
+    let expect = expectations();
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (file, d) in dashboards() {
+        let uid = d["uid"].as_str().unwrap().to_owned();
+        // Variables first, in order: a later one may depend on an earlier one.
+        let mut vars: BTreeMap<&str, String> = BTreeMap::new();
+        for v in d["templating"]["list"].as_array().unwrap() {
+            if v["type"] != "query" {
+                continue;
+            }
+            let name = v["name"].as_str().unwrap();
+            let sql = expand_macros(&interpolate(v["query"].as_str().unwrap(), &vars), range);
+            let (_, rows) = run_sql(&http, &p.db, &sql)
+                .await
+                .unwrap_or_else(|e| panic!("{file}: variable {name}: {e}\n{sql}"));
+            let values: Vec<String> = rows
+                .iter()
+                .map(|r| r[0].as_str().unwrap_or_default().to_owned())
+                .collect();
+            let value = match name {
+                "tenant" => {
+                    assert!(
+                        values.iter().any(|t| t == TENANT),
+                        "{file}: tenants {values:?}"
+                    );
+                    TENANT.to_owned()
+                }
+                // The trace panel shows a clean simulated flow (every step executed).
+                "narrative" => values
+                    .iter()
+                    .find(|n| clean.contains(n.as_str()))
+                    .cloned()
+                    .unwrap_or_else(|| panic!("{file}: no clean flow in {values:?}")),
+                _ => values.first().cloned().unwrap_or_default(),
+            };
+            vars.insert(name, value);
+        }
+        for panel in panels(&d) {
+            if !is_ch(&panel["datasource"]) {
+                continue;
+            }
+            let id = panel["id"].as_u64().unwrap().to_string();
+            let title = panel["title"].as_str().unwrap();
+            let (cols_want, non_empty) = &expect[&uid][&id];
+            for t in panel["targets"].as_array().unwrap() {
+                let sql = expand_macros(&interpolate(t["rawSql"].as_str().unwrap(), &vars), range);
+                match run_sql(&http, &p.db, &sql).await {
+                    Err(e) => failures.push(format!("{file}: {title}: {e}")),
+                    Ok((cols, rows)) => {
+                        checked += 1;
+                        if &cols != cols_want {
+                            failures.push(format!(
+                                "{file}: {title}: columns {cols:?}, want {cols_want:?}"
+                            ));
+                        }
+                        if *non_empty && rows.is_empty() {
+                            failures.push(format!("{file}: {title}: no rows"));
+                        }
+                        if panel["title"] == "Invariant violations" {
+                            check_violations(&truth, &cols, &rows, &mut failures);
+                        }
+                        if title == "Latest `weft eval` estimates" {
+                            check_eval(&artifact, &cols, &rows, &mut failures);
+                        }
+                        if t["queryType"] == "traces" {
+                            check_trace(&vars["narrative"], &cols, &rows, &mut failures);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked >= 20, "only {checked} queries ran");
+    eprintln!(
+        "{checked} panel queries ok in {:?} (whole test)",
+        started.elapsed()
+    );
+}
+
+/// The eval panel shows the stored artifact's figures.
+fn check_eval(artifact: &Value, cols: &[String], rows: &[Vec<Value>], failures: &mut Vec<String>) {
+    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+    let want = artifact["candidate_policy"].as_str().unwrap();
+    let Some(row) = rows.iter().find(|r| r[at("candidate_policy")] == want) else {
+        return failures.push(format!("eval: no row for {want}: {rows:?}"));
+    };
+    // ClickHouse's JSON output quotes 64-bit integers.
+    let num = |v: &Value| {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    };
+    for (col, metric) in [("n", "n"), ("ips", "ips"), ("snips", "snips"), ("dr", "dr")] {
+        let got = num(&row[at(col)]);
+        let exp = artifact["metrics"][metric].as_f64();
+        if got.zip(exp).is_none_or(|(g, e)| (g - e).abs() > 1e-9) {
+            failures.push(format!("eval: {col} = {got:?}, artifact says {exp:?}"));
+        }
+    }
+}
+
+/// The violation table names exactly the injected violations: (rule, subject kind, id).
+fn check_violations(
+    truth: &weft_producers::simulate::GroundTruth,
+    cols: &[String],
+    rows: &[Vec<Value>],
+    failures: &mut Vec<String>,
+) {
+    let want: BTreeSet<(String, String, String)> = truth
+        .requests
+        .iter()
+        .flat_map(|r| &r.violations)
+        .map(|v| {
+            (
+                v.invariant.as_str().to_owned(),
+                v.subject.kind.as_str().to_owned(),
+                v.subject.id.clone(),
+            )
+        })
+        .collect();
+    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+    let (r, k, i) = (at("rule"), at("subject_kind"), at("subject_id"));
+    let got: BTreeSet<(String, String, String)> = rows
+        .iter()
+        .map(|row| {
+            let s = |j: usize| row[j].as_str().unwrap_or_default().to_owned();
+            (s(r), s(k), s(i))
+        })
+        .collect();
+    if got != want {
+        failures.push(format!(
+            "violations: missing {:?}, unexpected {:?}",
+            want.difference(&got).collect::<Vec<_>>(),
+            got.difference(&want).collect::<Vec<_>>()
+        ));
+    }
+}
+
+/// The trace is one tree rooted at the narrative, with a decision -> execution -> frame ->
+/// handle chain, and every row carries the trace panel's fields.
+fn check_trace(narrative: &str, cols: &[String], rows: &[Vec<Value>], failures: &mut Vec<String>) {
+    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+    let (tr, sp, pa, dur) = (
+        at("traceID"),
+        at("spanID"),
+        at("parentSpanID"),
+        at("duration"),
+    );
+    let spans: BTreeSet<&str> = rows.iter().filter_map(|r| r[sp].as_str()).collect();
+    let mut parent_of = BTreeMap::new();
+    let mut roots = 0;
+    for r in rows {
+        if r[tr].as_str() != Some(narrative) {
+            failures.push(format!("trace: row of another trace {r:?}"));
+        }
+        let (s, par) = (r[sp].as_str().unwrap_or(""), r[pa].as_str().unwrap_or(""));
+        if par.is_empty() {
+            roots += 1;
+        } else if !spans.contains(par) {
+            failures.push(format!("trace: {s} has unknown parent {par}"));
+        }
+        if !r[dur].as_f64().is_some_and(|d| d >= 0.0) {
+            failures.push(format!("trace: {s} has duration {:?}", r[dur]));
+        }
+        parent_of.insert(s, par);
+    }
+    if roots != 1 {
+        failures.push(format!("trace: {roots} roots"));
+    }
+    let chain = parent_of.iter().any(|(s, f)| {
+        s.starts_with("handle:")
+            && f.starts_with("frame:")
+            && parent_of.get(f).is_some_and(|e| {
+                e.starts_with("trace_event:")
+                    && parent_of
+                        .get(e)
+                        .is_some_and(|d| d.starts_with("policy_decision:"))
+            })
+    });
+    if !chain {
+        failures.push(format!(
+            "trace: no decision -> execution -> frame -> handle chain in {parent_of:?}"
+        ));
+    }
+}
