@@ -701,5 +701,8 @@ fn python_publisher_unit_tests() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "python unit tests failed:\n{err}");
     assert!(err.contains("OK"), "{err}");
-    assert!(!err.contains("skipped"), "the adapter tests need the siblings: {err}");
+    assert!(
+        !err.contains("skipped"),
+        "the adapter tests need the siblings: {err}"
+    );
 }

@@ -109,6 +109,21 @@ pub enum IngestError {
     Store(#[from] StoreError),
     #[error("invalid listen address `{0}`")]
     Listen(String),
+    /// The broker moved a partition's position backwards, below what weft has stored: the
+    /// topic was deleted and recreated, or truncated. Going on would skip its new records as
+    /// "already stored", so ingest stops and says so.
+    #[error(
+        "{topic}[{partition}]: the broker's log is at offset {got}, below weft's resume point \
+         {expected}: the topic was recreated or truncated since weft stored its offsets. Its new records \
+         would be taken for stored ones, so ingest stops. Use a new topic prefix or a new \
+         ClickHouse database for the new log"
+    )]
+    Rewound {
+        topic: String,
+        partition: i32,
+        expected: i64,
+        got: i64,
+    },
 }
 
 /// Notes group rebalances. A partition this process loses may be advanced by another
@@ -300,6 +315,20 @@ impl Ingestor {
                     _ => st.stored.min(st.projected),
                 };
                 st.expected = Some(from + 1);
+                // A resume point past the log's end means the log is not the one weft stored
+                // (tansu answers such fetches with nothing, so waiting would only hide it).
+                // One offset of slack: tansu's memory engine reports a high watermark one short.
+                let (_, high) =
+                    self.consumer
+                        .fetch_watermarks(t.name(), p.id(), Duration::from_secs(10))?;
+                if from > high {
+                    return Err(IngestError::Rewound {
+                        topic: t.name().to_owned(),
+                        partition: p.id(),
+                        expected: from + 1,
+                        got: high,
+                    });
+                }
                 tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
             }
         }
@@ -485,6 +514,20 @@ impl Ingestor {
                 .offset_gaps
                 .with_label_values(&[&rec.topic])
                 .inc_by((rec.offset - expected) as u64);
+        }
+        // A backwards move is a reset: the resume point lay beyond the log's end, and the
+        // broker sent us back to its start. (In the facts role the group protocol rewinds to
+        // the committed offset legitimately; there the stored offsets guard instead.)
+        if let Some(expected) = st
+            .expected
+            .filter(|e| rec.offset < *e && role != Role::Facts)
+        {
+            return Err(IngestError::Rewound {
+                topic: rec.topic,
+                partition: rec.partition,
+                expected,
+                got: rec.offset,
+            });
         }
         st.expected = Some(rec.offset + 1);
         let need_fact = role != Role::Narratives && rec.offset > st.stored;
