@@ -66,10 +66,12 @@ curl -sf http://127.0.0.1:8788/metrics | grep -E '^weft_ingest_(consumed|inserte
 ch "SELECT count() AS narratives FROM (SELECT DISTINCT narrative_id FROM weft_narratives WHERE narrative_id LIKE 'req-$SEED-%') FORMAT PrettyCompactMonoBlock"
 
 say "one narrative, rebuilt from events that arrived shuffled (some without a request id)"
-$WEFT narrative "req-$SEED-1" | head -40
+$WEFT narrative "req-$SEED-1" >"$RUN/narrative.txt"
+head -40 "$RUN/narrative.txt"
 say "the same through the API"
 echo "curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' http://127.0.0.1:8788/v1/narratives/req-$SEED-1"
-curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' "http://127.0.0.1:8788/v1/narratives/req-$SEED-1" | head -c 400; echo ' ...'
+curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' "http://127.0.0.1:8788/v1/narratives/req-$SEED-1" >"$RUN/narrative.json"
+head -c 400 "$RUN/narrative.json"; echo ' ...'
 
 say "the feedback loop: weft router learns from ExecutionFeedback aggregated in ClickHouse"
 ROUTER_KEY=demo-router-key-0123456789abcdef
