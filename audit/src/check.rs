@@ -182,7 +182,7 @@ j AS (
 )
 SELECT pd, tok,
        toUInt8(su AND verdict = 'allow' AND allows > 1) AS reused,
-       toUInt8(exp IS NOT NULL AND ((verdict = 'allow' AND pts > exp) OR (notEmpty(execs) AND ets > exp))) AS expired,
+       toUInt8(coalesce(exp IS NOT NULL AND ((verdict = 'allow' AND pts > exp) OR (notEmpty(execs) AND ets > exp)), 0)) AS expired,
        toUInt8(verdict = 'allow' AND (NOT has(scope, cap) OR arrayExists(c -> NOT has(scope, c), ecaps))) AS out_of_scope,
        execs, cap
 FROM j
