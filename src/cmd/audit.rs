@@ -43,6 +43,116 @@ pub enum Action {
     Bundle(BundleArgs),
     BundleCheck(BundleCheckArgs),
     Keygen(KeygenArgs),
+    Seal(SealArgs),
+    Verify(VerifyArgs),
+    Checkpoints(CheckpointsArgs),
+    #[command(subcommand)]
+    Retention(RetentionAction),
+    Serve(ServeArgs),
+}
+
+/// Extend the tenant's hash chains with every fact stored since the last seal, and write a
+/// checkpoint per partition (signed with --sign-key). Run one sealer at a time (or let
+/// `weft audit serve --seal-every-secs N` do it).
+#[derive(Debug, Args)]
+pub struct SealArgs {
+    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
+    pub tenant: String,
+    /// Checkpoint signing key from `weft audit keygen`.
+    #[arg(long, env = "WEFT_AUDIT_SEAL_KEY")]
+    pub sign_key: Option<PathBuf>,
+}
+
+/// Recompute the tenant's hash chains from genesis and compare with the stored facts, the
+/// stored links and the checkpoints. Names every altered, deleted or inserted row (the first
+/// listed is the first broken link). Exit 0 intact, 1 broken.
+///
+/// Facts stored after the last seal are reported as `unsealed`: a row inserted behind
+/// weft's back after the last seal cannot be told from a genuine new fact (docs/AUDIT.md).
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
+    pub tenant: String,
+    /// Also check these exported checkpoints (from `weft audit checkpoints`).
+    #[arg(long)]
+    pub checkpoints: Option<PathBuf>,
+    /// Verify checkpoint signatures with this keyring (spec keyring format).
+    #[arg(long)]
+    pub keyring: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: TextJson,
+}
+
+/// Export the tenant's checkpoints as JSON, to keep outside ClickHouse for offline checks.
+#[derive(Debug, Args)]
+pub struct CheckpointsArgs {
+    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
+    pub tenant: String,
+}
+
+/// Per-tenant retention (no TTL by default) and legal hold.
+#[derive(Debug, Subcommand)]
+pub enum RetentionAction {
+    /// Print the tenant's retention settings.
+    Show(TenantArg),
+    /// Keep the tenant's facts N days (0 = forever, the default).
+    Set(RetentionSetArgs),
+    /// Place (--on) or lift (--off) a legal hold: while on, nothing is deleted.
+    Hold(HoldArgs),
+    /// Delete facts older than the retention, unless on legal hold.
+    Apply(TenantArg),
+}
+
+/// Just a tenant.
+#[derive(Debug, Args)]
+pub struct TenantArg {
+    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
+    pub tenant: String,
+}
+
+/// `retention set`.
+#[derive(Debug, Args)]
+pub struct RetentionSetArgs {
+    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
+    pub tenant: String,
+    #[arg(long)]
+    pub days: u32,
+}
+
+/// `retention hold`.
+#[derive(Debug, Args)]
+pub struct HoldArgs {
+    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
+    pub tenant: String,
+    #[arg(long, conflicts_with = "off", required_unless_present = "off")]
+    pub on: bool,
+    #[arg(long)]
+    pub off: bool,
+}
+
+/// Serve the read-only audit API (see docs/AUDIT.md for the routes).
+///
+/// Keys: WEFT_AUDIT_KEYS="key=tenant,..." (or --keys); a key only ever reads its own
+/// tenant, so another tenant's ids answer 404. Every read is logged in weft_audit_log.
+/// Listens on loopback only unless --allow-remote.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[arg(long, env = "WEFT_AUDIT_LISTEN", default_value = "127.0.0.1:8383")]
+    pub listen: std::net::SocketAddr,
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// API keys as key=tenant,key=tenant (prefer the environment variable).
+    #[arg(long, env = "WEFT_AUDIT_KEYS", hide_env_values = true)]
+    pub keys: Option<String>,
+    /// Sign exported bundles and checkpoints with this key.
+    #[arg(long, env = "WEFT_AUDIT_SIGN_KEY")]
+    pub sign_key: Option<PathBuf>,
+    /// Verify checkpoint signatures with this keyring.
+    #[arg(long)]
+    pub keyring: Option<PathBuf>,
+    /// Seal every tenant's new facts this often (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub seal_every_secs: u64,
 }
 
 /// The tenant and time bounds every query takes.
@@ -356,6 +466,92 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
             report_bundle_check(&c);
             Ok(if c.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Action::Seal(a) => {
+            let key = a.sign_key.as_deref().map(read_key).transpose()?;
+            let r = weft_audit::chain::seal(&store, &a.tenant, key.as_ref()).await?;
+            println!(
+                "sealed {} new facts of tenant {} in {} partitions{}",
+                r.sealed,
+                a.tenant,
+                r.checkpoints.len(),
+                if key.is_some() { " (checkpoints signed)" } else { " (checkpoints unsigned: pass --sign-key)" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Action::Verify(a) => {
+            let extra: Vec<weft_audit::chain::Checkpoint> = match &a.checkpoints {
+                Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                    .with_context(|| format!("parsing {}", p.display()))?,
+                None => Vec::new(),
+            };
+            let ring = match &a.keyring {
+                Some(p) => Some(Keyring::from_json(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)?),
+                None => None,
+            };
+            let r = weft_audit::chain::verify(&store, &a.tenant, &extra, ring.as_ref()).await?;
+            logged(&store, &a.tenant, "verify", json!({}), r.problems.len() as u64).await;
+            match a.format {
+                TextJson::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+                TextJson::Text => {
+                    println!(
+                        "chain of tenant {}: {} — {} rows verified, {} checkpoints ok, {} unsealed, {} pruned by retention, {} problems",
+                        a.tenant,
+                        if r.ok() { "INTACT" } else { "BROKEN" },
+                        r.verified,
+                        r.checkpoints_ok,
+                        r.unsealed,
+                        r.pruned,
+                        r.problems.len()
+                    );
+                    for (i, p) in r.problems.iter().enumerate() {
+                        println!(
+                            "  {}{:<19} {}/{}@{} {}",
+                            if i == 0 { "first: " } else { "       " },
+                            p.what,
+                            p.topic,
+                            p.partition,
+                            p.offset,
+                            p.detail
+                        );
+                    }
+                }
+            }
+            Ok(if r.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Action::Checkpoints(a) => {
+            let c = weft_audit::chain::checkpoints(&store, &a.tenant).await?;
+            logged(&store, &a.tenant, "checkpoints", json!({}), c.len() as u64).await;
+            println!("{}", serde_json::to_string_pretty(&c)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Action::Retention(r) => {
+            use weft_audit::retention;
+            let (tenant, out) = match r {
+                RetentionAction::Show(t) => {
+                    let v = retention::get(&store, &t.tenant).await?;
+                    (t.tenant, serde_json::to_value(v)?)
+                }
+                RetentionAction::Set(s) => {
+                    let v = retention::set_days(&store, &s.tenant, s.days).await?;
+                    (s.tenant, serde_json::to_value(v)?)
+                }
+                RetentionAction::Hold(h) => {
+                    let v = retention::set_hold(&store, &h.tenant, h.on).await?;
+                    (h.tenant, serde_json::to_value(v)?)
+                }
+                RetentionAction::Apply(t) => match retention::apply(&store, &t.tenant).await {
+                    Ok(v) => (t.tenant, serde_json::to_value(v)?),
+                    Err(weft_audit::AuditError::Refused(m)) => {
+                        eprintln!("refused: {m}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            println!("{}", json!({"tenant": tenant, "retention": out}));
+            Ok(ExitCode::SUCCESS)
+        }
+        Action::Serve(a) => serve(a, store).await.map(|()| ExitCode::SUCCESS),
         Action::BundleCheck(_) | Action::Keygen(_) => unreachable!("handled above"),
     }
 }
@@ -399,5 +595,44 @@ fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
         .open(path)
         .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
     f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+async fn serve(a: ServeArgs, store: Store) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    let mut keys = weft_http::ApiKeys::default();
+    if let Some(k) = &a.keys {
+        keys.add_list(k).context("WEFT_AUDIT_KEYS / --keys")?;
+    }
+    if keys.is_empty() {
+        tracing::warn!("no API keys configured: every request will get 401 (see --help)");
+    }
+    let sign_key = a.sign_key.as_deref().map(read_key).transpose()?.map(Arc::new);
+    let keyring = match &a.keyring {
+        Some(p) => Some(Arc::new(Keyring::from_json(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )?)),
+        None => None,
+    };
+    if a.seal_every_secs > 0 {
+        tokio::spawn(weft_audit::serve::seal_loop(
+            store.clone(),
+            sign_key.clone(),
+            std::time::Duration::from_secs(a.seal_every_secs),
+        ));
+    }
+    let state = weft_audit::serve::AppState {
+        store,
+        keys: Arc::new(keys),
+        sign_key,
+        keyring,
+    };
+    let listener = weft_http::bind(a.listen, a.allow_remote).await?;
+    let local = listener.local_addr()?;
+    tracing::info!(listen = %local, "audit API listening");
+    println!("listening on http://{local}");
+    axum::serve(listener, weft_audit::serve::router(state))
+        .with_graceful_shutdown(weft_http::shutdown_signal())
+        .await?;
     Ok(())
 }
