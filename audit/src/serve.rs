@@ -1,8 +1,9 @@
 //! `weft audit serve`: the read-only audit API over the same functions as the CLI.
 //!
 //! Every route but `/healthz` needs `Authorization: Bearer KEY`; the key names the tenant
-//! (`weft_http::ApiKeys`), and no route takes a tenant from the request, so nothing can
-//! read another tenant's rows: an id of another tenant is simply not found (404). Every
+//! (`weft_http::ApiKeys`), and no route takes a tenant from the request (an explicit
+//! `?tenant=` other than the key's is refused with 403), so nothing can read another
+//! tenant's rows: an id of another tenant is simply not found (404). Every
 //! read is logged ([`crate::log`]) with the key's id (the first 12 hex digits of its
 //! SHA-256, never the key). Inputs reach ClickHouse only as query parameters; malformed
 //! input is a 400, never a 5xx (503 means the store is unreachable).
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -78,12 +79,21 @@ fn fail(e: AuditError) -> Response {
     }
 }
 
-/// The caller's tenant and key id, or the 401 to send.
-fn auth(s: &AppState, headers: &HeaderMap) -> Result<(String, String), Response> {
+/// The caller's tenant and key id, or the 401/403 to send. A request may name a tenant
+/// (`?tenant=`), but only its own: any other is refused with 403.
+fn auth(s: &AppState, headers: &HeaderMap, uri: &Uri) -> Result<(String, String), Response> {
     let tenant = s.keys.authenticate(headers).map_err(|e| {
         let (status, msg) = e.response();
         error(status, msg)
     })?;
+    let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
+        .ok()
+        .and_then(|Query(m)| m.get("tenant").cloned());
+    if let Some(asked) = asked {
+        if asked != tenant {
+            return Err(error(StatusCode::FORBIDDEN, "this key may not read that tenant"));
+        }
+    }
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -129,8 +139,8 @@ struct CheckQuery {
     grace_secs: Option<String>,
 }
 
-async fn check_route(State(s): State<AppState>, headers: HeaderMap, q: Result<Query<CheckQuery>, QueryRejection>) -> Response {
-    let (tenant, actor) = match auth(&s, &headers) {
+async fn check_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q: Result<Query<CheckQuery>, QueryRejection>) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -158,8 +168,8 @@ async fn check_route(State(s): State<AppState>, headers: HeaderMap, q: Result<Qu
     }
 }
 
-async fn timeline_route(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let (tenant, actor) = match auth(&s, &headers) {
+async fn timeline_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<String>) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -197,8 +207,8 @@ struct SearchQuery {
     format: Option<String>,
 }
 
-async fn search_route(State(s): State<AppState>, headers: HeaderMap, q: Result<Query<SearchQuery>, QueryRejection>) -> Response {
-    let (tenant, actor) = match auth(&s, &headers) {
+async fn search_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q: Result<Query<SearchQuery>, QueryRejection>) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -259,8 +269,8 @@ async fn search_route(State(s): State<AppState>, headers: HeaderMap, q: Result<Q
     }
 }
 
-async fn bundle_route(State(s): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let (tenant, actor) = match auth(&s, &headers) {
+async fn bundle_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<String>) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -276,8 +286,8 @@ async fn bundle_route(State(s): State<AppState>, headers: HeaderMap, Path(id): P
     }
 }
 
-async fn verify_route(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    let (tenant, actor) = match auth(&s, &headers) {
+async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -290,8 +300,8 @@ async fn verify_route(State(s): State<AppState>, headers: HeaderMap) -> Response
     }
 }
 
-async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    let (tenant, actor) = match auth(&s, &headers) {
+async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
         Err(r) => return r,
     };
