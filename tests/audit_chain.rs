@@ -18,8 +18,12 @@ fn audit(p: &Pipeline, args: &[&str]) -> Output {
 
 fn verify(p: &Pipeline, ring: &str) -> (Option<i32>, Value) {
     let out = audit(p, &["verify", "--format", "json", "--keyring", ring]);
-    let v = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("verify output: {e}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "verify output: {e}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     (out.status.code(), v)
 }
 
@@ -41,14 +45,27 @@ async fn tampering_is_detected_and_named() {
     p.wait_for_facts(n, Duration::from_secs(120)).await;
 
     let key = p.path("sealer.key");
-    let out = audit(&p, &["keygen", "--kid", "sealer-1", "--out", key.to_str().unwrap()]);
+    let out = audit(
+        &p,
+        &[
+            "keygen",
+            "--kid",
+            "sealer-1",
+            "--out",
+            key.to_str().unwrap(),
+        ],
+    );
     assert!(out.status.success());
     let ring = p.path("ring.json");
     std::fs::write(&ring, &out.stdout).unwrap();
     let ring = ring.to_str().unwrap().to_owned();
 
     let out = audit(&p, &["seal", "--sign-key", key.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(p.scalar("SELECT count() FROM weft_audit_chain").await, n);
     // Untouched data verifies; sealing again adds nothing.
     let (code, r) = verify(&p, &ring);
@@ -56,12 +73,18 @@ async fn tampering_is_detected_and_named() {
     assert_eq!(r["verified"], n);
     assert_eq!(r["unsealed"], 0);
     assert!(r["checkpoints_ok"].as_u64().unwrap() > 0);
-    assert!(audit(&p, &["seal", "--sign-key", key.to_str().unwrap()]).status.success());
+    assert!(audit(&p, &["seal", "--sign-key", key.to_str().unwrap()])
+        .status
+        .success());
     assert_eq!(p.scalar("SELECT count() FROM weft_audit_chain").await, n);
     // The checkpoints export, for offline keeping.
     let cps = audit(&p, &["checkpoints"]);
     let cps_v: Value = serde_json::from_slice(&cps.stdout).unwrap();
-    assert!(cps_v.as_array().unwrap().iter().all(|c| c["sig"].as_str().unwrap().len() == 86));
+    assert!(cps_v
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["sig"].as_str().unwrap().len() == 86));
     let cps_file = p.path("checkpoints.json");
     std::fs::write(&cps_file, &cps.stdout).unwrap();
 
@@ -86,7 +109,11 @@ async fn tampering_is_detected_and_named() {
     assert_eq!(r["problems"].as_array().unwrap().len(), 1, "{r}");
 
     // 2. Deleted.
-    c.query("DELETE FROM weft_events WHERE id = ?").bind(deleted).execute().await.unwrap();
+    c.query("DELETE FROM weft_events WHERE id = ?")
+        .bind(deleted)
+        .execute()
+        .await
+        .unwrap();
     let (code, r) = verify(&p, &ring);
     assert_eq!(code, Some(1));
     assert!(named(&r, "deleted", deleted), "{r}");
@@ -122,13 +149,33 @@ async fn tampering_is_detected_and_named() {
         .execute()
         .await
         .unwrap();
-    let out = audit(&p, &["verify", "--format", "json", "--keyring", &ring, "--checkpoints", cps_file.to_str().unwrap()]);
+    let out = audit(
+        &p,
+        &[
+            "verify",
+            "--format",
+            "json",
+            "--keyring",
+            &ring,
+            "--checkpoints",
+            cps_file.to_str().unwrap(),
+        ],
+    );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(named(&r, "chain_broken", altered), "{r}");
-    assert!(r["problems"].as_array().unwrap().iter().any(|p| p["what"] == "checkpoint_mismatch"), "{r}");
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["what"] == "checkpoint_mismatch"),
+        "{r}"
+    );
 
     // Retention: a legal hold blocks deletion...
-    assert!(audit(&p, &["retention", "set", "--days", "1"]).status.success());
+    assert!(audit(&p, &["retention", "set", "--days", "1"])
+        .status
+        .success());
     assert!(audit(&p, &["retention", "hold", "--on"]).status.success());
     let before = p.scalar("SELECT count() FROM weft_events").await;
     let out = audit(&p, &["retention", "apply"]);
@@ -139,7 +186,11 @@ async fn tampering_is_detected_and_named() {
     // as pruned, not deleted.
     assert!(audit(&p, &["retention", "hold", "--off"]).status.success());
     let out = audit(&p, &["retention", "apply"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 0);
     let (_, r) = verify(&p, &ring);
     assert_eq!(r["pruned"], n, "{r}");

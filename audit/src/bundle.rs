@@ -7,8 +7,10 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use weft_schemas::contracts::{Frame, Handle, PolicyDecision, RoutingDecision, Signature, TraceBundle, TraceEvent};
 use weft_schemas::conformance::{self, InvariantFinding};
+use weft_schemas::contracts::{
+    Frame, Handle, PolicyDecision, RoutingDecision, Signature, TraceBundle, TraceEvent,
+};
 use weft_schemas::Validator;
 
 use crate::sign::{Key, Keyring};
@@ -18,7 +20,12 @@ use crate::{timeline, AuditError, Store};
 ///
 /// A narrative without a RoutingDecision cannot form a bundle (the contract requires one).
 /// When an id has several stored versions (an id conflict) the first in time is exported.
-pub async fn export(store: &Store, tenant: &str, id: &str, key: Option<&Key>) -> Result<Value, AuditError> {
+pub async fn export(
+    store: &Store,
+    tenant: &str,
+    id: &str,
+    key: Option<&Key>,
+) -> Result<Value, AuditError> {
     let n = timeline::get(store, tenant, id).await?;
     let mut routing: Option<RoutingDecision> = None;
     let mut pds = Vec::new();
@@ -30,11 +37,16 @@ pub async fn export(store: &Store, tenant: &str, id: &str, key: Option<&Key>) ->
         if !seen.insert((e.kind.clone(), e.id.clone())) {
             continue;
         }
-        let bad = |err: serde_json::Error| AuditError::Invalid(format!("{} {}: {err}", e.kind, e.id));
+        let bad =
+            |err: serde_json::Error| AuditError::Invalid(format!("{} {}: {err}", e.kind, e.id));
         let p = e.payload.clone();
         match e.kind.as_str() {
-            "routing_decision" if routing.is_none() => routing = Some(serde_json::from_value(p).map_err(bad)?),
-            "policy_decision" => pds.push(serde_json::from_value::<PolicyDecision>(p).map_err(bad)?),
+            "routing_decision" if routing.is_none() => {
+                routing = Some(serde_json::from_value(p).map_err(bad)?)
+            }
+            "policy_decision" => {
+                pds.push(serde_json::from_value::<PolicyDecision>(p).map_err(bad)?)
+            }
             "frame" => frames.push(serde_json::from_value::<Frame>(p).map_err(bad)?),
             "handle" => handles.push(serde_json::from_value::<Handle>(p).map_err(bad)?),
             "trace_event" => tes.push(serde_json::from_value::<TraceEvent>(p).map_err(bad)?),
@@ -42,7 +54,10 @@ pub async fn export(store: &Store, tenant: &str, id: &str, key: Option<&Key>) ->
         }
     }
     let routing_decision = routing.ok_or_else(|| {
-        AuditError::Invalid(format!("narrative {} has no RoutingDecision: no TraceBundle", n.narrative_id))
+        AuditError::Invalid(format!(
+            "narrative {} has no RoutingDecision: no TraceBundle",
+            n.narrative_id
+        ))
     })?;
     let bundle = TraceBundle {
         bundle_id: format!("bundle-{}", n.narrative_id),
@@ -137,7 +152,10 @@ mod tests {
     }
 
     fn keyring() -> Keyring {
-        let p = format!("{}/../schemas/spec/conformance/keyring/test_keyring.json", env!("CARGO_MANIFEST_DIR"));
+        let p = format!(
+            "{}/../schemas/spec/conformance/keyring/test_keyring.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
         Keyring::from_json(&std::fs::read_to_string(p).unwrap()).unwrap()
     }
 
@@ -157,7 +175,10 @@ mod tests {
 
     #[test]
     fn every_negative_corpus_bundle_fails() {
-        let dir = format!("{}/../schemas/spec/conformance/negative/trace_bundle", env!("CARGO_MANIFEST_DIR"));
+        let dir = format!(
+            "{}/../schemas/spec/conformance/negative/trace_bundle",
+            env!("CARGO_MANIFEST_DIR")
+        );
         let mut n = 0;
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
@@ -172,7 +193,9 @@ mod tests {
     #[test]
     fn our_own_signature_round_trips() {
         let key = Key::generate("test-kid").unwrap();
-        let ring = Keyring { keys: vec![key.public()] };
+        let ring = Keyring {
+            keys: vec![key.public()],
+        };
         let mut doc = spec("examples/sample_payloads/trace_bundle.json");
         if let Value::Object(m) = &mut doc {
             m.remove("signature");
@@ -180,6 +203,9 @@ mod tests {
         let sig = key.sign(&doc).unwrap();
         ring.verify("test-kid", &doc, &sig).unwrap();
         let again = Key::from_json(&key.to_json()).unwrap();
-        assert_eq!(again.public().public_key_b64url, key.public().public_key_b64url);
+        assert_eq!(
+            again.public().public_key_b64url,
+            key.public().public_key_b64url
+        );
     }
 }

@@ -162,7 +162,12 @@ async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError
         .map_err(ch_err(store))
 }
 
-async fn rows_after(store: &Store, tenant: &str, p: &Part, after: i64) -> Result<Vec<ChainRow>, AuditError> {
+async fn rows_after(
+    store: &Store,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+) -> Result<Vec<ChainRow>, AuditError> {
     store
         .client()
         .query(ROWS_SQL)
@@ -211,7 +216,11 @@ fn unhex32(s: &str) -> [u8; 32] {
 /// Append every fact of `tenant` stored since the last seal to its partition's chain, and
 /// checkpoint each extended chain (signed with `key` when given). Run one sealer at a time.
 #[instrument(skip(store, key), fields(tenant = %tenant))]
-pub async fn seal(store: &Store, tenant: &str, key: Option<&Key>) -> Result<SealReport, AuditError> {
+pub async fn seal(
+    store: &Store,
+    tenant: &str,
+    key: Option<&Key>,
+) -> Result<SealReport, AuditError> {
     let mut report = SealReport::default();
     let now = chrono::Utc::now().timestamp_micros();
     for p in partitions(store, tenant).await? {
@@ -241,7 +250,11 @@ pub async fn seal(store: &Store, tenant: &str, key: Option<&Key>) -> Result<Seal
                 sealed_at: now,
             });
         }
-        let mut ins = store.client().insert::<Link>("weft_audit_chain").await.map_err(ch_err(store))?;
+        let mut ins = store
+            .client()
+            .insert::<Link>("weft_audit_chain")
+            .await
+            .map_err(ch_err(store))?;
         for l in &new {
             ins.write(l).await.map_err(ch_err(store))?;
         }
@@ -272,7 +285,11 @@ pub async fn seal(store: &Store, tenant: &str, key: Option<&Key>) -> Result<Seal
         report.sealed += new.len() as u64;
         report.checkpoints.push(cp);
     }
-    tracing::info!(sealed = report.sealed, checkpoints = report.checkpoints.len(), "sealed");
+    tracing::info!(
+        sealed = report.sealed,
+        checkpoints = report.checkpoints.len(),
+        "sealed"
+    );
     Ok(report)
 }
 
@@ -338,9 +355,15 @@ pub async fn verify(
     let mut rep = VerifyReport::default();
     let pruned_before = crate::retention::get(store, tenant).await?.pruned_before;
     let mut cps: BTreeMap<(String, u32), Vec<Checkpoint>> = BTreeMap::new();
-    for c in checkpoints(store, tenant).await?.into_iter().chain(extra.iter().cloned()) {
+    for c in checkpoints(store, tenant)
+        .await?
+        .into_iter()
+        .chain(extra.iter().cloned())
+    {
         if c.tenant == tenant {
-            cps.entry((c.topic.clone(), c.partition)).or_default().push(c);
+            cps.entry((c.topic.clone(), c.partition))
+                .or_default()
+                .push(c);
         }
     }
     for p in partitions(store, tenant).await? {
@@ -364,14 +387,20 @@ pub async fn verify(
         let mut sealed = std::collections::HashSet::new();
         for l in &chain {
             let stored_rh = unhex32(&l.row_hash);
-            match by_offset.get(&l.offset).and_then(|v| v.iter().find(|r| r.kind == l.kind && r.id == l.id)) {
+            match by_offset
+                .get(&l.offset)
+                .and_then(|v| v.iter().find(|r| r.kind == l.kind && r.id == l.id))
+            {
                 None if l.ts < pruned_before => rep.pruned += 1,
                 None => rep.problems.push(problem(
                     "deleted",
                     l.offset,
                     &l.kind,
                     &l.id,
-                    format!("{}:{} sealed at offset {} is no longer stored", l.kind, l.id, l.offset),
+                    format!(
+                        "{}:{} sealed at offset {} is no longer stored",
+                        l.kind, l.id, l.offset
+                    ),
                 )),
                 Some(r) => {
                     let rh = r.hash()?;
@@ -381,7 +410,10 @@ pub async fn verify(
                             l.offset,
                             &l.kind,
                             &l.id,
-                            format!("{}:{} at offset {} differs from what was sealed", l.kind, l.id, l.offset),
+                            format!(
+                                "{}:{} at offset {} differs from what was sealed",
+                                l.kind, l.id, l.offset
+                            ),
                         ));
                     } else {
                         rep.verified += 1;
@@ -396,7 +428,10 @@ pub async fn verify(
                     l.offset,
                     &l.kind,
                     &l.id,
-                    format!("the stored link at offset {} does not follow from its predecessor", l.offset),
+                    format!(
+                        "the stored link at offset {} does not follow from its predecessor",
+                        l.offset
+                    ),
                 ));
             }
             prev = next;
@@ -413,15 +448,23 @@ pub async fn verify(
                     r.offset,
                     &r.kind,
                     &r.id,
-                    format!("{}:{} at offset {} is inside the sealed range but not in the chain", r.kind, r.id, r.offset),
+                    format!(
+                        "{}:{} at offset {} is inside the sealed range but not in the chain",
+                        r.kind, r.id, r.offset
+                    ),
                 )),
                 _ => rep.unsealed += 1,
             }
         }
-        for c in cps.remove(&(p.topic.clone(), p.partition)).unwrap_or_default() {
+        for c in cps
+            .remove(&(p.topic.clone(), p.partition))
+            .unwrap_or_default()
+        {
             let head_ok = heads.get(&c.offset).map(hex::encode).as_deref() == Some(c.head.as_str());
             let sig_ok = match (keyring, c.sig.is_empty()) {
-                (Some(ring), false) => ring.verify(&c.kid, &c.statement(), &c.sig).map_err(|e| e.to_string()),
+                (Some(ring), false) => ring
+                    .verify(&c.kid, &c.statement(), &c.sig)
+                    .map_err(|e| e.to_string()),
                 (Some(_), true) => Err("unsigned checkpoint".to_owned()),
                 (None, _) => Ok(()),
             };
@@ -435,8 +478,14 @@ pub async fn verify(
                     format!(
                         "checkpoint at offset {}: {}{}",
                         c.offset,
-                        if h { "" } else { "the recomputed chain differs from the checkpoint's head" },
-                        s.err().map(|e| format!(" signature: {e}")).unwrap_or_default()
+                        if h {
+                            ""
+                        } else {
+                            "the recomputed chain differs from the checkpoint's head"
+                        },
+                        s.err()
+                            .map(|e| format!(" signature: {e}"))
+                            .unwrap_or_default()
                     ),
                 )),
             }

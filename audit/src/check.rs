@@ -73,7 +73,13 @@ const TS_RANGE: &str = "ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') \
 const TS_WIDE: &str = "ts >= fromUnixTimestamp64Micro({wfrom:Int64}, 'UTC') \
                        AND ts < fromUnixTimestamp64Micro({wto:Int64}, 'UTC')";
 
-fn q(store: &Store, sql: &str, tenant: &str, range: Range, opt: CheckOptions) -> clickhouse::query::Query {
+fn q(
+    store: &Store,
+    sql: &str,
+    tenant: &str,
+    range: Range,
+    opt: CheckOptions,
+) -> clickhouse::query::Query {
     let wide = i64::try_from(opt.lookaround_secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX / 4);
     let sql = sql.replace("{TS}", TS_RANGE).replace("{WIDE}", TS_WIDE);
     store
@@ -250,8 +256,18 @@ pub async fn run(
 ) -> Result<Report, AuditError> {
     let started = std::time::Instant::now();
     let (i02, i06, i01, orphans, conflicts) = tokio::try_join!(
-        async { q(store, I02_SQL, tenant, range, opt).fetch_all::<I02Row>().await.map_err(ch_err(store)) },
-        async { q(store, I06_SQL, tenant, range, opt).fetch_all::<I06Row>().await.map_err(ch_err(store)) },
+        async {
+            q(store, I02_SQL, tenant, range, opt)
+                .fetch_all::<I02Row>()
+                .await
+                .map_err(ch_err(store))
+        },
+        async {
+            q(store, I06_SQL, tenant, range, opt)
+                .fetch_all::<I06Row>()
+                .await
+                .map_err(ch_err(store))
+        },
         async {
             q(store, I01_SQL, tenant, range, opt)
                 .param("keys", RAW_OUTPUT_KEYS.to_vec())
@@ -266,7 +282,12 @@ pub async fn run(
                 .await
                 .map_err(ch_err(store))
         },
-        async { q(store, CONFLICT_SQL, tenant, range, opt).fetch_all::<ConflictRow>().await.map_err(ch_err(store)) },
+        async {
+            q(store, CONFLICT_SQL, tenant, range, opt)
+                .fetch_all::<ConflictRow>()
+                .await
+                .map_err(ch_err(store))
+        },
     )?;
     let mut findings = Vec::new();
     findings.extend(i02_findings(i02));
@@ -303,11 +324,16 @@ pub async fn run(
             invariant: "id_conflict".into(),
             rule: "same_id_different_content".into(),
             events: vec![subject.clone()],
-            detail: format!("{subject} was stored with {} different contents", c.versions),
+            detail: format!(
+                "{subject} was stored with {} different contents",
+                c.versions
+            ),
             subject,
         });
     }
-    findings.sort_by(|a, b| (&a.invariant, &a.rule, &a.subject).cmp(&(&b.invariant, &b.rule, &b.subject)));
+    findings.sort_by(|a, b| {
+        (&a.invariant, &a.rule, &a.subject).cmp(&(&b.invariant, &b.rule, &b.subject))
+    });
     let mut counts = BTreeMap::new();
     for f in &findings {
         *counts.entry(f.invariant.clone()).or_insert(0) += 1;
@@ -336,26 +362,41 @@ fn i02_findings(rows: Vec<I02Row>) -> Vec<Finding> {
                 events.push(EventRef::new("trace_event", r.auth.clone()));
             }
             let (rule, detail) = if r.decision_id.is_empty() {
-                ("no_decision", format!("capability_executed {} carries no decision_id", r.exec))
+                (
+                    "no_decision",
+                    format!("capability_executed {} carries no decision_id", r.exec),
+                )
             } else if r.pd.is_empty() {
                 (
                     "decision_missing",
-                    format!("capability_executed {} cites decision {}, which is not stored", r.exec, r.decision_id),
+                    format!(
+                        "capability_executed {} cites decision {}, which is not stored",
+                        r.exec, r.decision_id
+                    ),
                 )
             } else if r.verdict != "allow" || !r.denied.is_empty() {
                 (
                     "execution_after_deny",
-                    format!("capability_executed {} follows {} decision {}", r.exec, r.verdict, r.pd),
+                    format!(
+                        "capability_executed {} follows {} decision {}",
+                        r.exec, r.verdict, r.pd
+                    ),
                 )
             } else if r.auth.is_empty() {
                 (
                     "not_authorized_event",
-                    format!("capability_executed {} has allow decision {} but no capability_authorized", r.exec, r.pd),
+                    format!(
+                        "capability_executed {} has allow decision {} but no capability_authorized",
+                        r.exec, r.pd
+                    ),
                 )
             } else {
                 (
                     "authorized_after_execution",
-                    format!("capability_executed {} precedes its capability_authorized {}", r.exec, r.auth),
+                    format!(
+                        "capability_executed {} precedes its capability_authorized {}",
+                        r.exec, r.auth
+                    ),
                 )
             };
             Finding {
@@ -395,12 +436,30 @@ fn i06_findings(rows: Vec<I06Row>) -> Vec<Finding> {
             caps.dedup();
             let subject = EventRef::new("capability_token", tok.clone());
             let mut events = vec![subject.clone()];
-            events.extend(pds.iter().map(|p| EventRef::new("policy_decision", p.clone())));
-            events.extend(execs.iter().map(|e| EventRef::new("trace_event", e.clone())));
+            events.extend(
+                pds.iter()
+                    .map(|p| EventRef::new("policy_decision", p.clone())),
+            );
+            events.extend(
+                execs
+                    .iter()
+                    .map(|e| EventRef::new("trace_event", e.clone())),
+            );
             let detail = match rule {
-                "token_reused" => format!("single-use token {tok} authorized {} decisions: {}", pds.len(), pds.join(", ")),
-                "token_expired" => format!("token {tok} was used after its expires_at by {}", pds.join(", ")),
-                _ => format!("token {tok} does not cover {} used by {}", caps.join(", "), pds.join(", ")),
+                "token_reused" => format!(
+                    "single-use token {tok} authorized {} decisions: {}",
+                    pds.len(),
+                    pds.join(", ")
+                ),
+                "token_expired" => format!(
+                    "token {tok} was used after its expires_at by {}",
+                    pds.join(", ")
+                ),
+                _ => format!(
+                    "token {tok} does not cover {} used by {}",
+                    caps.join(", "),
+                    pds.join(", ")
+                ),
             };
             Finding {
                 invariant: "I-06".into(),

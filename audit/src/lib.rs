@@ -53,7 +53,9 @@ pub enum AuditError {
 }
 
 /// One event, named the way weft names it: kind and natural identity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct EventRef {
     /// The contract, e.g. `trace_event`.
     pub kind: String,
@@ -93,10 +95,12 @@ pub const MAX_RANGE_MICROS: i64 = 10 * 366 * 24 * 3600 * 1_000_000;
 impl Range {
     /// Parse RFC 3339 bounds; `to` must be after `from` and the span at most ten years.
     pub fn parse(from: &str, to: &str) -> Result<Self, AuditError> {
-        let f = weft_schemas::time::parse_micros(from)
-            .ok_or_else(|| AuditError::BadRequest(format!("`from` is not RFC 3339: {}", short(from))))?;
-        let t = weft_schemas::time::parse_micros(to)
-            .ok_or_else(|| AuditError::BadRequest(format!("`to` is not RFC 3339: {}", short(to))))?;
+        let f = weft_schemas::time::parse_micros(from).ok_or_else(|| {
+            AuditError::BadRequest(format!("`from` is not RFC 3339: {}", short(from)))
+        })?;
+        let t = weft_schemas::time::parse_micros(to).ok_or_else(|| {
+            AuditError::BadRequest(format!("`to` is not RFC 3339: {}", short(to)))
+        })?;
         Self::new(f, t)
     }
 

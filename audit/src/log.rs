@@ -55,5 +55,8 @@ pub async fn record(
 
 /// The actor name of the local command line: `cli:$USER`.
 pub fn cli_actor() -> String {
-    format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()))
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    )
 }

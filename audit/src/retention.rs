@@ -96,7 +96,9 @@ pub struct Applied {
 pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, AuditError> {
     let r = get(store, tenant).await?;
     if r.legal_hold == 1 {
-        return Err(AuditError::Refused(format!("tenant {tenant} is on legal hold: nothing is deleted")));
+        return Err(AuditError::Refused(format!(
+            "tenant {tenant} is on legal hold: nothing is deleted"
+        )));
     }
     if r.days == 0 {
         return Ok(None);
@@ -113,14 +115,18 @@ pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, Audit
     // Record the intent first (chain verification reads it), from fresh settings.
     let mut r = get(store, tenant).await?;
     if r.legal_hold == 1 {
-        return Err(AuditError::Refused(format!("tenant {tenant} was put on legal hold")));
+        return Err(AuditError::Refused(format!(
+            "tenant {tenant} was put on legal hold"
+        )));
     }
     r.pruned_before = r.pruned_before.max(cutoff);
     put(store, tenant, &r).await?;
     if n > 0 {
         // Re-check the hold right before deleting: a hold placed meanwhile wins.
         if get(store, tenant).await?.legal_hold == 1 {
-            return Err(AuditError::Refused(format!("tenant {tenant} was put on legal hold")));
+            return Err(AuditError::Refused(format!(
+                "tenant {tenant} was put on legal hold"
+            )));
         }
         c.query("DELETE FROM weft_events WHERE tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC')")
             .param("t", tenant)

@@ -101,7 +101,9 @@ pub async fn page(
     limit: u64,
 ) -> Result<Page, AuditError> {
     if limit == 0 || limit > MAX_LIMIT {
-        return Err(AuditError::BadRequest(format!("limit must be 1..={MAX_LIMIT}")));
+        return Err(AuditError::BadRequest(format!(
+            "limit must be 1..={MAX_LIMIT}"
+        )));
     }
     for (name, v) in [
         ("kind", &filter.kind),
@@ -114,7 +116,9 @@ pub async fn page(
         ("request", &filter.request),
     ] {
         if v.len() > 1024 {
-            return Err(AuditError::BadRequest(format!("{name} is longer than 1024 bytes")));
+            return Err(AuditError::BadRequest(format!(
+                "{name} is longer than 1024 bytes"
+            )));
         }
     }
     let (has, (cts, ckind, cid, chash)) = match cursor.filter(|c| !c.is_empty()) {
@@ -226,7 +230,10 @@ mod tests {
             payload: "{}".into(),
         };
         let c = encode_cursor(&h);
-        assert_eq!(decode_cursor(&c).unwrap(), (42, "frame".into(), "a\"b'c ✓".into(), "00ff".into()));
+        assert_eq!(
+            decode_cursor(&c).unwrap(),
+            (42, "frame".into(), "a\"b'c ✓".into(), "00ff".into())
+        );
         assert!(decode_cursor("zz").is_err());
         assert!(decode_cursor(&hex::encode("[1,2]")).is_err());
     }

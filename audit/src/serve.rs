@@ -70,28 +70,37 @@ fn fail(e: AuditError) -> Response {
         AuditError::Refused(m) => error(StatusCode::CONFLICT, &m),
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "server key misconfigured")
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server key misconfigured",
+            )
         }
         AuditError::Store(e) => {
             tracing::warn!(error = %e, "audit query failed");
-            error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable; retry later")
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable; retry later",
+            )
         }
     }
 }
 
 /// The caller's tenant and key id, or the 401/403 to send. A request may name a tenant
 /// (`?tenant=`), but only its own: any other is refused with 403.
-fn auth(s: &AppState, headers: &HeaderMap, uri: &Uri) -> Result<(String, String), Response> {
+fn auth(s: &AppState, headers: &HeaderMap, uri: &Uri) -> Result<(String, String), Box<Response>> {
     let tenant = s.keys.authenticate(headers).map_err(|e| {
         let (status, msg) = e.response();
-        error(status, msg)
+        Box::new(error(status, msg))
     })?;
     let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
         .ok()
         .and_then(|Query(m)| m.get("tenant").cloned());
     if let Some(asked) = asked {
         if asked != tenant {
-            return Err(error(StatusCode::FORBIDDEN, "this key may not read that tenant"));
+            return Err(Box::new(error(
+                StatusCode::FORBIDDEN,
+                "this key may not read that tenant",
+            )));
         }
     }
     let presented = headers
@@ -100,11 +109,21 @@ fn auth(s: &AppState, headers: &HeaderMap, uri: &Uri) -> Result<(String, String)
         .and_then(|v| v.get(7..))
         .unwrap_or_default()
         .trim();
-    let key_id = format!("key:{}", &hex::encode(Sha256::digest(presented.as_bytes()))[..12]);
+    let key_id = format!(
+        "key:{}",
+        &hex::encode(Sha256::digest(presented.as_bytes()))[..12]
+    );
     Ok((tenant.to_owned(), key_id))
 }
 
-async fn record(s: &AppState, tenant: &str, actor: &str, action: &str, q: serde_json::Value, n: u64) {
+async fn record(
+    s: &AppState,
+    tenant: &str,
+    actor: &str,
+    action: &str,
+    q: serde_json::Value,
+    n: u64,
+) {
     if let Err(e) = log::record(&s.store, tenant, actor, action, &q, n).await {
         tracing::warn!(error = %e, "could not write weft_audit_log");
     }
@@ -139,15 +158,25 @@ struct CheckQuery {
     grace_secs: Option<String>,
 }
 
-async fn check_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q: Result<Query<CheckQuery>, QueryRejection>) -> Response {
+async fn check_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    q: Result<Query<CheckQuery>, QueryRejection>,
+) -> Response {
     let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Ok(Query(q)) = q else {
         return error(StatusCode::BAD_REQUEST, "malformed query string");
     };
-    let range = match (Bounds { from: q.from, to: q.to }).range() {
+    let range = match (Bounds {
+        from: q.from,
+        to: q.to,
+    })
+    .range()
+    {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
@@ -161,21 +190,42 @@ async fn check_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q:
     };
     match check::run(&s.store, &tenant, range, opt).await {
         Ok(r) => {
-            record(&s, &tenant, &actor, "check", json!({"range": range, "grace_secs": opt.grace_secs}), r.findings.len() as u64).await;
+            record(
+                &s,
+                &tenant,
+                &actor,
+                "check",
+                json!({"range": range, "grace_secs": opt.grace_secs}),
+                r.findings.len() as u64,
+            )
+            .await;
             Json(r).into_response()
         }
         Err(e) => fail(e),
     }
 }
 
-async fn timeline_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<String>) -> Response {
+async fn timeline_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Response {
     let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let res = timeline::get(&s.store, &tenant, &id).await;
     let n = res.as_ref().map(|n| n.entries.len() as u64).unwrap_or(0);
-    record(&s, &tenant, &actor, "timeline", json!({"id": crate::short(&id)}), n).await;
+    record(
+        &s,
+        &tenant,
+        &actor,
+        "timeline",
+        json!({"id": crate::short(&id)}),
+        n,
+    )
+    .await;
     match res {
         Ok(n) => Json(n).into_response(),
         Err(e) => fail(e),
@@ -207,15 +257,25 @@ struct SearchQuery {
     format: Option<String>,
 }
 
-async fn search_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q: Result<Query<SearchQuery>, QueryRejection>) -> Response {
+async fn search_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    q: Result<Query<SearchQuery>, QueryRejection>,
+) -> Response {
     let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Ok(Query(q)) = q else {
         return error(StatusCode::BAD_REQUEST, "malformed query string");
     };
-    let range = match (Bounds { from: q.from.clone(), to: q.to.clone() }).range() {
+    let range = match (Bounds {
+        from: q.from.clone(),
+        to: q.to.clone(),
+    })
+    .range()
+    {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
@@ -237,11 +297,28 @@ async fn search_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q
     if !["json", "jsonl", "csv"].contains(&format) {
         return error(StatusCode::BAD_REQUEST, "format must be json, jsonl or csv");
     }
-    let page = match search::page(&s.store, &tenant, range, &filter, q.cursor.as_deref(), limit).await {
+    let page = match search::page(
+        &s.store,
+        &tenant,
+        range,
+        &filter,
+        q.cursor.as_deref(),
+        limit,
+    )
+    .await
+    {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    record(&s, &tenant, &actor, "search", json!({"range": range, "filter": filter, "cursor": q.cursor}), page.hits.len() as u64).await;
+    record(
+        &s,
+        &tenant,
+        &actor,
+        "search",
+        json!({"range": range, "filter": filter, "cursor": q.cursor}),
+        page.hits.len() as u64,
+    )
+    .await;
     let next = page.next_cursor.clone().unwrap_or_default();
     match format {
         "csv" => {
@@ -251,7 +328,14 @@ async fn search_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q
                 body.push_str(&search::csv_line(h));
                 body.push('\n');
             }
-            ([(header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()), (header::HeaderName::from_static("x-next-cursor"), next)], body).into_response()
+            (
+                [
+                    (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()),
+                    (header::HeaderName::from_static("x-next-cursor"), next),
+                ],
+                body,
+            )
+                .into_response()
         }
         "jsonl" => {
             let mut body = String::new();
@@ -259,7 +343,14 @@ async fn search_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q
                 body.push_str(&search::json_line(h).to_string());
                 body.push('\n');
             }
-            ([(header::CONTENT_TYPE, "application/x-ndjson".to_owned()), (header::HeaderName::from_static("x-next-cursor"), next)], body).into_response()
+            (
+                [
+                    (header::CONTENT_TYPE, "application/x-ndjson".to_owned()),
+                    (header::HeaderName::from_static("x-next-cursor"), next),
+                ],
+                body,
+            )
+                .into_response()
         }
         _ => Json(json!({
             "hits": page.hits.iter().map(search::json_line).collect::<Vec<_>>(),
@@ -269,16 +360,31 @@ async fn search_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, q
     }
 }
 
-async fn bundle_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, Path(id): Path<String>) -> Response {
+async fn bundle_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Response {
     let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let res = bundle::export(&s.store, &tenant, &id, s.sign_key.as_deref()).await;
-    record(&s, &tenant, &actor, "bundle", json!({"id": crate::short(&id)}), u64::from(res.is_ok())).await;
+    record(
+        &s,
+        &tenant,
+        &actor,
+        "bundle",
+        json!({"id": crate::short(&id)}),
+        u64::from(res.is_ok()),
+    )
+    .await;
     match res {
         Ok(doc) => {
-            let ring = s.sign_key.as_ref().map(|k| Keyring { keys: vec![k.public()] });
+            let ring = s.sign_key.as_ref().map(|k| Keyring {
+                keys: vec![k.public()],
+            });
             let c = bundle::check_document(&doc, ring.as_ref());
             Json(json!({"bundle": doc, "check": c, "passed": c.passed()})).into_response()
         }
@@ -289,11 +395,19 @@ async fn bundle_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri, P
 async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref()).await {
         Ok(r) => {
-            record(&s, &tenant, &actor, "verify", json!({}), r.problems.len() as u64).await;
+            record(
+                &s,
+                &tenant,
+                &actor,
+                "verify",
+                json!({}),
+                r.problems.len() as u64,
+            )
+            .await;
             Json(json!({"ok": r.ok(), "report": r})).into_response()
         }
         Err(e) => fail(e),
@@ -303,11 +417,19 @@ async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -
 async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     let (tenant, actor) = match auth(&s, &headers, &uri) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match chain::checkpoints(&s.store, &tenant).await {
         Ok(c) => {
-            record(&s, &tenant, &actor, "checkpoints", json!({}), c.len() as u64).await;
+            record(
+                &s,
+                &tenant,
+                &actor,
+                "checkpoints",
+                json!({}),
+                c.len() as u64,
+            )
+            .await;
             Json(c).into_response()
         }
         Err(e) => fail(e),

@@ -24,7 +24,9 @@ pub struct Key {
 
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Key").field("kid", &self.kid).finish_non_exhaustive()
+        f.debug_struct("Key")
+            .field("kid", &self.kid)
+            .finish_non_exhaustive()
     }
 }
 
@@ -61,7 +63,8 @@ impl Key {
 
     /// Read a key file (`{"kid", "seed_b64url"}`).
     pub fn from_json(text: &str) -> Result<Self, AuditError> {
-        let f: KeyFile = serde_json::from_str(text).map_err(|e| AuditError::Key(format!("key file: {e}")))?;
+        let f: KeyFile =
+            serde_json::from_str(text).map_err(|e| AuditError::Key(format!("key file: {e}")))?;
         let seed = B64
             .decode(f.seed_b64url.trim())
             .map_err(|e| AuditError::Key(format!("seed_b64url: {e}")))?;
@@ -119,20 +122,26 @@ impl Keyring {
 
     /// Verify a base64url ed25519 signature by key `kid` over the JCS form of `doc`.
     pub fn verify(&self, kid: &str, doc: &Value, sig_b64: &str) -> Result<(), AuditError> {
-        let pk = self
-            .keys
-            .iter()
-            .find(|k| k.kid == kid)
-            .ok_or_else(|| AuditError::Key(format!("no key `{}` in the keyring", crate::short(kid))))?;
+        let pk = self.keys.iter().find(|k| k.kid == kid).ok_or_else(|| {
+            AuditError::Key(format!("no key `{}` in the keyring", crate::short(kid)))
+        })?;
         if pk.alg != "ed25519" {
-            return Err(AuditError::Key(format!("key {kid}: unsupported alg {}", pk.alg)));
+            return Err(AuditError::Key(format!(
+                "key {kid}: unsupported alg {}",
+                pk.alg
+            )));
         }
         let raw: [u8; 32] = B64
             .decode(pk.public_key_b64url.trim())
             .ok()
             .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| AuditError::Key(format!("key {kid}: public key is not 32 bytes of base64url")))?;
-        let vk = VerifyingKey::from_bytes(&raw).map_err(|e| AuditError::Key(format!("key {kid}: {e}")))?;
+            .ok_or_else(|| {
+                AuditError::Key(format!(
+                    "key {kid}: public key is not 32 bytes of base64url"
+                ))
+            })?;
+        let vk = VerifyingKey::from_bytes(&raw)
+            .map_err(|e| AuditError::Key(format!("key {kid}: {e}")))?;
         let sig: [u8; 64] = B64
             .decode(sig_b64.trim())
             .ok()

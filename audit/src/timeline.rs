@@ -10,9 +10,9 @@ pub async fn get(store: &Store, tenant: &str, id: &str) -> Result<Narrative, Aud
     if id.is_empty() || id.len() > 1024 {
         return Err(AuditError::BadRequest("id must be 1..=1024 bytes".into()));
     }
-    query::lookup(store, tenant, id)
-        .await?
-        .ok_or_else(|| AuditError::NotFound(format!("no narrative contains `{}`", crate::short(id))))
+    query::lookup(store, tenant, id).await?.ok_or_else(|| {
+        AuditError::NotFound(format!("no narrative contains `{}`", crate::short(id)))
+    })
 }
 
 /// The timeline as terminal text: one line per event, then the links.
@@ -28,12 +28,27 @@ pub fn render_text(n: &Narrative) -> String {
         n.links.len()
     );
     for e in &n.entries {
-        let detail = ["event_type", "decision", "outcome", "capability_id", "principal", "token_id"]
-            .iter()
-            .filter_map(|k| e.payload.get(*k).and_then(|v| v.as_str()).map(|v| format!("{k}={v}")))
-            .collect::<Vec<_>>()
-            .join(" ");
-        out.push_str(&format!("  {}  {:<26} {:<36} {}\n", e.timestamp, e.kind, e.id, detail));
+        let detail = [
+            "event_type",
+            "decision",
+            "outcome",
+            "capability_id",
+            "principal",
+            "token_id",
+        ]
+        .iter()
+        .filter_map(|k| {
+            e.payload
+                .get(*k)
+                .and_then(|v| v.as_str())
+                .map(|v| format!("{k}={v}"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+        out.push_str(&format!(
+            "  {}  {:<26} {:<36} {}\n",
+            e.timestamp, e.kind, e.id, detail
+        ));
     }
     for l in &n.links {
         out.push_str(&format!(

@@ -326,7 +326,8 @@ pub struct KeygenArgs {
 }
 
 fn read_key(path: &std::path::Path) -> anyhow::Result<Key> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading key {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading key {}", path.display()))?;
     Ok(Key::from_json(&text)?)
 }
 
@@ -342,7 +343,12 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
         Action::Keygen(k) => {
             let key = Key::generate(&k.kid)?;
             write_secret(&k.out, &key.to_json())?;
-            println!("{}", serde_json::to_string_pretty(&Keyring { keys: vec![key.public()] })?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&Keyring {
+                    keys: vec![key.public()]
+                })?
+            );
             return Ok(ExitCode::SUCCESS);
         }
         _ => {}
@@ -356,7 +362,14 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                 lookaround_secs: c.lookaround_secs,
             };
             let r = check::run(&store, &c.scope.tenant, range, opt).await?;
-            logged(&store, &c.scope.tenant, "check", json!({"range": range, "grace_secs": c.grace_secs}), r.findings.len() as u64).await;
+            logged(
+                &store,
+                &c.scope.tenant,
+                "check",
+                json!({"range": range, "grace_secs": c.grace_secs}),
+                r.findings.len() as u64,
+            )
+            .await;
             match c.format {
                 TextJson::Json => println!("{}", serde_json::to_string_pretty(&r)?),
                 TextJson::Text => {
@@ -392,7 +405,14 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            logged(&store, &t.tenant, "timeline", json!({"id": t.request}), n.entries.len() as u64).await;
+            logged(
+                &store,
+                &t.tenant,
+                "timeline",
+                json!({"id": t.request}),
+                n.entries.len() as u64,
+            )
+            .await;
             match t.format {
                 TextJson::Json => println!("{}", serde_json::to_string_pretty(&n)?),
                 TextJson::Text => print!("{}", timeline::render_text(&n)),
@@ -425,7 +445,15 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                 SearchFormat::Jsonl => {}
             }
             loop {
-                let page = search::page(&store, &s.scope.tenant, range, &filter, cursor.as_deref(), s.limit).await?;
+                let page = search::page(
+                    &store,
+                    &s.scope.tenant,
+                    range,
+                    &filter,
+                    cursor.as_deref(),
+                    s.limit,
+                )
+                .await?;
                 total += page.hits.len() as u64;
                 for h in &page.hits {
                     match s.format {
@@ -453,18 +481,31 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
             if let Some(c) = &cursor {
                 eprintln!("next cursor: {c}");
             }
-            logged(&store, &s.scope.tenant, "search", json!({"range": range, "filter": filter, "cursor": s.cursor}), total).await;
+            logged(
+                &store,
+                &s.scope.tenant,
+                "search",
+                json!({"range": range, "filter": filter, "cursor": s.cursor}),
+                total,
+            )
+            .await;
             Ok(ExitCode::SUCCESS)
         }
         Action::Bundle(b) => {
             let key = b.sign_key.as_deref().map(read_key).transpose()?;
             let doc = bundle::export(&store, &b.tenant, &b.request, key.as_ref()).await?;
             logged(&store, &b.tenant, "bundle", json!({"id": b.request}), 1).await;
-            let ring = key.as_ref().map(|k| Keyring { keys: vec![k.public()] });
+            let ring = key.as_ref().map(|k| Keyring {
+                keys: vec![k.public()],
+            });
             let c = bundle::check_document(&doc, ring.as_ref());
             println!("{}", serde_json::to_string_pretty(&doc)?);
             report_bundle_check(&c);
-            Ok(if c.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if c.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Action::Seal(a) => {
             let key = a.sign_key.as_deref().map(read_key).transpose()?;
@@ -474,22 +515,39 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                 r.sealed,
                 a.tenant,
                 r.checkpoints.len(),
-                if key.is_some() { " (checkpoints signed)" } else { " (checkpoints unsigned: pass --sign-key)" }
+                if key.is_some() {
+                    " (checkpoints signed)"
+                } else {
+                    " (checkpoints unsigned: pass --sign-key)"
+                }
             );
             Ok(ExitCode::SUCCESS)
         }
         Action::Verify(a) => {
             let extra: Vec<weft_audit::chain::Checkpoint> = match &a.checkpoints {
-                Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-                    .with_context(|| format!("parsing {}", p.display()))?,
+                Some(p) => serde_json::from_str(
+                    &std::fs::read_to_string(p)
+                        .with_context(|| format!("reading {}", p.display()))?,
+                )
+                .with_context(|| format!("parsing {}", p.display()))?,
                 None => Vec::new(),
             };
             let ring = match &a.keyring {
-                Some(p) => Some(Keyring::from_json(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)?),
+                Some(p) => Some(Keyring::from_json(
+                    &std::fs::read_to_string(p)
+                        .with_context(|| format!("reading {}", p.display()))?,
+                )?),
                 None => None,
             };
             let r = weft_audit::chain::verify(&store, &a.tenant, &extra, ring.as_ref()).await?;
-            logged(&store, &a.tenant, "verify", json!({}), r.problems.len() as u64).await;
+            logged(
+                &store,
+                &a.tenant,
+                "verify",
+                json!({}),
+                r.problems.len() as u64,
+            )
+            .await;
             match a.format {
                 TextJson::Json => println!("{}", serde_json::to_string_pretty(&r)?),
                 TextJson::Text => {
@@ -516,7 +574,11 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            Ok(if r.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if r.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Action::Checkpoints(a) => {
             let c = weft_audit::chain::checkpoints(&store, &a.tenant).await?;
@@ -572,8 +634,10 @@ fn report_bundle_check(c: &bundle::BundleCheck) {
 }
 
 fn bundle_check(b: BundleCheckArgs) -> anyhow::Result<ExitCode> {
-    let text = std::fs::read_to_string(&b.file).with_context(|| format!("reading {}", b.file.display()))?;
-    let doc: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", b.file.display()))?;
+    let text = std::fs::read_to_string(&b.file)
+        .with_context(|| format!("reading {}", b.file.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", b.file.display()))?;
     let ring = match &b.keyring {
         Some(p) => Some(Keyring::from_json(
             &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
@@ -582,7 +646,11 @@ fn bundle_check(b: BundleCheckArgs) -> anyhow::Result<ExitCode> {
     };
     let c = bundle::check_document(&doc, ring.as_ref());
     report_bundle_check(&c);
-    Ok(if c.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if c.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
@@ -607,7 +675,12 @@ async fn serve(a: ServeArgs, store: Store) -> anyhow::Result<()> {
     if keys.is_empty() {
         tracing::warn!("no API keys configured: every request will get 401 (see --help)");
     }
-    let sign_key = a.sign_key.as_deref().map(read_key).transpose()?.map(Arc::new);
+    let sign_key = a
+        .sign_key
+        .as_deref()
+        .map(read_key)
+        .transpose()?
+        .map(Arc::new);
     let keyring = match &a.keyring {
         Some(p) => Some(Arc::new(Keyring::from_json(
             &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
