@@ -64,8 +64,10 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// Findings per invariant.
     pub counts: BTreeMap<String, u64>,
-    /// Server time spent, milliseconds.
+    /// Wall time of the whole run, milliseconds.
     pub elapsed_ms: u64,
+    /// Wall time of each check's query (they run concurrently), milliseconds.
+    pub timings_ms: BTreeMap<String, u64>,
 }
 
 const TS_RANGE: &str = "ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') \
@@ -209,26 +211,21 @@ struct OrphanRow {
 }
 
 const ORPHAN_SQL: &str = "
-WITH te AS (
-    SELECT id, any(decision_id) AS d, any(frame_id) AS f, any(handle_id) AS h FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'trace_event' AND {TS}
-      AND (decision_id != '' OR frame_id != '' OR handle_id != '')
-      AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
-    GROUP BY id
-),
-refs AS (
-    SELECT id, r.1 AS rkind, r.2 AS rid FROM te
-    ARRAY JOIN [('policy_decision', d), ('frame', f), ('handle', h)] AS r
-    WHERE r.2 != ''
-),
-known AS (
-    SELECT DISTINCT kind, id FROM weft_events
-    WHERE tenant = {t:String} AND kind IN ('policy_decision', 'frame', 'handle') AND {WIDE}
-      AND id IN (SELECT rid FROM refs)
+SELECT src AS id, groupArray((rkind, rid)) AS missing FROM (
+    SELECT rkind, rid, groupUniqArrayIf(src, is_ref = 1) AS srcs, countIf(is_ref = 0) AS present FROM (
+        SELECT r.1 AS rkind, r.2 AS rid, id AS src, 1 AS is_ref FROM weft_events
+        ARRAY JOIN [('policy_decision', decision_id), ('frame', frame_id), ('handle', handle_id)] AS r
+        WHERE tenant = {t:String} AND kind = 'trace_event' AND {TS} AND r.2 != ''
+          AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+        UNION ALL
+        SELECT kind AS rkind, id AS rid, '' AS src, 0 AS is_ref FROM weft_events
+        WHERE tenant = {t:String} AND kind IN ('policy_decision', 'frame', 'handle') AND {WIDE}
+    )
+    GROUP BY rkind, rid
+    HAVING present = 0
 )
-SELECT id, groupArray((rkind, rid)) AS missing FROM refs
-WHERE (rkind, rid) NOT IN (SELECT kind, id FROM known)
-GROUP BY id
+ARRAY JOIN srcs AS src
+GROUP BY src
 ";
 
 #[derive(Debug, Row, Deserialize)]
@@ -257,38 +254,59 @@ pub async fn run(
     let started = std::time::Instant::now();
     let (i02, i06, i01, orphans, conflicts) = tokio::try_join!(
         async {
+            let t = std::time::Instant::now();
             q(store, I02_SQL, tenant, range, opt)
                 .fetch_all::<I02Row>()
                 .await
                 .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
         },
         async {
+            let t = std::time::Instant::now();
             q(store, I06_SQL, tenant, range, opt)
                 .fetch_all::<I06Row>()
                 .await
                 .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
         },
         async {
+            let t = std::time::Instant::now();
             q(store, I01_SQL, tenant, range, opt)
                 .param("keys", RAW_OUTPUT_KEYS.to_vec())
                 .fetch_all::<String>()
                 .await
                 .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
         },
         async {
+            let t = std::time::Instant::now();
             q(store, ORPHAN_SQL, tenant, range, opt)
                 .param("grace", opt.grace_secs)
                 .fetch_all::<OrphanRow>()
                 .await
                 .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
         },
         async {
+            let t = std::time::Instant::now();
             q(store, CONFLICT_SQL, tenant, range, opt)
                 .fetch_all::<ConflictRow>()
                 .await
                 .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
         },
     )?;
+    let timings_ms: BTreeMap<String, u64> = [
+        ("I-02", i02.1),
+        ("I-06", i06.1),
+        ("I-01", i01.1),
+        ("orphan", orphans.1),
+        ("id_conflict", conflicts.1),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let (i02, i06, i01, orphans, conflicts) = (i02.0, i06.0, i01.0, orphans.0, conflicts.0);
     let mut findings = Vec::new();
     findings.extend(i02_findings(i02));
     findings.extend(i06_findings(i06));
@@ -344,6 +362,7 @@ pub async fn run(
         findings,
         counts,
         elapsed_ms: started.elapsed().as_millis() as u64,
+        timings_ms,
     })
 }
 
