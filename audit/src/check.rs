@@ -106,38 +106,26 @@ struct I02Row {
 }
 
 const I02_SQL: &str = "
-WITH ex AS (
-    SELECT id, any(decision_id) AS decision_id, min(ts) AS ts FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'trace_event' AND event_type = 'capability_executed' AND {TS}
-    GROUP BY id
-),
-pd AS (
-    SELECT id, any(decision) AS verdict FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'policy_decision' AND {WIDE}
-      AND id IN (SELECT decision_id FROM ex WHERE decision_id != '')
-    GROUP BY id
-),
-au AS (
-    SELECT decision_id, argMin(id, ts) AS auth, min(ts) AS ats FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'trace_event' AND event_type = 'capability_authorized' AND {WIDE}
-      AND decision_id IN (SELECT decision_id FROM ex WHERE decision_id != '')
-    GROUP BY decision_id
-),
-de AS (
-    SELECT decision_id, groupUniqArray(id) AS denied FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'trace_event' AND event_type = 'capability_denied' AND {WIDE}
-      AND decision_id IN (SELECT decision_id FROM ex WHERE decision_id != '')
-    GROUP BY decision_id
+SELECT e.1 AS exec, d AS decision_id, pd, verdict, auth,
+       toUInt8(auth != '' AND ats > e.2) AS auth_late, denied
+FROM (
+    SELECT if(kind = 'policy_decision', id, decision_id) AS d,
+           groupUniqArrayIf((id, ts), kind = 'trace_event' AND event_type = 'capability_executed' AND {TS}) AS ex,
+           anyIf(id, kind = 'policy_decision') AS pd,
+           anyIf(decision, kind = 'policy_decision') AS verdict,
+           argMinIf(id, ts, event_type = 'capability_authorized') AS auth,
+           minIf(ts, event_type = 'capability_authorized') AS ats,
+           groupUniqArrayIf(id, event_type = 'capability_denied') AS denied
+    FROM weft_events
+    WHERE tenant = {t:String} AND {WIDE}
+      AND (kind = 'policy_decision'
+           OR (kind = 'trace_event'
+               AND event_type IN ('capability_executed', 'capability_authorized', 'capability_denied')))
+    GROUP BY d
+    HAVING notEmpty(ex)
 )
-SELECT ex.id AS exec, ex.decision_id AS decision_id, pd.id AS pd, pd.verdict AS verdict,
-       au.auth AS auth, toUInt8(au.auth != '' AND au.ats > ex.ts) AS auth_late, de.denied AS denied
-FROM ex
-LEFT JOIN pd ON pd.id = ex.decision_id
-LEFT JOIN au ON au.decision_id = ex.decision_id
-LEFT JOIN de ON de.decision_id = ex.decision_id
-WHERE ex.decision_id = '' OR pd.id = '' OR pd.verdict != 'allow' OR au.auth = '' OR au.ats > ex.ts
-   OR notEmpty(de.denied)
-SETTINGS join_use_nulls = 0
+ARRAY JOIN ex AS e
+WHERE d = '' OR pd = '' OR verdict != 'allow' OR auth = '' OR ats > e.2 OR notEmpty(denied)
 ";
 
 #[derive(Debug, Row, Deserialize)]
@@ -153,40 +141,38 @@ struct I06Row {
 
 const I06_SQL: &str = "
 WITH uses AS (
-    SELECT id AS pd, any(token_id) AS tok, any(capability_id) AS cap, any(decision) AS verdict,
-           min(ts) AS pts
+    SELECT if(kind = 'policy_decision', id, decision_id) AS pd,
+           anyIf(token_id, kind = 'policy_decision') AS tok,
+           anyIf(capability_id, kind = 'policy_decision') AS cap,
+           anyIf(decision, kind = 'policy_decision') AS verdict,
+           minIf(ts, kind = 'policy_decision') AS pts,
+           countIf(kind = 'policy_decision' AND {TS}) AS in_range,
+           groupUniqArrayIf(id, kind = 'trace_event') AS execs,
+           maxIf(ts, kind = 'trace_event') AS ets,
+           groupUniqArrayIf(capability_id, kind = 'trace_event') AS ecaps
     FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'policy_decision' AND token_id != '' AND {TS}
-    GROUP BY id
-),
-toks AS (
-    SELECT id AS tok, any(payload) AS p FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
-      AND id IN (SELECT tok FROM uses)
-    GROUP BY id
+    WHERE tenant = {t:String} AND {WIDE}
+      AND ((kind = 'policy_decision' AND token_id != '')
+           OR (kind = 'trace_event' AND event_type = 'capability_executed' AND decision_id != ''))
+    GROUP BY pd
+    HAVING in_range > 0 AND tok != ''
 ),
 info AS (
-    SELECT tok, JSONExtract(p, 'scope', 'Array(String)') AS scope,
-           parseDateTime64BestEffortOrNull(JSONExtractString(p, 'expires_at'), 6, 'UTC') AS exp,
-           JSONExtractBool(p, 'single_use') AS su
-    FROM toks
-),
-ex AS (
-    SELECT decision_id AS pd, groupUniqArray(id) AS execs, max(ts) AS ets,
-           groupUniqArray(capability_id) AS ecaps
+    SELECT id AS tok,
+           JSONExtract(any(payload), 'scope', 'Array(String)') AS scope,
+           parseDateTime64BestEffortOrNull(JSONExtractString(any(payload), 'expires_at'), 6, 'UTC') AS exp,
+           JSONExtractBool(any(payload), 'single_use') AS su
     FROM weft_events
-    WHERE tenant = {t:String} AND kind = 'trace_event' AND event_type = 'capability_executed' AND {WIDE}
-      AND decision_id IN (SELECT pd FROM uses)
-    GROUP BY decision_id
+    WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
+    GROUP BY id
 ),
 j AS (
     SELECT u.pd AS pd, u.tok AS tok, u.cap AS cap, u.verdict AS verdict, u.pts AS pts,
-           i.scope AS scope, i.exp AS exp, i.su AS su, e.execs AS execs, e.ets AS ets,
-           e.ecaps AS ecaps,
+           i.scope AS scope, i.exp AS exp, i.su AS su, u.execs AS execs, u.ets AS ets,
+           u.ecaps AS ecaps,
            countIf(u.verdict = 'allow') OVER (PARTITION BY u.tok) AS allows
     FROM uses AS u
     INNER JOIN info AS i ON i.tok = u.tok
-    LEFT JOIN ex AS e ON e.pd = u.pd
 )
 SELECT pd, tok,
        toUInt8(su AND verdict = 'allow' AND allows > 1) AS reused,
@@ -201,6 +187,7 @@ SETTINGS join_use_nulls = 0
 const I01_SQL: &str = "
 SELECT DISTINCT id FROM weft_events
 WHERE tenant = {t:String} AND kind = 'frame' AND {TS}
+  AND multiSearchAny(payload, arrayMap(k -> concat('\"', k, '\"'), {keys:Array(String)}))
   AND arrayExists(k -> JSONHas(payload, k), {keys:Array(String)})
 ";
 
@@ -367,7 +354,10 @@ pub async fn run(
 }
 
 fn i02_findings(rows: Vec<I02Row>) -> Vec<Finding> {
+    // Two stored versions of one execution (an id conflict) are one finding.
+    let mut seen = std::collections::HashSet::new();
     rows.into_iter()
+        .filter(|r| seen.insert(r.exec.clone()))
         .map(|r| {
             let exec = EventRef::new("trace_event", r.exec.clone());
             let mut events = vec![exec.clone()];
