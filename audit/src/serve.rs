@@ -124,9 +124,19 @@ async fn record(
     q: serde_json::Value,
     n: u64,
 ) {
-    if let Err(e) = log::record(&s.store, tenant, actor, action, &q, n).await {
-        tracing::warn!(error = %e, "could not write weft_audit_log");
-    }
+    // The row is written off the response path (the `tracing` event inside is immediate);
+    // a crash may lose the last rows, never the answer's correctness.
+    let (store, tenant, actor, action) = (
+        s.store.clone(),
+        tenant.to_owned(),
+        actor.to_owned(),
+        action.to_owned(),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = log::record(&store, &tenant, &actor, &action, &q, n).await {
+            tracing::warn!(error = %e, "could not write weft_audit_log");
+        }
+    });
 }
 
 /// Time bounds from the query string.
