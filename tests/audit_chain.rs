@@ -38,7 +38,12 @@ fn named(report: &Value, what: &str, id: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampering_is_detected_and_named() {
     let p = Pipeline::new("it_chain");
-    let truth = p.simulate(&["--flows", "30", "--seed", "77"]);
+    // Three days ago, so that a one-day retention below removes all of it whatever the clock.
+    let start = weft_schemas::time::micros_to_rfc3339(
+        weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
+            - 3 * 86_400_000_000,
+    );
+    let truth = p.simulate(&["--flows", "30", "--seed", "77", "--start", &start]);
     let _ingest = p.ingest(None);
     p.publish(&p.path("events.jsonl"));
     let n = truth.totals.distinct_events;
@@ -182,7 +187,7 @@ async fn tampering_is_detected_and_named() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("legal hold"));
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, before);
-    // ... lifted, retention removes the (simulated, weeks old) facts, and verify counts them
+    // ... lifted, retention removes the (three days old) facts, and verify counts them
     // as pruned, not deleted.
     assert!(audit(&p, &["retention", "hold", "--off"]).status.success());
     let out = audit(&p, &["retention", "apply"]);
