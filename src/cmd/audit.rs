@@ -29,6 +29,7 @@ use crate::config::Settings;
 /// Times are RFC 3339 or relative to now: `30d`, `12h`, `15m` (ago). Every read is logged
 /// in `weft_audit_log` (actor `cli:$USER`). See docs/AUDIT.md.
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct AuditArgs {
     #[command(subcommand)]
     pub action: Action,
@@ -209,6 +210,8 @@ fn parse_time(s: &str, now: i64) -> anyhow::Result<i64> {
 /// never outside their scope. I-01: no Frame carries raw_output/raw/raw_result/tool_output.
 /// Orphans: trace events whose decision, frame or handle has not arrived within --grace-secs.
 /// Id conflicts: one id stored with different contents.
+///
+/// Exit 0 (or 1 with --fail-on-findings when anything is found).
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     #[command(flatten)]
@@ -224,6 +227,9 @@ pub struct CheckArgs {
     /// Exit with status 1 when anything is found.
     #[arg(long)]
     pub fail_on_findings: bool,
+    /// Text format: print only the one-line summary (counts per invariant).
+    #[arg(long)]
+    pub summary: bool,
 }
 
 /// Text for people, JSON for tools.
@@ -373,8 +379,8 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
             match c.format {
                 TextJson::Json => println!("{}", serde_json::to_string_pretty(&r)?),
                 TextJson::Text => {
-                    println!(
-                        "audit check, tenant {}, {} .. {}: {} findings {:?} ({} ms)",
+                    let mut out = format!(
+                        "audit check, tenant {}, {} .. {}: {} findings {:?} ({} ms)\n",
                         r.tenant,
                         weft_schemas::time::micros_to_rfc3339(range.from),
                         weft_schemas::time::micros_to_rfc3339(range.to),
@@ -382,11 +388,15 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                         r.counts,
                         r.elapsed_ms
                     );
-                    for f in &r.findings {
-                        println!("  {:<11} {:<26} {}", f.invariant, f.rule, f.detail);
+                    for f in r.findings.iter().filter(|_| !c.summary) {
+                        out.push_str(&format!(
+                            "  {:<11} {:<26} {}\n",
+                            f.invariant, f.rule, f.detail
+                        ));
                         let ev: Vec<String> = f.events.iter().map(|e| e.to_string()).collect();
-                        println!("              proof: {}", ev.join(", "));
+                        out.push_str(&format!("              proof: {}\n", ev.join(", ")));
                     }
+                    print_text(&out)?;
                 }
             }
             Ok(if c.fail_on_findings && !r.findings.is_empty() {
@@ -415,7 +425,7 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
             .await;
             match t.format {
                 TextJson::Json => println!("{}", serde_json::to_string_pretty(&n)?),
-                TextJson::Text => print!("{}", timeline::render_text(&n)),
+                TextJson::Text => print_text(&timeline::render_text(&n))?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -708,4 +718,13 @@ async fn serve(a: ServeArgs, store: Store) -> anyhow::Result<()> {
         .with_graceful_shutdown(weft_http::shutdown_signal())
         .await?;
     Ok(())
+}
+
+/// Write text to stdout; a closed pipe (`| head`) is not an error.
+fn print_text(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
