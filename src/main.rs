@@ -43,6 +43,7 @@ enum Command {
     Rebuild(cmd::rebuild::RebuildArgs),
     Router(Box<cmd::router::RouterArgs>),
     Eval(Box<cmd::eval::EvalArgs>),
+    Audit(Box<cmd::audit::AuditArgs>),
 }
 
 fn init_logging(format: LogFormat) {
@@ -102,6 +103,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rebuild(a) => block_on(cmd::rebuild::run(a, settings()?)),
         Command::Router(a) => block_on(cmd::router::run(*a, settings()?)),
         // Exit 1 when --gate is given and not met.
+        // Exit 1 on failed checks (see `weft audit --help`).
+        Command::Audit(a) => {
+            tokio::runtime::Runtime::new()?.block_on(cmd::audit::run(*a, settings()?))
+        }
         Command::Eval(a) => {
             let pass = tokio::runtime::Runtime::new()?.block_on(cmd::eval::run(*a, settings()?))?;
             Ok(if pass {

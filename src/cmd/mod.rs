@@ -1,5 +1,6 @@
 //! One module per subcommand. Each exposes `Args` (clap) and `run`.
 
+pub mod audit;
 pub mod bench;
 pub mod bench_ingest;
 pub mod bench_lookup;

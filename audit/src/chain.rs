@@ -1,0 +1,497 @@
+//! Tamper evidence: a hash chain over the stored facts, with signed checkpoints.
+//!
+//! **Order.** One chain per (tenant, topic, partition), in Kafka offset order: the order the
+//! ingest wrote the facts in, fixed forever by the broker. (Offsets have gaps: copies dropped
+//! by dedup, dead letters, other tenants' records. So a chain cannot prove that no record is
+//! missing *between* two offsets from the broker; it proves that nothing stored changed.)
+//!
+//! **Links.** `row_hash = SHA-256(JCS(row))` where `row` is every column of `weft_events`
+//! (the payload by its SHA-256), and `chain_i = SHA-256(chain_{i-1} || row_hash_i)` from
+//! 32 zero bytes. [`seal`] appends the facts stored since the last seal to
+//! `weft_audit_chain` and writes a checkpoint (the head) to `weft_audit_checkpoints`,
+//! signed with ed25519 over `JCS({tenant, topic, partition, offset, head})` when a key is
+//! configured. Export the checkpoints ([`checkpoints`]) and keep them outside ClickHouse.
+//!
+//! **Verify.** [`verify`] recomputes every row hash and link from genesis and compares:
+//! a changed row (ALTER UPDATE) gives `altered`, a missing one (DELETE) `deleted`, a row at
+//! a sealed position that is not in the chain `inserted`, a chain row that does not follow
+//! from its predecessor `chain_broken`, a checkpoint whose head differs from the recomputed
+//! chain (or whose signature fails) `checkpoint_mismatch`. Someone able to rewrite both
+//! `weft_events` and `weft_audit_chain` consistently is caught by the signed checkpoints
+//! (they cannot sign), and only for rows up to the last checkpoint they cannot replace —
+//! which is why checkpoints are exported and kept elsewhere.
+//!
+//! **Limit.** A row inserted behind weft's back *after* the last sealed offset of its
+//! partition looks like a fact not sealed yet; the next seal would take it as genuine.
+//! Verify reports such rows as `unsealed` (a count), not as tampering.
+
+use std::collections::BTreeMap;
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tracing::instrument;
+
+use crate::sign::{Key, Keyring};
+use crate::{ch_err, AuditError, Store};
+
+/// The link before the first row.
+pub const GENESIS: [u8; 32] = [0; 32];
+
+/// One fact as the chain sees it: every column of `weft_events`, the payload by its hash.
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+pub struct ChainRow {
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub tenant: String,
+    pub kind: String,
+    pub id: String,
+    pub content_hash: String,
+    pub ts: i64,
+    pub request_id: String,
+    pub producer_id: String,
+    pub seq: u64,
+    pub emitted_at: i64,
+    pub ingested_at: i64,
+    pub event_type: String,
+    pub principal: String,
+    pub capability_id: String,
+    pub decision: String,
+    pub outcome: String,
+    pub token_id: String,
+    pub decision_id: String,
+    pub frame_id: String,
+    pub handle_id: String,
+    pub handle_refs: Vec<String>,
+    pub candidate_id: String,
+    pub flow_id: String,
+    pub links: Vec<(String, String, String)>,
+    pub conflict: u8,
+    pub content_type: String,
+    pub payload_sha256: String,
+}
+
+impl ChainRow {
+    /// SHA-256 of the row's JCS form.
+    pub fn hash(&self) -> Result<[u8; 32], AuditError> {
+        let v = serde_json::to_value(self).map_err(|e| AuditError::Invalid(e.to_string()))?;
+        Ok(Sha256::digest(crate::sign::jcs(&v)?).into())
+    }
+}
+
+/// `SHA-256(prev || row_hash)`.
+pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(prev);
+    h.update(row_hash);
+    h.finalize().into()
+}
+
+const ROWS_SQL: &str = "
+SELECT topic, partition, offset, tenant, kind, id, lower(hex(content_hash)) AS content_hash,
+       toUnixTimestamp64Micro(ts) AS ts, request_id, producer_id, seq,
+       toUnixTimestamp64Micro(emitted_at) AS emitted_at, toUnixTimestamp64Micro(ingested_at) AS ingested_at,
+       event_type, principal, capability_id, decision, outcome, token_id, decision_id, frame_id,
+       handle_id, handle_refs, candidate_id, flow_id, links, conflict, content_type,
+       lower(hex(SHA256(payload))) AS payload_sha256
+FROM weft_events
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} AND offset > {after:Int64}
+ORDER BY offset, kind, id, content_hash
+";
+
+/// One link of `weft_audit_chain`.
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+pub struct Link {
+    pub tenant: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub kind: String,
+    pub id: String,
+    pub ts: i64,
+    pub row_hash: String,
+    pub chain: String,
+    pub sealed_at: i64,
+}
+
+/// One checkpoint: the head of a partition's chain at an offset, maybe signed.
+#[derive(Debug, Clone, PartialEq, Row, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub tenant: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub head: String,
+    /// Links in the chain up to and including `offset`.
+    pub rows: u64,
+    /// Empty when unsigned.
+    pub kid: String,
+    pub sig: String,
+    pub sealed_at: i64,
+}
+
+impl Checkpoint {
+    /// The signed statement: JCS of `{tenant, topic, partition, offset, head}`.
+    pub fn statement(&self) -> serde_json::Value {
+        json!({"tenant": self.tenant, "topic": self.topic, "partition": self.partition,
+               "offset": self.offset, "head": self.head})
+    }
+}
+
+#[derive(Debug, Row, Deserialize)]
+struct Part {
+    topic: String,
+    partition: u32,
+}
+
+async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError> {
+    store
+        .client()
+        .query(
+            "SELECT topic, partition FROM ( \
+               SELECT DISTINCT topic, partition FROM weft_events WHERE tenant = {t:String} \
+               UNION DISTINCT \
+               SELECT DISTINCT topic, partition FROM weft_audit_chain WHERE tenant = {t:String}) \
+             ORDER BY topic, partition",
+        )
+        .param("t", tenant)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+async fn rows_after(
+    store: &Store,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+) -> Result<Vec<ChainRow>, AuditError> {
+    store
+        .client()
+        .query(ROWS_SQL)
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("after", after)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+async fn links(store: &Store, tenant: &str, p: &Part) -> Result<Vec<Link>, AuditError> {
+    store
+        .client()
+        .query(
+            "SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash, chain, \
+                    toUnixTimestamp64Micro(sealed_at) AS sealed_at \
+             FROM weft_audit_chain WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+             ORDER BY offset",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+/// What one seal did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SealReport {
+    /// New links written.
+    pub sealed: u64,
+    /// Checkpoints written (one per partition that had new facts).
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+fn unhex32(s: &str) -> [u8; 32] {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| v.try_into().ok())
+        .unwrap_or([0xff; 32])
+}
+
+/// Append every fact of `tenant` stored since the last seal to its partition's chain, and
+/// checkpoint each extended chain (signed with `key` when given). Run one sealer at a time.
+#[instrument(skip(store, key), fields(tenant = %tenant))]
+pub async fn seal(
+    store: &Store,
+    tenant: &str,
+    key: Option<&Key>,
+) -> Result<SealReport, AuditError> {
+    let mut report = SealReport::default();
+    let now = chrono::Utc::now().timestamp_micros();
+    for p in partitions(store, tenant).await? {
+        let existing = links(store, tenant, &p).await?;
+        let (after, mut prev, count) = match existing.last() {
+            Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
+            None => (-1, GENESIS, 0),
+        };
+        let rows = rows_after(store, tenant, &p, after).await?;
+        if rows.is_empty() {
+            continue;
+        }
+        let mut new = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let rh = r.hash()?;
+            prev = link(&prev, &rh);
+            new.push(Link {
+                tenant: tenant.to_owned(),
+                topic: p.topic.clone(),
+                partition: p.partition,
+                offset: r.offset,
+                kind: r.kind.clone(),
+                id: r.id.clone(),
+                ts: r.ts,
+                row_hash: hex::encode(rh),
+                chain: hex::encode(prev),
+                sealed_at: now,
+            });
+        }
+        let mut ins = store
+            .client()
+            .insert::<Link>("weft_audit_chain")
+            .await
+            .map_err(ch_err(store))?;
+        for l in &new {
+            ins.write(l).await.map_err(ch_err(store))?;
+        }
+        ins.end().await.map_err(ch_err(store))?;
+        let last = new.last().map(|l| l.offset).unwrap_or_default();
+        let mut cp = Checkpoint {
+            tenant: tenant.to_owned(),
+            topic: p.topic.clone(),
+            partition: p.partition,
+            offset: last,
+            head: hex::encode(prev),
+            rows: count + new.len() as u64,
+            kid: String::new(),
+            sig: String::new(),
+            sealed_at: now,
+        };
+        if let Some(k) = key {
+            cp.kid = k.kid.clone();
+            cp.sig = k.sign(&cp.statement())?;
+        }
+        let mut ins = store
+            .client()
+            .insert::<Checkpoint>("weft_audit_checkpoints")
+            .await
+            .map_err(ch_err(store))?;
+        ins.write(&cp).await.map_err(ch_err(store))?;
+        ins.end().await.map_err(ch_err(store))?;
+        report.sealed += new.len() as u64;
+        report.checkpoints.push(cp);
+    }
+    tracing::info!(
+        sealed = report.sealed,
+        checkpoints = report.checkpoints.len(),
+        "sealed"
+    );
+    Ok(report)
+}
+
+/// Every checkpoint of `tenant`, oldest first: the file to keep for offline verification.
+pub async fn checkpoints(store: &Store, tenant: &str) -> Result<Vec<Checkpoint>, AuditError> {
+    store
+        .client()
+        .query(
+            "SELECT tenant, topic, partition, offset, head, rows, kid, sig, toUnixTimestamp64Micro(sealed_at) AS sealed_at \
+             FROM weft_audit_checkpoints WHERE tenant = {t:String} ORDER BY sealed_at, topic, partition, offset",
+        )
+        .param("t", tenant)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+/// One broken link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// `altered`, `deleted`, `inserted`, `chain_broken` or `checkpoint_mismatch`.
+    pub what: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub kind: String,
+    pub id: String,
+    pub detail: String,
+}
+
+/// The result of [`verify`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Links recomputed and found intact.
+    pub verified: u64,
+    /// Stored facts after the last seal of their partition (not yet covered).
+    pub unsealed: u64,
+    /// Rows removed by retention (before the tenant's `pruned_before`), not tampering.
+    pub pruned: u64,
+    /// Checkpoints whose head and signature matched.
+    pub checkpoints_ok: u64,
+    /// Every broken link, in (topic, partition, offset) order; the first is the first break.
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    /// No problem found.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Recompute every chain of `tenant` from genesis and compare with the stored facts, the
+/// stored links and the checkpoints (those in ClickHouse plus `extra`, e.g. an exported file).
+/// Signed checkpoints are verified against `keyring`; without one, signatures are not checked.
+#[instrument(skip(store, extra, keyring), fields(tenant = %tenant))]
+pub async fn verify(
+    store: &Store,
+    tenant: &str,
+    extra: &[Checkpoint],
+    keyring: Option<&Keyring>,
+) -> Result<VerifyReport, AuditError> {
+    let mut rep = VerifyReport::default();
+    let pruned_before = crate::retention::get(store, tenant).await?.pruned_before;
+    let mut cps: BTreeMap<(String, u32), Vec<Checkpoint>> = BTreeMap::new();
+    for c in checkpoints(store, tenant)
+        .await?
+        .into_iter()
+        .chain(extra.iter().cloned())
+    {
+        if c.tenant == tenant {
+            cps.entry((c.topic.clone(), c.partition))
+                .or_default()
+                .push(c);
+        }
+    }
+    for p in partitions(store, tenant).await? {
+        let chain = links(store, tenant, &p).await?;
+        let rows = rows_after(store, tenant, &p, -1).await?;
+        let mut by_offset: BTreeMap<u64, Vec<&ChainRow>> = BTreeMap::new();
+        for r in &rows {
+            by_offset.entry(r.offset).or_default().push(r);
+        }
+        let problem = |what: &str, offset: u64, kind: &str, id: &str, detail: String| Problem {
+            what: what.into(),
+            topic: p.topic.clone(),
+            partition: p.partition,
+            offset,
+            kind: kind.into(),
+            id: id.into(),
+            detail,
+        };
+        let mut prev = GENESIS;
+        let mut heads: BTreeMap<u64, [u8; 32]> = BTreeMap::new();
+        let mut sealed = std::collections::HashSet::new();
+        for l in &chain {
+            let stored_rh = unhex32(&l.row_hash);
+            match by_offset
+                .get(&l.offset)
+                .and_then(|v| v.iter().find(|r| r.kind == l.kind && r.id == l.id))
+            {
+                None if l.ts < pruned_before => rep.pruned += 1,
+                None => rep.problems.push(problem(
+                    "deleted",
+                    l.offset,
+                    &l.kind,
+                    &l.id,
+                    format!(
+                        "{}:{} sealed at offset {} is no longer stored",
+                        l.kind, l.id, l.offset
+                    ),
+                )),
+                Some(r) => {
+                    let rh = r.hash()?;
+                    if rh != stored_rh {
+                        rep.problems.push(problem(
+                            "altered",
+                            l.offset,
+                            &l.kind,
+                            &l.id,
+                            format!(
+                                "{}:{} at offset {} differs from what was sealed",
+                                l.kind, l.id, l.offset
+                            ),
+                        ));
+                    } else {
+                        rep.verified += 1;
+                    }
+                }
+            }
+            sealed.insert((l.offset, l.kind.clone(), l.id.clone()));
+            let next = link(&prev, &stored_rh);
+            if hex::encode(next) != l.chain {
+                rep.problems.push(problem(
+                    "chain_broken",
+                    l.offset,
+                    &l.kind,
+                    &l.id,
+                    format!(
+                        "the stored link at offset {} does not follow from its predecessor",
+                        l.offset
+                    ),
+                ));
+            }
+            prev = next;
+            heads.insert(l.offset, prev);
+        }
+        let last_sealed = chain.last().map(|l| l.offset);
+        for r in &rows {
+            if sealed.contains(&(r.offset, r.kind.clone(), r.id.clone())) {
+                continue;
+            }
+            match last_sealed {
+                Some(last) if r.offset <= last => rep.problems.push(problem(
+                    "inserted",
+                    r.offset,
+                    &r.kind,
+                    &r.id,
+                    format!(
+                        "{}:{} at offset {} is inside the sealed range but not in the chain",
+                        r.kind, r.id, r.offset
+                    ),
+                )),
+                _ => rep.unsealed += 1,
+            }
+        }
+        for c in cps
+            .remove(&(p.topic.clone(), p.partition))
+            .unwrap_or_default()
+        {
+            let head_ok = heads.get(&c.offset).map(hex::encode).as_deref() == Some(c.head.as_str());
+            let sig_ok = match (keyring, c.sig.is_empty()) {
+                (Some(ring), false) => ring
+                    .verify(&c.kid, &c.statement(), &c.sig)
+                    .map_err(|e| e.to_string()),
+                (Some(_), true) => Err("unsigned checkpoint".to_owned()),
+                (None, _) => Ok(()),
+            };
+            match (head_ok, sig_ok) {
+                (true, Ok(())) => rep.checkpoints_ok += 1,
+                (h, s) => rep.problems.push(problem(
+                    "checkpoint_mismatch",
+                    c.offset,
+                    "",
+                    "",
+                    format!(
+                        "checkpoint at offset {}: {}{}",
+                        c.offset,
+                        if h {
+                            ""
+                        } else {
+                            "the recomputed chain differs from the checkpoint's head"
+                        },
+                        s.err()
+                            .map(|e| format!(" signature: {e}"))
+                            .unwrap_or_default()
+                    ),
+                )),
+            }
+        }
+    }
+    rep.problems
+        .sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
+    Ok(rep)
+}

@@ -1,0 +1,489 @@
+//! Invariant checks over a time range: `weft audit check`.
+//!
+//! Each check is one set-based ClickHouse query (joins and aggregates over the typed columns
+//! of `weft_events`), never a row-by-row walk in Rust: only the offending rows leave the
+//! server, and Rust only groups them into [`Finding`]s. All checks are scoped to one tenant;
+//! the events a check starts from (executions, policy decisions, frames, trace events) must
+//! fall in the range, and the events they point at are looked up within the range widened
+//! by [`CheckOptions::lookaround_secs`] on both sides.
+//!
+//! Known limits: a single-use token counts only the uses inside the range; an id conflict is
+//! found through the ingest's `conflict` flag, so two versions further apart than the ingest's
+//! dedup window (7 days) are not reported.
+
+use std::collections::BTreeMap;
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+use weft_schemas::conformance::RAW_OUTPUT_KEYS;
+
+use crate::{ch_err, AuditError, EventRef, Range, Store};
+
+/// One broken invariant and the events that prove it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// `I-01`, `I-02`, `I-06`, `orphan` or `id_conflict` (the simulator's truth uses the same).
+    pub invariant: String,
+    /// Which rule of the invariant, e.g. `execution_after_deny`, `token_reused`.
+    pub rule: String,
+    /// The event an auditor names first: the token (I-06), the execution (I-02), the Frame
+    /// (I-01), the trace event (orphan) or the conflicting identity.
+    pub subject: EventRef,
+    /// Every event that together proves it, `subject` first.
+    pub events: Vec<EventRef>,
+    /// A sentence for humans.
+    pub detail: String,
+}
+
+/// Tunables of a check run.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckOptions {
+    /// A trace event whose decision, frame or handle is missing is an orphan only once it
+    /// was ingested at least this long ago (the referenced event may still be in flight).
+    pub grace_secs: u64,
+    /// How far outside the range referenced events are looked up.
+    pub lookaround_secs: u64,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        Self {
+            grace_secs: 300,
+            lookaround_secs: 24 * 3600,
+        }
+    }
+}
+
+/// The result of a check run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub tenant: String,
+    pub range: Range,
+    /// Findings, ordered by invariant, rule, subject.
+    pub findings: Vec<Finding>,
+    /// Findings per invariant.
+    pub counts: BTreeMap<String, u64>,
+    /// Wall time of the whole run, milliseconds.
+    pub elapsed_ms: u64,
+    /// Wall time of each check's query (run one after the other), milliseconds.
+    pub timings_ms: BTreeMap<String, u64>,
+}
+
+const TS_RANGE: &str = "ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') \
+                        AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC')";
+const TS_WIDE: &str = "ts >= fromUnixTimestamp64Micro({wfrom:Int64}, 'UTC') \
+                       AND ts < fromUnixTimestamp64Micro({wto:Int64}, 'UTC')";
+
+fn q(
+    store: &Store,
+    sql: &str,
+    tenant: &str,
+    range: Range,
+    opt: CheckOptions,
+) -> clickhouse::query::Query {
+    let wide = i64::try_from(opt.lookaround_secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX / 4);
+    let sql = sql.replace("{TS}", TS_RANGE).replace("{WIDE}", TS_WIDE);
+    store
+        .client()
+        .query(&sql)
+        .param("t", tenant)
+        .param("from", range.from)
+        .param("to", range.to)
+        .param("wfrom", range.from.saturating_sub(wide))
+        .param("wto", range.to.saturating_add(wide))
+}
+
+#[derive(Debug, Row, Deserialize)]
+struct I02Row {
+    exec: String,
+    decision_id: String,
+    pd: String,
+    verdict: String,
+    auth: String,
+    auth_late: u8,
+    denied: Vec<String>,
+}
+
+const I02_SQL: &str = "
+SELECT e.1 AS exec, d AS decision_id, pd, verdict, auth,
+       toUInt8(auth != '' AND ats > e.2) AS auth_late, denied
+FROM (
+    SELECT if(kind = 'policy_decision', id, decision_id) AS d,
+           groupUniqArrayIf((id, ts), kind = 'trace_event' AND event_type = 'capability_executed' AND {TS}) AS ex,
+           anyIf(id, kind = 'policy_decision') AS pd,
+           anyIf(decision, kind = 'policy_decision') AS verdict,
+           argMinIf(id, ts, event_type = 'capability_authorized') AS auth,
+           minIf(ts, event_type = 'capability_authorized') AS ats,
+           groupUniqArrayIf(id, event_type = 'capability_denied') AS denied
+    FROM weft_events
+    WHERE tenant = {t:String} AND {WIDE}
+      AND (kind = 'policy_decision'
+           OR (kind = 'trace_event'
+               AND event_type IN ('capability_executed', 'capability_authorized', 'capability_denied')))
+    GROUP BY d
+    HAVING notEmpty(ex)
+)
+ARRAY JOIN ex AS e
+WHERE d = '' OR pd = '' OR verdict != 'allow' OR auth = '' OR ats > e.2 OR notEmpty(denied)
+";
+
+#[derive(Debug, Row, Deserialize)]
+struct I06Row {
+    pd: String,
+    tok: String,
+    reused: u8,
+    expired: u8,
+    out_of_scope: u8,
+    execs: Vec<String>,
+    cap: String,
+}
+
+const I06_SQL: &str = "
+WITH uses AS (
+    SELECT if(kind = 'policy_decision', id, decision_id) AS pd,
+           anyIf(token_id, kind = 'policy_decision') AS tok,
+           anyIf(capability_id, kind = 'policy_decision') AS cap,
+           anyIf(decision, kind = 'policy_decision') AS verdict,
+           minIf(ts, kind = 'policy_decision') AS pts,
+           countIf(kind = 'policy_decision' AND {TS}) AS in_range,
+           groupUniqArrayIf(id, kind = 'trace_event') AS execs,
+           maxIf(ts, kind = 'trace_event') AS ets,
+           groupUniqArrayIf(capability_id, kind = 'trace_event') AS ecaps
+    FROM weft_events
+    WHERE tenant = {t:String} AND {WIDE}
+      AND ((kind = 'policy_decision' AND token_id != '')
+           OR (kind = 'trace_event' AND event_type = 'capability_executed' AND decision_id != ''))
+    GROUP BY pd
+    HAVING in_range > 0 AND tok != ''
+),
+info AS (
+    SELECT id AS tok,
+           JSONExtract(any(payload), 'scope', 'Array(String)') AS scope,
+           parseDateTime64BestEffortOrNull(JSONExtractString(any(payload), 'expires_at'), 6, 'UTC') AS exp,
+           JSONExtractBool(any(payload), 'single_use') AS su
+    FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
+    GROUP BY id
+),
+j AS (
+    SELECT u.pd AS pd, u.tok AS tok, u.cap AS cap, u.verdict AS verdict, u.pts AS pts,
+           i.scope AS scope, i.exp AS exp, i.su AS su, u.execs AS execs, u.ets AS ets,
+           u.ecaps AS ecaps,
+           countIf(u.verdict = 'allow') OVER (PARTITION BY u.tok) AS allows
+    FROM uses AS u
+    INNER JOIN info AS i ON i.tok = u.tok
+)
+SELECT pd, tok,
+       toUInt8(su AND verdict = 'allow' AND allows > 1) AS reused,
+       toUInt8(coalesce(exp IS NOT NULL AND ((verdict = 'allow' AND pts > exp) OR (notEmpty(execs) AND ets > exp)), 0)) AS expired,
+       toUInt8(verdict = 'allow' AND (NOT has(scope, cap) OR arrayExists(c -> NOT has(scope, c), ecaps))) AS out_of_scope,
+       execs, cap
+FROM j
+WHERE reused OR expired OR out_of_scope
+SETTINGS join_use_nulls = 0
+";
+
+const I01_SQL: &str = "
+SELECT DISTINCT id FROM weft_events
+WHERE tenant = {t:String} AND kind = 'frame' AND {TS}
+  AND multiSearchAny(payload, arrayMap(k -> concat('\"', k, '\"'), {keys:Array(String)}))
+  AND arrayExists(k -> JSONHas(payload, k), {keys:Array(String)})
+";
+
+#[derive(Debug, Row, Deserialize)]
+struct OrphanRow {
+    id: String,
+    missing: Vec<(String, String)>,
+}
+
+const ORPHAN_SQL: &str = "
+SELECT src AS id, groupArray((rkind, rid)) AS missing FROM (
+    SELECT rkind, rid, groupUniqArrayIf(src, is_ref = 1) AS srcs, countIf(is_ref = 0) AS present FROM (
+        SELECT r.1 AS rkind, r.2 AS rid, id AS src, 1 AS is_ref FROM weft_events
+        ARRAY JOIN [('policy_decision', decision_id), ('frame', frame_id), ('handle', handle_id)] AS r
+        WHERE tenant = {t:String} AND kind = 'trace_event' AND {TS} AND r.2 != ''
+          AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+        UNION ALL
+        SELECT kind AS rkind, id AS rid, '' AS src, 0 AS is_ref FROM weft_events
+        WHERE tenant = {t:String} AND kind IN ('policy_decision', 'frame', 'handle') AND {WIDE}
+    )
+    GROUP BY rkind, rid
+    HAVING present = 0
+)
+ARRAY JOIN srcs AS src
+GROUP BY src
+";
+
+#[derive(Debug, Row, Deserialize)]
+struct ConflictRow {
+    kind: String,
+    id: String,
+    versions: u64,
+}
+
+const CONFLICT_SQL: &str = "
+SELECT kind, id, uniqExact(content_hash) AS versions FROM weft_events
+WHERE tenant = {t:String} AND {WIDE}
+  AND (kind, id) IN (SELECT kind, id FROM weft_events WHERE tenant = {t:String} AND {TS} AND conflict = 1)
+GROUP BY kind, id
+HAVING versions > 1
+";
+
+/// Run every check for `tenant` over `range`.
+#[instrument(skip(store), fields(tenant = %tenant))]
+pub async fn run(
+    store: &Store,
+    tenant: &str,
+    range: Range,
+    opt: CheckOptions,
+) -> Result<Report, AuditError> {
+    let started = std::time::Instant::now();
+    // One after the other: on a small server, concurrent heavy queries only fight over
+    // cores and memory bandwidth (measured: 13.6 s concurrent vs 6.8 s in sequence, 10M rows).
+    let (i02, i06, i01, orphans, conflicts) = (
+        async {
+            let t = std::time::Instant::now();
+            q(store, I02_SQL, tenant, range, opt)
+                .fetch_all::<I02Row>()
+                .await
+                .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
+        }
+        .await?,
+        async {
+            let t = std::time::Instant::now();
+            q(store, I06_SQL, tenant, range, opt)
+                .fetch_all::<I06Row>()
+                .await
+                .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
+        }
+        .await?,
+        async {
+            let t = std::time::Instant::now();
+            q(store, I01_SQL, tenant, range, opt)
+                .param("keys", RAW_OUTPUT_KEYS.to_vec())
+                .fetch_all::<String>()
+                .await
+                .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
+        }
+        .await?,
+        async {
+            let t = std::time::Instant::now();
+            q(store, ORPHAN_SQL, tenant, range, opt)
+                .param("grace", opt.grace_secs)
+                .fetch_all::<OrphanRow>()
+                .await
+                .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
+        }
+        .await?,
+        async {
+            let t = std::time::Instant::now();
+            q(store, CONFLICT_SQL, tenant, range, opt)
+                .fetch_all::<ConflictRow>()
+                .await
+                .map_err(ch_err(store))
+                .map(|r| (r, t.elapsed().as_millis() as u64))
+        }
+        .await?,
+    );
+    let timings_ms: BTreeMap<String, u64> = [
+        ("I-02", i02.1),
+        ("I-06", i06.1),
+        ("I-01", i01.1),
+        ("orphan", orphans.1),
+        ("id_conflict", conflicts.1),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let (i02, i06, i01, orphans, conflicts) = (i02.0, i06.0, i01.0, orphans.0, conflicts.0);
+    let mut findings = Vec::new();
+    findings.extend(i02_findings(i02));
+    findings.extend(i06_findings(i06));
+    for id in i01 {
+        let subject = EventRef::new("frame", id.clone());
+        findings.push(Finding {
+            invariant: "I-01".into(),
+            rule: "frame_carries_raw_output".into(),
+            events: vec![subject.clone()],
+            detail: format!("Frame {id} carries one of {RAW_OUTPUT_KEYS:?}"),
+            subject,
+        });
+    }
+    for o in orphans {
+        let subject = EventRef::new("trace_event", o.id.clone());
+        let missing: Vec<String> = o.missing.iter().map(|(k, i)| format!("{k}:{i}")).collect();
+        findings.push(Finding {
+            invariant: "orphan".into(),
+            rule: "reference_never_arrived".into(),
+            events: vec![subject.clone()],
+            detail: format!(
+                "trace event {} references {} which did not arrive within {} s",
+                o.id,
+                missing.join(", "),
+                opt.grace_secs
+            ),
+            subject,
+        });
+    }
+    for c in conflicts {
+        let subject = EventRef::new(&c.kind, c.id.clone());
+        findings.push(Finding {
+            invariant: "id_conflict".into(),
+            rule: "same_id_different_content".into(),
+            events: vec![subject.clone()],
+            detail: format!(
+                "{subject} was stored with {} different contents",
+                c.versions
+            ),
+            subject,
+        });
+    }
+    findings.sort_by(|a, b| {
+        (&a.invariant, &a.rule, &a.subject).cmp(&(&b.invariant, &b.rule, &b.subject))
+    });
+    let mut counts = BTreeMap::new();
+    for f in &findings {
+        *counts.entry(f.invariant.clone()).or_insert(0) += 1;
+    }
+    Ok(Report {
+        tenant: tenant.to_owned(),
+        range,
+        findings,
+        counts,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        timings_ms,
+    })
+}
+
+fn i02_findings(rows: Vec<I02Row>) -> Vec<Finding> {
+    // Two stored versions of one execution (an id conflict) are one finding.
+    let mut seen = std::collections::HashSet::new();
+    rows.into_iter()
+        .filter(|r| seen.insert(r.exec.clone()))
+        .map(|r| {
+            let exec = EventRef::new("trace_event", r.exec.clone());
+            let mut events = vec![exec.clone()];
+            if !r.pd.is_empty() {
+                events.push(EventRef::new("policy_decision", r.pd.clone()));
+            }
+            for d in &r.denied {
+                events.push(EventRef::new("trace_event", d.clone()));
+            }
+            if !r.auth.is_empty() && r.auth_late == 1 {
+                events.push(EventRef::new("trace_event", r.auth.clone()));
+            }
+            let (rule, detail) = if r.decision_id.is_empty() {
+                (
+                    "no_decision",
+                    format!("capability_executed {} carries no decision_id", r.exec),
+                )
+            } else if r.pd.is_empty() {
+                (
+                    "decision_missing",
+                    format!(
+                        "capability_executed {} cites decision {}, which is not stored",
+                        r.exec, r.decision_id
+                    ),
+                )
+            } else if r.verdict != "allow" || !r.denied.is_empty() {
+                (
+                    "execution_after_deny",
+                    format!(
+                        "capability_executed {} follows {} decision {}",
+                        r.exec, r.verdict, r.pd
+                    ),
+                )
+            } else if r.auth.is_empty() {
+                (
+                    "not_authorized_event",
+                    format!(
+                        "capability_executed {} has allow decision {} but no capability_authorized",
+                        r.exec, r.pd
+                    ),
+                )
+            } else {
+                (
+                    "authorized_after_execution",
+                    format!(
+                        "capability_executed {} precedes its capability_authorized {}",
+                        r.exec, r.auth
+                    ),
+                )
+            };
+            Finding {
+                invariant: "I-02".into(),
+                rule: rule.into(),
+                subject: exec,
+                events,
+                detail,
+            }
+        })
+        .collect()
+}
+
+fn i06_findings(rows: Vec<I06Row>) -> Vec<Finding> {
+    // (token, rule) -> (pds, execs, caps)
+    type Acc = (Vec<String>, Vec<String>, Vec<String>);
+    let mut by: BTreeMap<(String, &'static str), Acc> = BTreeMap::new();
+    for r in rows {
+        for (flag, rule) in [
+            (r.reused, "token_reused"),
+            (r.expired, "token_expired"),
+            (r.out_of_scope, "token_out_of_scope"),
+        ] {
+            if flag == 1 {
+                let e = by.entry((r.tok.clone(), rule)).or_default();
+                e.0.push(r.pd.clone());
+                e.1.extend(r.execs.iter().cloned());
+                e.2.push(r.cap.clone());
+            }
+        }
+    }
+    by.into_iter()
+        .map(|((tok, rule), (mut pds, mut execs, mut caps))| {
+            pds.sort();
+            execs.sort();
+            caps.sort();
+            caps.dedup();
+            let subject = EventRef::new("capability_token", tok.clone());
+            let mut events = vec![subject.clone()];
+            events.extend(
+                pds.iter()
+                    .map(|p| EventRef::new("policy_decision", p.clone())),
+            );
+            events.extend(
+                execs
+                    .iter()
+                    .map(|e| EventRef::new("trace_event", e.clone())),
+            );
+            let detail = match rule {
+                "token_reused" => format!(
+                    "single-use token {tok} authorized {} decisions: {}",
+                    pds.len(),
+                    pds.join(", ")
+                ),
+                "token_expired" => format!(
+                    "token {tok} was used after its expires_at by {}",
+                    pds.join(", ")
+                ),
+                _ => format!(
+                    "token {tok} does not cover {} used by {}",
+                    caps.join(", "),
+                    pds.join(", ")
+                ),
+            };
+            Finding {
+                invariant: "I-06".into(),
+                rule: rule.into(),
+                subject,
+                events,
+                detail,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,140 @@
+//! Retention: audit facts have no TTL. A tenant may be given a retention in days, applied
+//! on demand (`weft audit retention apply`), and a legal hold that blocks every deletion.
+//!
+//! Applying retention records `pruned_before` *before* deleting, so the hash chain's
+//! verification can tell rows removed by retention from rows deleted behind weft's back.
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+
+use crate::{ch_err, AuditError, Store};
+
+/// A tenant's retention settings. The default keeps everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Row, Serialize, Deserialize)]
+pub struct Retention {
+    /// Keep facts this many days (by event time); 0 = forever.
+    pub days: u32,
+    /// While set, nothing of the tenant is deleted.
+    pub legal_hold: u8,
+    /// Facts before this time (µs) were removed by retention.
+    pub pruned_before: i64,
+}
+
+#[derive(Debug, Row, Serialize)]
+struct RetentionRow<'a> {
+    tenant: &'a str,
+    days: u32,
+    legal_hold: u8,
+    pruned_before: i64,
+    version: u64,
+    updated_at: i64,
+}
+
+/// The tenant's current settings (the latest row).
+pub async fn get(store: &Store, tenant: &str) -> Result<Retention, AuditError> {
+    let rows: Vec<Retention> = store
+        .client()
+        .query(
+            "SELECT argMax(days, version) AS days, argMax(legal_hold, version) AS legal_hold, \
+                    toUnixTimestamp64Micro(argMax(pruned_before, version)) AS pruned_before \
+             FROM weft_audit_retention WHERE tenant = {t:String} GROUP BY tenant",
+        )
+        .param("t", tenant)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))?;
+    Ok(rows.into_iter().next().unwrap_or_default())
+}
+
+async fn put(store: &Store, tenant: &str, r: &Retention) -> Result<(), AuditError> {
+    let now = chrono::Utc::now().timestamp_micros();
+    let mut ins = store
+        .client()
+        .insert::<RetentionRow>("weft_audit_retention")
+        .await
+        .map_err(ch_err(store))?;
+    ins.write(&RetentionRow {
+        tenant,
+        days: r.days,
+        legal_hold: r.legal_hold,
+        pruned_before: r.pruned_before,
+        version: now as u64,
+        updated_at: now,
+    })
+    .await
+    .map_err(ch_err(store))?;
+    ins.end().await.map_err(ch_err(store))
+}
+
+/// Set the retention in days (0 = keep forever).
+pub async fn set_days(store: &Store, tenant: &str, days: u32) -> Result<Retention, AuditError> {
+    let mut r = get(store, tenant).await?;
+    r.days = days;
+    put(store, tenant, &r).await?;
+    Ok(r)
+}
+
+/// Place or lift the legal hold.
+pub async fn set_hold(store: &Store, tenant: &str, hold: bool) -> Result<Retention, AuditError> {
+    let mut r = get(store, tenant).await?;
+    r.legal_hold = u8::from(hold);
+    put(store, tenant, &r).await?;
+    Ok(r)
+}
+
+/// What [`apply`] removed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Applied {
+    /// Facts with an event time before this (µs) are gone.
+    pub cutoff: i64,
+    /// How many facts were deleted.
+    pub deleted: u64,
+}
+
+/// Delete the tenant's facts older than its retention, unless on legal hold. `Ok(None)`
+/// when the retention is "forever".
+pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, AuditError> {
+    let r = get(store, tenant).await?;
+    if r.legal_hold == 1 {
+        return Err(AuditError::Refused(format!(
+            "tenant {tenant} is on legal hold: nothing is deleted"
+        )));
+    }
+    if r.days == 0 {
+        return Ok(None);
+    }
+    let cutoff = chrono::Utc::now().timestamp_micros() - i64::from(r.days) * 86_400_000_000;
+    let c = store.client();
+    let n: u64 = c
+        .query("SELECT count() FROM weft_events WHERE tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC')")
+        .param("t", tenant)
+        .param("c", cutoff)
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))?;
+    // Record the intent first (chain verification reads it), from fresh settings.
+    let mut r = get(store, tenant).await?;
+    if r.legal_hold == 1 {
+        return Err(AuditError::Refused(format!(
+            "tenant {tenant} was put on legal hold"
+        )));
+    }
+    r.pruned_before = r.pruned_before.max(cutoff);
+    put(store, tenant, &r).await?;
+    if n > 0 {
+        // Re-check the hold right before deleting: a hold placed meanwhile wins.
+        if get(store, tenant).await?.legal_hold == 1 {
+            return Err(AuditError::Refused(format!(
+                "tenant {tenant} was put on legal hold"
+            )));
+        }
+        c.query("DELETE FROM weft_events WHERE tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC')")
+            .param("t", tenant)
+            .param("c", cutoff)
+            .with_setting("mutations_sync", "2")
+            .execute()
+            .await
+            .map_err(ch_err(store))?;
+    }
+    Ok(Some(Applied { cutoff, deleted: n }))
+}

@@ -1,0 +1,469 @@
+//! `weft audit serve`: the read-only audit API over the same functions as the CLI.
+//!
+//! Every route but `/healthz` needs `Authorization: Bearer KEY`; the key names the tenant
+//! (`weft_http::ApiKeys`), and no route takes a tenant from the request (an explicit
+//! `?tenant=` other than the key's is refused with 403), so nothing can read another
+//! tenant's rows: an id of another tenant is simply not found (404). Every
+//! read is logged ([`crate::log`]) with the key's id (the first 12 hex digits of its
+//! SHA-256, never the key). Inputs reach ClickHouse only as query parameters; malformed
+//! input is a 400, never a 5xx (503 means the store is unreachable).
+//!
+//! Routes (times are RFC 3339; `from`/`to` default to the last 90 days):
+//! - `GET /v1/audit/check?from&to&grace_secs` — invariant findings;
+//! - `GET /v1/audit/timeline/{id}` — a request's narrative;
+//! - `GET /v1/audit/search?from&to&kind&principal&capability&event_type&decision&outcome&token&request&limit&cursor&format=json|jsonl|csv`;
+//! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
+//! - `GET /v1/audit/verify` — recompute the tenant's hash chain;
+//! - `GET /v1/audit/checkpoints` — the signed checkpoints, for offline verification.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use weft_http::ApiKeys;
+
+use crate::check::CheckOptions;
+use crate::search::Filter;
+use crate::sign::{Key, Keyring};
+use crate::{bundle, chain, check, log, search, timeline, AuditError, Range, Store};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub keys: Arc<ApiKeys>,
+    /// Signs exported bundles when set.
+    pub sign_key: Option<Arc<Key>>,
+    /// Verifies checkpoint signatures in `/v1/audit/verify` when set.
+    pub keyring: Option<Arc<Keyring>>,
+}
+
+/// The router of the audit API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/audit/check", get(check_route))
+        .route("/v1/audit/timeline/{id}", get(timeline_route))
+        .route("/v1/audit/search", get(search_route))
+        .route("/v1/audit/bundle/{id}", get(bundle_route))
+        .route("/v1/audit/verify", get(verify_route))
+        .route("/v1/audit/checkpoints", get(checkpoints_route))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({"error": message}))).into_response()
+}
+
+fn fail(e: AuditError) -> Response {
+    match e {
+        AuditError::BadRequest(m) => error(StatusCode::BAD_REQUEST, &m),
+        AuditError::NotFound(_) => error(StatusCode::NOT_FOUND, "not found"),
+        AuditError::Invalid(m) => error(StatusCode::UNPROCESSABLE_ENTITY, &m),
+        AuditError::Refused(m) => error(StatusCode::CONFLICT, &m),
+        AuditError::Key(m) => {
+            tracing::warn!(error = %m, "audit key problem");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server key misconfigured",
+            )
+        }
+        AuditError::Store(e) => {
+            tracing::warn!(error = %e, "audit query failed");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable; retry later",
+            )
+        }
+    }
+}
+
+/// The caller's tenant and key id, or the 401/403 to send. A request may name a tenant
+/// (`?tenant=`), but only its own: any other is refused with 403.
+fn auth(s: &AppState, headers: &HeaderMap, uri: &Uri) -> Result<(String, String), Box<Response>> {
+    let tenant = s.keys.authenticate(headers).map_err(|e| {
+        let (status, msg) = e.response();
+        Box::new(error(status, msg))
+    })?;
+    let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
+        .ok()
+        .and_then(|Query(m)| m.get("tenant").cloned());
+    if let Some(asked) = asked {
+        if asked != tenant {
+            return Err(Box::new(error(
+                StatusCode::FORBIDDEN,
+                "this key may not read that tenant",
+            )));
+        }
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.get(7..))
+        .unwrap_or_default()
+        .trim();
+    let key_id = format!(
+        "key:{}",
+        &hex::encode(Sha256::digest(presented.as_bytes()))[..12]
+    );
+    Ok((tenant.to_owned(), key_id))
+}
+
+async fn record(
+    s: &AppState,
+    tenant: &str,
+    actor: &str,
+    action: &str,
+    q: serde_json::Value,
+    n: u64,
+) {
+    // The row is written off the response path (the `tracing` event inside is immediate);
+    // a crash may lose the last rows, never the answer's correctness.
+    let (store, tenant, actor, action) = (
+        s.store.clone(),
+        tenant.to_owned(),
+        actor.to_owned(),
+        action.to_owned(),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = log::record(&store, &tenant, &actor, &action, &q, n).await {
+            tracing::warn!(error = %e, "could not write weft_audit_log");
+        }
+    });
+}
+
+/// Time bounds from the query string.
+#[derive(Debug, Default)]
+struct Bounds {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+impl Bounds {
+    fn range(&self) -> Result<Range, AuditError> {
+        let now = chrono::Utc::now().timestamp_micros();
+        let parse = |v: &Option<String>, default: i64, name: &str| match v {
+            None => Ok(default),
+            Some(s) => weft_schemas::time::parse_micros(s)
+                .ok_or_else(|| AuditError::BadRequest(format!("`{name}` is not RFC 3339"))),
+        };
+        Range::new(
+            parse(&self.from, now - 90 * 86_400_000_000, "from")?,
+            parse(&self.to, now + 60_000_000, "to")?,
+        )
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckQuery {
+    from: Option<String>,
+    to: Option<String>,
+    grace_secs: Option<String>,
+}
+
+async fn check_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    q: Result<Query<CheckQuery>, QueryRejection>,
+) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Ok(Query(q)) = q else {
+        return error(StatusCode::BAD_REQUEST, "malformed query string");
+    };
+    let range = match (Bounds {
+        from: q.from,
+        to: q.to,
+    })
+    .range()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let grace = match q.grace_secs.as_deref().map(str::parse::<u64>).transpose() {
+        Ok(g) => g.unwrap_or(300),
+        Err(_) => return error(StatusCode::BAD_REQUEST, "grace_secs must be a number"),
+    };
+    let opt = CheckOptions {
+        grace_secs: grace.min(365 * 86_400),
+        ..CheckOptions::default()
+    };
+    match check::run(&s.store, &tenant, range, opt).await {
+        Ok(r) => {
+            record(
+                &s,
+                &tenant,
+                &actor,
+                "check",
+                json!({"range": range, "grace_secs": opt.grace_secs}),
+                r.findings.len() as u64,
+            )
+            .await;
+            Json(r).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn timeline_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let res = timeline::get(&s.store, &tenant, &id).await;
+    let n = res.as_ref().map(|n| n.entries.len() as u64).unwrap_or(0);
+    record(
+        &s,
+        &tenant,
+        &actor,
+        "timeline",
+        json!({"id": crate::short(&id)}),
+        n,
+    )
+    .await;
+    match res {
+        Ok(n) => Json(n).into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SearchQuery {
+    from: Option<String>,
+    to: Option<String>,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    principal: String,
+    #[serde(default)]
+    capability: String,
+    #[serde(default)]
+    event_type: String,
+    #[serde(default)]
+    decision: String,
+    #[serde(default)]
+    outcome: String,
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    request: String,
+    limit: Option<String>,
+    cursor: Option<String>,
+    format: Option<String>,
+}
+
+async fn search_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    q: Result<Query<SearchQuery>, QueryRejection>,
+) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Ok(Query(q)) = q else {
+        return error(StatusCode::BAD_REQUEST, "malformed query string");
+    };
+    let range = match (Bounds {
+        from: q.from.clone(),
+        to: q.to.clone(),
+    })
+    .range()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let limit = match q.limit.as_deref().map(str::parse::<u64>).transpose() {
+        Ok(l) => l.unwrap_or(100),
+        Err(_) => return error(StatusCode::BAD_REQUEST, "limit must be a number"),
+    };
+    let filter = Filter {
+        kind: q.kind,
+        principal: q.principal,
+        capability: q.capability,
+        event_type: q.event_type,
+        decision: q.decision,
+        outcome: q.outcome,
+        token: q.token,
+        request: q.request,
+    };
+    let format = q.format.as_deref().unwrap_or("json");
+    if !["json", "jsonl", "csv"].contains(&format) {
+        return error(StatusCode::BAD_REQUEST, "format must be json, jsonl or csv");
+    }
+    let page = match search::page(
+        &s.store,
+        &tenant,
+        range,
+        &filter,
+        q.cursor.as_deref(),
+        limit,
+    )
+    .await
+    {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    record(
+        &s,
+        &tenant,
+        &actor,
+        "search",
+        json!({"range": range, "filter": filter, "cursor": q.cursor}),
+        page.hits.len() as u64,
+    )
+    .await;
+    let next = page.next_cursor.clone().unwrap_or_default();
+    match format {
+        "csv" => {
+            let mut body = String::from(search::CSV_HEADER);
+            body.push('\n');
+            for h in &page.hits {
+                body.push_str(&search::csv_line(h));
+                body.push('\n');
+            }
+            (
+                [
+                    (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()),
+                    (header::HeaderName::from_static("x-next-cursor"), next),
+                ],
+                body,
+            )
+                .into_response()
+        }
+        "jsonl" => {
+            let mut body = String::new();
+            for h in &page.hits {
+                body.push_str(&search::json_line(h).to_string());
+                body.push('\n');
+            }
+            (
+                [
+                    (header::CONTENT_TYPE, "application/x-ndjson".to_owned()),
+                    (header::HeaderName::from_static("x-next-cursor"), next),
+                ],
+                body,
+            )
+                .into_response()
+        }
+        _ => Json(json!({
+            "hits": page.hits.iter().map(search::json_line).collect::<Vec<_>>(),
+            "next_cursor": page.next_cursor,
+        }))
+        .into_response(),
+    }
+}
+
+async fn bundle_route(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let res = bundle::export(&s.store, &tenant, &id, s.sign_key.as_deref()).await;
+    record(
+        &s,
+        &tenant,
+        &actor,
+        "bundle",
+        json!({"id": crate::short(&id)}),
+        u64::from(res.is_ok()),
+    )
+    .await;
+    match res {
+        Ok(doc) => {
+            let ring = s.sign_key.as_ref().map(|k| Keyring {
+                keys: vec![k.public()],
+            });
+            let c = bundle::check_document(&doc, ring.as_ref());
+            Json(json!({"bundle": doc, "check": c, "passed": c.passed()})).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref()).await {
+        Ok(r) => {
+            record(
+                &s,
+                &tenant,
+                &actor,
+                "verify",
+                json!({}),
+                r.problems.len() as u64,
+            )
+            .await;
+            Json(json!({"ok": r.ok(), "report": r})).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
+    let (tenant, actor) = match auth(&s, &headers, &uri) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    match chain::checkpoints(&s.store, &tenant).await {
+        Ok(c) => {
+            record(
+                &s,
+                &tenant,
+                &actor,
+                "checkpoints",
+                json!({}),
+                c.len() as u64,
+            )
+            .await;
+            Json(c).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Seal every tenant's new facts every `every`, until the process stops.
+pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let tenants: Result<Vec<String>, _> = store
+            .client()
+            .query("SELECT DISTINCT tenant FROM weft_events")
+            .fetch_all()
+            .await;
+        match tenants {
+            Ok(ts) => {
+                for t in ts {
+                    if let Err(e) = chain::seal(&store, &t, key.as_deref()).await {
+                        tracing::warn!(tenant = %t, error = %e, "seal failed");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "seal: listing tenants failed"),
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The tamper-evident hash chain on the local stack: sealed facts verify; one row altered
+//! (ALTER UPDATE), deleted (lightweight DELETE) or inserted (INSERT at a sealed offset)
+//! directly in ClickHouse makes `weft audit verify` fail and name it; a forged link in the
+//! chain table breaks the chain and its signed checkpoint. Retention: a legal hold blocks
+//! deletion; retention then removes old facts, which verify tells apart from tampering.
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::pipeline::Pipeline;
+use serde_json::Value;
+
+fn audit(p: &Pipeline, args: &[&str]) -> Output {
+    p.weft().arg("audit").args(args).output().unwrap()
+}
+
+fn verify(p: &Pipeline, ring: &str) -> (Option<i32>, Value) {
+    let out = audit(p, &["verify", "--format", "json", "--keyring", ring]);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "verify output: {e}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
+
+fn named(report: &Value, what: &str, id: &str) -> bool {
+    report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["what"] == what && p["id"] == id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampering_is_detected_and_named() {
+    let p = Pipeline::new("it_chain");
+    // Three days ago, so that a one-day retention below removes all of it whatever the clock.
+    let start = weft_schemas::time::micros_to_rfc3339(
+        weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
+            - 3 * 86_400_000_000,
+    );
+    let truth = p.simulate(&["--flows", "30", "--seed", "77", "--start", &start]);
+    let _ingest = p.ingest(None);
+    p.publish(&p.path("events.jsonl"));
+    let n = truth.totals.distinct_events;
+    p.wait_for_facts(n, Duration::from_secs(120)).await;
+
+    let key = p.path("sealer.key");
+    let out = audit(
+        &p,
+        &[
+            "keygen",
+            "--kid",
+            "sealer-1",
+            "--out",
+            key.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success());
+    let ring = p.path("ring.json");
+    std::fs::write(&ring, &out.stdout).unwrap();
+    let ring = ring.to_str().unwrap().to_owned();
+
+    let out = audit(&p, &["seal", "--sign-key", key.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(p.scalar("SELECT count() FROM weft_audit_chain").await, n);
+    // Untouched data verifies; sealing again adds nothing.
+    let (code, r) = verify(&p, &ring);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["verified"], n);
+    assert_eq!(r["unsealed"], 0);
+    assert!(r["checkpoints_ok"].as_u64().unwrap() > 0);
+    assert!(audit(&p, &["seal", "--sign-key", key.to_str().unwrap()])
+        .status
+        .success());
+    assert_eq!(p.scalar("SELECT count() FROM weft_audit_chain").await, n);
+    // The checkpoints export, for offline keeping.
+    let cps = audit(&p, &["checkpoints"]);
+    let cps_v: Value = serde_json::from_slice(&cps.stdout).unwrap();
+    assert!(cps_v
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["sig"].as_str().unwrap().len() == 86));
+    let cps_file = p.path("checkpoints.json");
+    std::fs::write(&cps_file, &cps.stdout).unwrap();
+
+    let ids: Vec<String> = p
+        .client()
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 3")
+        .fetch_all()
+        .await
+        .unwrap();
+    let (altered, deleted, copied) = (&ids[0], &ids[1], &ids[2]);
+    let c = p.client().with_setting("mutations_sync", "2");
+
+    // 1. Altered in place.
+    c.query("ALTER TABLE weft_events UPDATE principal = 'mallory' WHERE id = ?")
+        .bind(altered)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify(&p, &ring);
+    assert_eq!(code, Some(1));
+    assert!(named(&r, "altered", altered), "{r}");
+    assert_eq!(r["problems"].as_array().unwrap().len(), 1, "{r}");
+
+    // 2. Deleted.
+    c.query("DELETE FROM weft_events WHERE id = ?")
+        .bind(deleted)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify(&p, &ring);
+    assert_eq!(code, Some(1));
+    assert!(named(&r, "deleted", deleted), "{r}");
+    assert!(named(&r, "altered", altered), "{r}");
+
+    // 3. Inserted at a sealed position (a forged copy of a real row under a new id).
+    c.query("INSERT INTO weft_events SELECT * REPLACE ('forged-event' AS id) FROM (SELECT * FROM weft_events WHERE id = ?)")
+        .bind(copied)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify(&p, &ring);
+    assert_eq!(code, Some(1));
+    assert!(named(&r, "inserted", "forged-event"), "{r}");
+    let text = audit(&p, &["verify"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("BROKEN"));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("first: "));
+
+    // 4. The limit, stated: a row inserted after the last sealed offset is only "unsealed".
+    c.query("INSERT INTO weft_events SELECT * REPLACE ('late-forgery' AS id, offset + 1000000 AS offset) FROM (SELECT * FROM weft_events WHERE id = ?)")
+        .bind(copied)
+        .execute()
+        .await
+        .unwrap();
+    let (_, r) = verify(&p, &ring);
+    assert_eq!(r["unsealed"], 1, "{r}");
+    assert!(!named(&r, "inserted", "late-forgery"));
+
+    // 5. Rewriting a link of the chain table itself breaks the chain and its checkpoint,
+    //    including against the exported checkpoints.
+    c.query("ALTER TABLE weft_audit_chain UPDATE row_hash = lower(hex(SHA256('x'))) WHERE id = ?")
+        .bind(altered)
+        .execute()
+        .await
+        .unwrap();
+    let out = audit(
+        &p,
+        &[
+            "verify",
+            "--format",
+            "json",
+            "--keyring",
+            &ring,
+            "--checkpoints",
+            cps_file.to_str().unwrap(),
+        ],
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(named(&r, "chain_broken", altered), "{r}");
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["what"] == "checkpoint_mismatch"),
+        "{r}"
+    );
+
+    // Retention: a legal hold blocks deletion...
+    assert!(audit(&p, &["retention", "set", "--days", "1"])
+        .status
+        .success());
+    assert!(audit(&p, &["retention", "hold", "--on"]).status.success());
+    let before = p.scalar("SELECT count() FROM weft_events").await;
+    let out = audit(&p, &["retention", "apply"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("legal hold"));
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, before);
+    // ... lifted, retention removes the (three days old) facts, and verify counts them
+    // as pruned, not deleted.
+    assert!(audit(&p, &["retention", "hold", "--off"]).status.success());
+    let out = audit(&p, &["retention", "apply"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 0);
+    let (_, r) = verify(&p, &ring);
+    assert_eq!(r["pruned"], n, "{r}");
+    assert!(!named(&r, "deleted", deleted), "{r}");
+}
