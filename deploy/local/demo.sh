@@ -73,6 +73,12 @@ echo "curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' http://127.0.
 curl -s -H 'Authorization: Bearer demo-key-0123456789abcdef' "http://127.0.0.1:8788/v1/narratives/req-$SEED-1" >"$RUN/narrative.json"
 head -c 400 "$RUN/narrative.json"; echo ' ...'
 
+say "compliance audit: invariant checks, then the tamper-evident hash chain"
+echo "this run injected (simulator ground truth): $(python3 -c "import json;print(json.load(open('$RUN/truth.json'))['totals']['violations'])")"
+# Simulated time starts at 2026-11-01 in every run, so earlier demo runs are counted too.
+$WEFT audit check --from 2026-10-01T00:00:00Z --to 2027-01-01T00:00:00Z --grace-secs 0 --summary
+$WEFT audit seal >/dev/null && $WEFT audit verify | tail -3
+
 say "the feedback loop: weft router learns from ExecutionFeedback aggregated in ClickHouse"
 ROUTER_KEY=demo-router-key-0123456789abcdef
 if [ -f "$RUN/router.pid" ] && kill -0 "$(cat "$RUN/router.pid")" 2>/dev/null; then
@@ -111,6 +117,8 @@ cat <<MSG
 weft ingest (pid $(cat "$RUN/ingest.pid"), log $RUN/ingest.log) and weft router
 (pid $(cat "$RUN/router.pid"), log $RUN/router.log) keep running.
 Explore:   $WEFT narrative req-$SEED-2 --format json
+           $WEFT audit timeline --request req-$SEED-2
+           $WEFT audit search --decision deny --format csv
            the evaluation artifact: $RUN/eval.json
 Stop all:  kill \$(cat $RUN/ingest.pid) \$(cat $RUN/router.pid); bash deploy/local/stack.sh down
 MSG
