@@ -168,10 +168,13 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
     // in the aggregates.
     p.wait_for_facts(2 * CYCLES as u64, Duration::from_secs(60))
         .await;
+    // Polled too: once this count trailed the total seen just before it (cause not found).
     let with_prop = p
-        .scalar(
+        .wait_for_count(
             "SELECT count() FROM weft_events WHERE kind = 'execution_routing_decision' \
              AND JSONExtractFloat(payload, 'metadata', 'x_weft_propensity') > 0",
+            CYCLES as u64,
+            Duration::from_secs(60),
         )
         .await;
     assert_eq!(with_prop, CYCLES as u64);

@@ -181,17 +181,23 @@ impl Pipeline {
 
     /// Wait until `weft_events` holds `n` rows; panics with the ingest log otherwise.
     pub async fn wait_for_facts(&self, n: u64, timeout: Duration) {
+        self.wait_for_count("SELECT count() FROM weft_events", n, timeout)
+            .await;
+    }
+
+    /// Wait until the count `sql` returns reaches `n`; panics with the ingest log otherwise.
+    pub async fn wait_for_count(&self, sql: &str, n: u64, timeout: Duration) -> u64 {
         let deadline = std::time::Instant::now() + timeout;
         let mut last = 0;
         while std::time::Instant::now() < deadline {
-            last = self.scalar("SELECT count() FROM weft_events").await;
+            last = self.scalar(sql).await;
             if last >= n {
-                return;
+                return last;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         panic!(
-            "only {last} of {n} facts after {timeout:?}; ingest log:\n{}",
+            "only {last} of {n} after {timeout:?} ({sql}); ingest log:\n{}",
             self.ingest_log()
         );
     }
