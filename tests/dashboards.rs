@@ -325,8 +325,16 @@ async fn cycle(http: &reqwest::Client, base: &str, i: usize) {
     assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
 }
 
-/// A few records ingest cannot decode, so the dead-letter panels have rows: (topic suffix,
-/// value, `weft-kind` header, expected reason). Returns the expected reasons.
+/// One garbage record: (topic suffix, value, `weft-kind` header, expected reason).
+type Garbage = (
+    &'static str,
+    &'static [u8],
+    Option<&'static [u8]>,
+    &'static str,
+);
+
+/// A few records ingest cannot decode, so the dead-letter panels have rows. Returns the
+/// expected reasons.
 async fn publish_garbage(p: &Pipeline) -> Vec<&'static str> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -334,7 +342,7 @@ async fn publish_garbage(p: &Pipeline) -> Vec<&'static str> {
         .set("bootstrap.servers", common::brokers())
         .create()
         .unwrap();
-    let bad: [(&str, &[u8], Option<&[u8]>, &str); 3] = [
+    let bad: [Garbage; 3] = [
         ("frames", &[0xff, 0xfe, 0x00, 0x13], None, "undecodable"),
         (
             "trace_events",
