@@ -97,13 +97,19 @@ impl Sample {
 #[derive(Clone)]
 pub struct Telemetry {
     tx: Option<mpsc::Sender<Sample>>,
+    /// Per table (batches, dead letters, lag): whether it exists with the expected columns.
+    enabled: [bool; 3],
     metrics: Arc<IngestMetrics>,
 }
 
 impl Telemetry {
     /// A sink that drops everything silently (telemetry switched off, and in unit tests).
     pub fn disabled(metrics: Arc<IngestMetrics>) -> Self {
-        Self { tx: None, metrics }
+        Self {
+            tx: None,
+            enabled: [false; 3],
+            metrics,
+        }
     }
 
     /// Check which telemetry tables exist with the expected columns and start the writer
@@ -128,22 +134,32 @@ impl Telemetry {
             }
         }
         if enabled.iter().all(|e| !e) {
-            return Self::disabled(metrics);
+            return Self {
+                enabled,
+                ..Self::disabled(metrics)
+            };
         }
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(write_loop(store, metrics.clone(), rx, enabled));
         info!("ingest telemetry is written to ClickHouse");
         Self {
             tx: Some(tx),
+            enabled,
             metrics,
         }
     }
 
-    /// Queue a sample without waiting; when the queue is full it is dropped and counted.
+    /// Queue a sample without waiting; when the queue is full or its table is unusable it
+    /// is dropped and counted.
     pub fn record(&self, sample: Sample) {
         let Some(tx) = &self.tx else { return };
         let table = sample.table();
-        if tx.try_send(sample).is_err() {
+        let on = match &sample {
+            Sample::Batch(_) => self.enabled[0],
+            Sample::DeadLetter(_) => self.enabled[1],
+            Sample::Lag(_) => self.enabled[2],
+        };
+        if !on || tx.try_send(sample).is_err() {
             self.metrics
                 .telemetry_dropped
                 .with_label_values(&[table])
