@@ -263,12 +263,18 @@ ORDER BY time, topic
     ch_panel(
         "Dead letters by reason",
         "Records the dead-letter topic acknowledged per interval, by weft-dlq-reason (table "
-        "weft_dead_letters; a replay after a crash collapses on topic, partition, offset).",
+        "weft_dead_letters; a record dead-lettered again after a crash counts once: grouped by "
+        "topic, partition, offset).",
         "timeseries",
         """
-SELECT $__timeInterval(at) AS time, reason, count() AS dead_letters
-FROM weft_dead_letters FINAL
-WHERE $__timeFilter(at)
+SELECT $__timeInterval(first_at) AS time, reason, count() AS dead_letters
+FROM
+(
+    SELECT topic, partition, offset, min(at) AS first_at, any(reason) AS reason
+    FROM weft_dead_letters
+    WHERE $__timeFilter(at)
+    GROUP BY topic, partition, offset
+)
 GROUP BY time, reason
 ORDER BY time, reason
 """,
@@ -281,13 +287,16 @@ ORDER BY time, reason
         "in the dead-letter topic by the weft-dlq-topic/partition/offset headers.",
         "table",
         """
-SELECT at, topic, partition, offset, reason, tenant, message
-FROM weft_dead_letters FINAL
+SELECT min(at) AS dead_lettered_at, topic, partition, offset, any(reason) AS reason,
+       any(tenant) AS tenant,
+       any(message) AS message
+FROM weft_dead_letters
 WHERE $__timeFilter(at)
-ORDER BY at DESC
+GROUP BY topic, partition, offset
+ORDER BY dead_lettered_at DESC
 LIMIT 100
 """,
-        ["at", "topic", "partition", "offset", "reason", "tenant", "message"],
+        ["dead_lettered_at", "topic", "partition", "offset", "reason", "tenant", "message"],
         True,
         viz="table",
     ),

@@ -388,7 +388,10 @@ async fn wait_for_telemetry(p: &Pipeline, reasons: &[&str]) {
     loop {
         let mut got: Vec<String> = p
             .client()
-            .query("SELECT reason FROM weft_dead_letters FINAL WHERE tenant = ? ORDER BY reason")
+            .query(
+                "SELECT any(reason) FROM weft_dead_letters WHERE tenant = ? \
+                 GROUP BY topic, partition, offset",
+            )
             .bind(TENANT)
             .fetch_all()
             .await
