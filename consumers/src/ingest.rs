@@ -12,6 +12,10 @@
 //!
 //! Where to resume is read from ClickHouse, not from Kafka (see [`crate::facts`]), so a crash
 //! between any two steps replays at most one batch, and nothing in it is stored twice.
+//!
+//! Steps 1 and 2 also report what they did (dead letters once acknowledged, per-partition
+//! batch figures once inserted), and the lag monitor its samples, to ClickHouse through
+//! [`crate::telemetry`]: best effort, never waited for, never holding an offset.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
