@@ -14,7 +14,6 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CH = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
-PROM = {"type": "prometheus", "uid": "${prometheus}"}
 TENANT = "tenant = ${tenant:sqlstring}"
 
 # The plugin's query types and formats (src/types/sql.ts, Format in queryBuilder.ts).
@@ -38,22 +37,6 @@ def ch_panel(title, desc, kind, sql, columns, non_empty, viz=None, unit=None, w=
                 "format": fmt,
                 "rawSql": sql.strip(),
             }
-        ],
-        "fieldConfig": {"defaults": {"unit": unit} if unit else {}, "overrides": []},
-        "options": {},
-        "_size": (w, h),
-    }
-
-
-def prom_panel(title, desc, exprs, unit=None, w=12, h=8):
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": desc + " (Prometheus: the ingest's /metrics; not covered by the tests.)",
-        "datasource": PROM,
-        "targets": [
-            {"refId": chr(65 + i), "datasource": PROM, "expr": e, "legendFormat": lf}
-            for i, (e, lf) in enumerate(exprs)
         ],
         "fieldConfig": {"defaults": {"unit": unit} if unit else {}, "overrides": []},
         "options": {},
@@ -257,42 +240,121 @@ ORDER BY time
         ["time", "facts", "conflicts"],
         True,
     ),
-    prom_panel(
+    ch_panel(
         "Consumer lag",
-        "High watermark minus the next offset to store, summed per topic.",
-        [("sum by (topic) (weft_ingest_consumer_lag)", "{{topic}}")],
+        "High watermark minus the next offset to store, summed per topic, as the ingest's lag "
+        "monitor samples it every 5 s (table weft_ingest_lag, migration 0006).",
+        "timeseries",
+        """
+SELECT time, topic, sum(lag) AS lag
+FROM
+(
+    SELECT $__timeInterval(at) AS time, topic, partition, argMax(lag, at) AS lag
+    FROM weft_ingest_lag
+    WHERE $__timeFilter(at)
+    GROUP BY time, topic, partition
+)
+GROUP BY time, topic
+ORDER BY time, topic
+""",
+        ["time", "topic", "lag"],
+        True,
     ),
-    prom_panel(
+    ch_panel(
         "Dead letters by reason",
-        "Records sent to the dead-letter topic per interval, by weft-dlq-reason.",
-        [("sum by (reason) (increase(weft_ingest_dead_lettered_total[$__rate_interval]))", "{{reason}}")],
+        "Records the dead-letter topic acknowledged per interval, by weft-dlq-reason (table "
+        "weft_dead_letters; a record dead-lettered again after a crash counts once: grouped by "
+        "topic, partition, offset).",
+        "timeseries",
+        """
+SELECT $__timeInterval(first_at) AS time, reason, count() AS dead_letters
+FROM
+(
+    SELECT topic, partition, offset, min(at) AS first_at, any(reason) AS reason
+    FROM weft_dead_letters
+    WHERE $__timeFilter(at)
+    GROUP BY topic, partition, offset
+)
+GROUP BY time, reason
+ORDER BY time, reason
+""",
+        ["time", "reason", "dead_letters"],
+        True,
     ),
-    prom_panel(
+    ch_panel(
+        "Latest dead letters",
+        "The newest dead-lettered records with their reason and source position: look them up "
+        "in the dead-letter topic by the weft-dlq-topic/partition/offset headers.",
+        "table",
+        """
+SELECT min(at) AS dead_lettered_at, topic, partition, offset, any(reason) AS reason,
+       any(tenant) AS tenant,
+       any(message) AS message
+FROM weft_dead_letters
+WHERE $__timeFilter(at)
+GROUP BY topic, partition, offset
+ORDER BY dead_lettered_at DESC
+LIMIT 100
+""",
+        ["dead_lettered_at", "topic", "partition", "offset", "reason", "tenant", "message"],
+        True,
+        viz="table",
+    ),
+    ch_panel(
         "Insert latency",
-        "Latency of one facts insert (p50, p99).",
-        [
-            ("histogram_quantile(0.5, sum by (le) (rate(weft_ingest_insert_seconds_bucket[$__rate_interval])))", "p50"),
-            ("histogram_quantile(0.99, sum by (le) (rate(weft_ingest_insert_seconds_bucket[$__rate_interval])))", "p99"),
-        ],
-        unit="s",
+        "Latency of one facts insert (p50, p99, max) as the ingest measured it (table "
+        "weft_ingest_batches; one row per partition per flush).",
+        "timeseries",
+        """
+SELECT $__timeInterval(at) AS time,
+       quantile(0.5)(insert_ms) AS p50_ms,
+       quantile(0.99)(insert_ms) AS p99_ms,
+       max(insert_ms) AS max_ms
+FROM weft_ingest_batches
+WHERE $__timeFilter(at) AND rows > 0
+GROUP BY time
+ORDER BY time
+""",
+        ["time", "p50_ms", "p99_ms", "max_ms"],
+        True,
+        unit="ms",
     ),
-    prom_panel(
-        "Batch rows and freshness (ingest histograms)",
-        "Rows per insert (p99) and emitted -> queryable (p99) as the ingest measures them.",
-        [
-            ("histogram_quantile(0.99, sum by (le) (rate(weft_ingest_batch_rows_bucket[$__rate_interval])))", "rows p99"),
-            ("histogram_quantile(0.99, sum by (le) (rate(weft_ingest_freshness_seconds_bucket[$__rate_interval])))", "freshness p99 (s)"),
-        ],
+    ch_panel(
+        "Ingest batches (rows, dead letters, bytes per flush)",
+        "Per flush and source partition, as the ingest recorded it: facts inserted (after "
+        "deduplication), records dead-lettered, payload bytes (table weft_ingest_batches).",
+        "timeseries",
+        """
+SELECT $__timeInterval(at) AS time,
+       count() AS flushes,
+       quantile(0.99)(rows) AS p99_rows,
+       sum(rows) AS stored_rows,
+       sum(dead) AS dead_letters,
+       sum(bytes) AS payload_bytes
+FROM weft_ingest_batches
+WHERE $__timeFilter(at)
+GROUP BY time
+ORDER BY time
+""",
+        ["time", "flushes", "p99_rows", "stored_rows", "dead_letters", "payload_bytes"],
+        True,
     ),
-    prom_panel(
-        "Records consumed, stored, deduplicated",
-        "Per-second rates of the ingest counters; ClickHouse up (1) or not (0).",
-        [
-            ("sum(rate(weft_ingest_consumed_total[$__rate_interval]))", "consumed/s"),
-            ("sum(rate(weft_ingest_inserted_total[$__rate_interval]))", "stored/s"),
-            ("sum(rate(weft_ingest_deduplicated_total[$__rate_interval]))", "deduplicated/s"),
-            ("min(weft_ingest_clickhouse_up)", "clickhouse up"),
-        ],
+    ch_panel(
+        "Flushes per source partition",
+        "Per source partition in the range: flushes, facts stored, records dead-lettered, and "
+        "the last flush (table weft_ingest_batches). A partition missing here had no traffic.",
+        "table",
+        """
+SELECT topic, partition, count() AS flushes, sum(rows) AS stored, sum(dead) AS dead_lettered,
+       max(at) AS last_flush
+FROM weft_ingest_batches
+WHERE $__timeFilter(at)
+GROUP BY topic, partition
+ORDER BY topic, partition
+""",
+        ["topic", "partition", "flushes", "stored", "dead_lettered", "last_flush"],
+        True,
+        viz="table",
     ),
 ]
 
@@ -804,13 +866,12 @@ ORDER BY evaluated_at DESC
 
 def main():
     ch_var = ds_var("datasource", "ClickHouse", "grafana-clickhouse-datasource")
-    prom_var = ds_var("prometheus", "Prometheus", "prometheus")
     boards = {
         "pipeline-operations": dashboard(
             "weft-pipeline-ops", "weft / Pipeline operations",
-            "Ingest rate, freshness, batch sizes, projector lag (ClickHouse); lag, dead letters, "
-            "insert latency (Prometheus).",
-            [ch_var, prom_var], OPS, ["operations"]),
+            "Ingest rate, freshness, batch sizes, projector lag, consumer lag, dead letters and "
+            "insert latency, all from ClickHouse (the ingest writes its own telemetry tables).",
+            [ch_var], OPS, ["operations"]),
         "compliance": dashboard(
             "weft-compliance", "weft / Compliance",
             "Authorizations and denials, invariant violations, token usage, failed narratives, "

@@ -1,11 +1,12 @@
 //! The Grafana dashboards (`dashboards/`), checked without Grafana:
 //!
-//! - statically: stable unique UIDs, every panel and target reads its data source through a
-//!   dashboard variable, every ClickHouse panel declares its columns (`expected.yaml`), the
-//!   Prometheus panels name metrics the ingest exports, and the provisioning files are
-//!   complete;
-//! - live: on the local stack, a simulated stream (with every kind of injected violation)
-//!   plus real router decisions and feedback go through Kafka and `weft ingest`, `weft eval
+//! - statically: stable unique UIDs, every panel and target reads ClickHouse through the
+//!   `datasource` variable (no Prometheus panel is left: the ingest writes its own telemetry
+//!   to ClickHouse), every panel declares its columns (`expected.yaml`), and the
+//!   provisioning files are complete;
+//! - live: on the local stack, a simulated stream (with every kind of injected violation,
+//!   and a few garbage records for the dead-letter panels) plus real router decisions and
+//!   feedback go through Kafka and `weft ingest`, `weft eval
 //!   --store` stores an estimate, and then every panel's and variable's SQL, with the
 //!   variables and the plugin's macros expanded exactly as Grafana and the plugin do
 //!   (`common/grafana.rs`), runs as a read-only query and must return the declared columns
@@ -90,10 +91,6 @@ fn is_ch(ds: &Value) -> bool {
     ds["type"] == CH_PLUGIN && ds["uid"] == "${datasource}"
 }
 
-fn is_prom(ds: &Value) -> bool {
-    ds["type"] == "prometheus" && ds["uid"] == "${prometheus}"
-}
-
 #[test]
 fn dashboards_are_well_formed_and_read_through_the_datasource_variable() {
     let boards = dashboards();
@@ -108,12 +105,15 @@ fn dashboards_are_well_formed_and_read_through_the_datasource_variable() {
         expect.keys().map(String::as_str).collect::<BTreeSet<_>>(),
         uids
     );
-    let metrics_rs =
-        std::fs::read_to_string(common::repo_root().join("consumers/src/metrics.rs")).unwrap();
     let mut ch_panels = 0;
     for (file, d) in &boards {
         let uid = d["uid"].as_str().unwrap();
         let vars = d["templating"]["list"].as_array().unwrap();
+        assert!(
+            vars.iter()
+                .all(|v| v["type"] != "datasource" || v["name"] == "datasource"),
+            "{file}: a second data source variable"
+        );
         let ds_var = vars
             .iter()
             .find(|v| v["name"] == "datasource")
@@ -130,24 +130,6 @@ fn dashboards_are_well_formed_and_read_through_the_datasource_variable() {
             assert!(ids.insert(id.clone()), "{file}: duplicate panel id {id}");
             let title = p["title"].as_str().unwrap();
             let ds = &p["datasource"];
-            if is_prom(ds) {
-                assert!(
-                    vars.iter()
-                        .any(|v| v["name"] == "prometheus" && v["query"] == "prometheus"),
-                    "{file}: {title} needs a prometheus variable"
-                );
-                for t in p["targets"].as_array().unwrap() {
-                    assert!(is_prom(&t["datasource"]), "{file}: {title}");
-                    let expr = t["expr"].as_str().unwrap();
-                    for m in metric_names(expr) {
-                        assert!(
-                            metrics_rs.contains(&format!("\"{m}\"")),
-                            "{file}: {title}: metric {m} is not exported by the ingest"
-                        );
-                    }
-                }
-                continue;
-            }
             assert!(is_ch(ds), "{file}: {title}: datasource {ds}");
             ch_panels += 1;
             for t in p["targets"].as_array().unwrap() {
@@ -188,24 +170,6 @@ fn dashboards_are_well_formed_and_read_through_the_datasource_variable() {
     assert!(ch_panels >= 20, "only {ch_panels} ClickHouse panels");
 }
 
-/// `weft_*` metric names in a PromQL expression (histogram suffixes removed).
-fn metric_names(expr: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let b = expr.as_bytes();
-    let mut i = 0;
-    while let Some(p) = expr[i..].find("weft_").map(|p| p + i) {
-        let mut j = p;
-        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
-            j += 1;
-        }
-        let name = &expr[p..j];
-        out.push(name.trim_end_matches("_bucket").to_owned());
-        i = j;
-    }
-    assert!(!out.is_empty(), "no weft metric in {expr}");
-    out
-}
-
 #[test]
 fn provisioning_is_complete() {
     let prov = dir().join("provisioning");
@@ -226,7 +190,10 @@ fn provisioning_is_complete() {
     assert!(ch["jsonData"]["host"].as_str().is_some());
     assert!(ch["jsonData"]["protocol"].as_str().is_some());
     assert!(ch["secureJsonData"]["password"].as_str().is_some());
-    assert!(list.iter().any(|d| d["type"] == "prometheus"));
+    assert!(
+        list.iter().all(|d| d["type"] == CH_PLUGIN),
+        "every panel reads ClickHouse; no other data source is provisioned"
+    );
     // The user named there exists in the users.d file, read-only.
     let xml = std::fs::read_to_string(prov.join("clickhouse/weft-grafana-user.xml")).unwrap();
     assert!(
@@ -358,6 +325,96 @@ async fn cycle(http: &reqwest::Client, base: &str, i: usize) {
     assert_eq!(r.status().as_u16(), 202, "{}", r.text().await.unwrap());
 }
 
+/// One garbage record: (topic suffix, value, `weft-kind` header, expected reason).
+type Garbage = (
+    &'static str,
+    &'static [u8],
+    Option<&'static [u8]>,
+    &'static str,
+);
+
+/// A few records ingest cannot decode, so the dead-letter panels have rows. Returns the
+/// expected reasons.
+async fn publish_garbage(p: &Pipeline) -> Vec<&'static str> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", common::brokers())
+        .create()
+        .unwrap();
+    let bad: [Garbage; 3] = [
+        ("frames", &[0xff, 0xfe, 0x00, 0x13], None, "undecodable"),
+        (
+            "trace_events",
+            b"{\"event_id\": \"e1\", ",
+            None,
+            "undecodable_json",
+        ),
+        ("handles", b"{}", Some(b"telemetry_blob"), "unknown_kind"),
+    ];
+    for (i, (suffix, value, kind, _)) in bad.iter().enumerate() {
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: "weft-tenant",
+            value: Some(TENANT.as_bytes()),
+        });
+        if let Some(k) = kind {
+            headers = headers.insert(Header {
+                key: "weft-kind",
+                value: Some(*k),
+            });
+        }
+        let key = format!("garbage-{i}");
+        producer
+            .send(
+                FutureRecord::to(&format!("{}{}", p.prefix, suffix))
+                    .key(&key)
+                    .payload(*value)
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    bad.iter().map(|b| b.3).collect()
+}
+
+/// Ingest writes its telemetry best effort, about once a second (lag every 5 s): poll until
+/// every garbage record is a dead letter with its reason, and batches and lag samples exist.
+async fn wait_for_telemetry(p: &Pipeline, reasons: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut want: Vec<String> = reasons.iter().map(|r| r.to_string()).collect();
+    want.sort();
+    loop {
+        let mut got: Vec<String> = p
+            .client()
+            .query(
+                "SELECT any(reason) FROM weft_dead_letters WHERE tenant = ? \
+                 GROUP BY topic, partition, offset",
+            )
+            .bind(TENANT)
+            .fetch_all()
+            .await
+            .unwrap();
+        got.sort();
+        let stored = p.scalar("SELECT sum(rows) FROM weft_ingest_batches").await;
+        let dead = p.scalar("SELECT sum(dead) FROM weft_ingest_batches").await;
+        let lag = p.scalar("SELECT count() FROM weft_ingest_lag").await;
+        let facts = p.scalar("SELECT count() FROM weft_events").await;
+        // Every stored fact was counted in some flush's batch row; every dead letter too.
+        if got == want && stored == facts && dead == want.len() as u64 && lag > 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "telemetry: dead letters {got:?} (want {want:?}), batch rows {stored} of {facts} \
+             facts, batch dead {dead}, lag samples {lag}:\n{}",
+            p.ingest_log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn now_micros() -> i64 {
     weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
 }
@@ -415,6 +472,7 @@ async fn every_panel_query_runs_on_simulated_data() {
     eprintln!("{:?}: ingest up", started.elapsed());
     let events = p.path("events.jsonl");
     p.publish(&events);
+    let garbage = publish_garbage(&p).await;
     eprintln!("{:?}: published", started.elapsed());
     let (router, base) = start_router(&p);
     eprintln!("{:?}: router up", started.elapsed());
@@ -472,6 +530,8 @@ async fn every_panel_query_runs_on_simulated_data() {
         "every routed decision evaluated"
     );
     eprintln!("{:?}: narratives and eval done", started.elapsed());
+    wait_for_telemetry(&p, &garbage).await;
+    eprintln!("{:?}: ingest telemetry stored", started.elapsed());
 
     let range = TimeRange {
         from_ms: (now - 2 * 3600 * 1_000_000) / 1000,

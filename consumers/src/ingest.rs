@@ -12,6 +12,10 @@
 //!
 //! Where to resume is read from ClickHouse, not from Kafka (see [`crate::facts`]), so a crash
 //! between any two steps replays at most one batch, and nothing in it is stored twice.
+//!
+//! Steps 1 and 2 also report what they did (dead letters once acknowledged, per-partition
+//! batch figures once inserted), and the lag monitor its samples, to ClickHouse through
+//! [`crate::telemetry`]: best effort, never waited for, never holding an offset.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -36,6 +40,7 @@ use crate::facts::{self, identity_key, DedupCache, EventRow, Seen};
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::{insert, ProjectBatch, Projector};
 use crate::store::{Store, StoreError};
+use crate::telemetry::{BatchRow, DeadLetterRow, LagRow, Sample, Telemetry};
 
 /// Which parts of the pipeline this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -208,6 +213,8 @@ pub struct Ingestor {
     positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
     /// Set on SIGINT/SIGTERM: retry loops give up (nothing is committed, so nothing is lost).
     stop: watch::Receiver<bool>,
+    /// Best-effort figures for ClickHouse (batches, dead letters, lag); never blocks.
+    telemetry: Telemetry,
 }
 
 /// A flush abandoned because the process is stopping; its records are replayed next time.
@@ -262,6 +269,7 @@ impl Ingestor {
                 .await?,
             ),
         };
+        let telemetry = Telemetry::start(store.clone(), metrics.clone()).await;
         let mut me = Self {
             cfg,
             store,
@@ -275,6 +283,7 @@ impl Ingestor {
             totals: IngestTotals::default(),
             positions: Arc::default(),
             stop,
+            telemetry,
         };
         me.subscribe().await?;
         Ok(me)
@@ -417,6 +426,7 @@ impl Ingestor {
             kafka_config(&self.cfg),
             self.positions.clone(),
             self.metrics.clone(),
+            self.telemetry.clone(),
             shutdown.clone(),
         );
         loop {
@@ -600,8 +610,10 @@ impl Ingestor {
 
     async fn flush_batch(&mut self, parts: &mut [PartitionState]) -> Result<(), Stopped> {
         // 1. Dead letters first: once their offsets are committed they must be safe elsewhere.
+        let mut dead_n = Vec::with_capacity(parts.len());
         for st in parts.iter_mut() {
             let dead = std::mem::take(&mut st.dead);
+            dead_n.push(dead.len());
             if !dead.is_empty() {
                 self.dead_letter(&st.topic, st.partition, &dead).await?;
             }
@@ -626,7 +638,32 @@ impl Ingestor {
                     .map(|(t, p, rows, last)| self.insert_facts(t, *p, rows, *last)),
             )
             .await;
-            results.into_iter().collect::<Result<Vec<()>, Stopped>>()?;
+            let insert_ms = results.into_iter().collect::<Result<Vec<f64>, Stopped>>()?;
+            // Telemetry: one row per partition that had records, after the insert landed.
+            let at = now_micros();
+            let role = match self.cfg.role {
+                Role::All => "all",
+                Role::Facts => "facts",
+                Role::Narratives => "narratives",
+            };
+            for (i, st) in parts.iter().enumerate() {
+                let ins = inserts
+                    .iter()
+                    .position(|(t, p, _, _)| *t == st.topic && *p == st.partition);
+                if ins.is_none() && dead_n[i] == 0 {
+                    continue;
+                }
+                self.telemetry.record(Sample::Batch(BatchRow {
+                    at,
+                    topic: st.topic.clone(),
+                    partition: st.partition,
+                    rows: ins.map_or(0, |j| inserts[j].2.len() as u32),
+                    dead: dead_n[i] as u32,
+                    bytes: st.bytes as u64,
+                    insert_ms: ins.map_or(0.0, |j| insert_ms[j]),
+                    role,
+                }));
+            }
             for (_, _, rows, _) in &inserts {
                 for r in rows {
                     self.metrics.inserted.with_label_values(&[r.kind]).inc();
@@ -746,8 +783,9 @@ impl Ingestor {
         partition: i32,
         rows: &[EventRow],
         last_fact: i64,
-    ) -> Result<(), Stopped> {
+    ) -> Result<f64, Stopped> {
         let mut attempt = 0u32;
+        let first = Instant::now();
         loop {
             let started = Instant::now();
             match insert(&self.store, "weft_events", rows).await {
@@ -757,7 +795,7 @@ impl Ingestor {
                         .observe(started.elapsed().as_secs_f64());
                     self.metrics.batch_rows.observe(rows.len() as f64);
                     self.metrics.clickhouse_up.set(1);
-                    return Ok(());
+                    return Ok(started.elapsed().as_secs_f64() * 1e3);
                 }
                 Err(e) => {
                     attempt += 1;
@@ -781,7 +819,7 @@ impl Ingestor {
                                 "the failed-looking insert had landed; not repeating it"
                             );
                             self.metrics.clickhouse_up.set(1);
-                            return Ok(());
+                            return Ok(first.elapsed().as_secs_f64() * 1e3);
                         }
                     }
                 }
@@ -840,6 +878,22 @@ impl Ingestor {
                 }
             }
             self.totals.dead_lettered += 1;
+            // Acknowledged by the broker: now (and only now) it is a dead letter to report.
+            self.telemetry.record(Sample::DeadLetter(DeadLetterRow {
+                at: now_micros(),
+                topic: topic.to_owned(),
+                partition,
+                offset: d.offset,
+                reason: d.reason.code,
+                message: d.reason.message.clone(),
+                tenant: d
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == weft_schemas::wire::header::TENANT)
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                    .unwrap_or_default()
+                    .to_owned(),
+            }));
             self.metrics
                 .dead_lettered
                 .with_label_values(&[d.reason.code])
@@ -863,10 +917,12 @@ impl Ingestor {
 
 /// Consumer lag from watermarks and stored positions, on its own thread: watermark requests
 /// block, and while Kafka is down they time out, which must never stall the ingest loop.
+/// Each sample goes to the gauge and (best effort, without waiting) to `weft_ingest_lag`.
 fn spawn_lag_monitor(
     brokers: ClientConfig,
     positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
     metrics: Arc<IngestMetrics>,
+    telemetry: Telemetry,
     stop: watch::Receiver<bool>,
 ) {
     std::thread::spawn(move || {
@@ -881,10 +937,19 @@ fn spawn_lag_monitor(
                 if let Ok((_, high)) =
                     client.fetch_watermarks(&topic, partition, Duration::from_secs(2))
                 {
+                    let lag = (high - next).max(0);
                     metrics
                         .lag
                         .with_label_values(&[&topic, &partition.to_string()])
-                        .set((high - next).max(0));
+                        .set(lag);
+                    telemetry.record(Sample::Lag(LagRow {
+                        at: now_micros(),
+                        topic,
+                        partition,
+                        next_offset: next,
+                        high_watermark: high,
+                        lag,
+                    }));
                 }
             }
             std::thread::sleep(Duration::from_secs(5));

@@ -3,7 +3,8 @@
 //! - [`decode`]: one Kafka record to a validated [`decode::Fact`] or a dead-letter reason;
 //! - [`facts`]: the `weft_events` rows, identity deduplication and exactly-once progress;
 //! - [`narrative`]: the per-request narratives (assignment rule, projector, queries);
-//! - [`store`]: ClickHouse settings and the migration runner (`weft migrate`).
+//! - [`store`]: ClickHouse settings and the migration runner (`weft migrate`);
+//! - [`telemetry`]: ingest's own figures (batches, dead letters, lag) in ClickHouse.
 
 pub mod decode;
 pub mod facts;
@@ -12,3 +13,4 @@ pub mod ingest;
 pub mod metrics;
 pub mod narrative;
 pub mod store;
+pub mod telemetry;

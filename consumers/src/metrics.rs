@@ -24,6 +24,8 @@ pub struct IngestMetrics {
     pub narratives_moved: IntCounter,
     pub narrative_graph_nodes: IntGauge,
     pub projector_seconds: Histogram,
+    /// Telemetry rows (migration 0006) dropped: queue full, table missing or insert failed.
+    pub telemetry_dropped: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
@@ -160,6 +162,12 @@ impl IngestMetrics {
                 "weft_narrative_projector_seconds",
                 "Time to project one batch",
                 vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            ),
+            telemetry_dropped: counter_vec(
+                &r,
+                "weft_ingest_telemetry_dropped_total",
+                "Telemetry rows not written to ClickHouse (best effort; ingest unaffected)",
+                &["table"],
             ),
             registry: r,
         }
