@@ -110,12 +110,12 @@ SELECT e.1 AS exec, d AS decision_id, pd, verdict, auth,
        toUInt8(auth != '' AND ats > e.2) AS auth_late, denied
 FROM (
     SELECT if(kind = 'policy_decision', id, decision_id) AS d,
-           groupUniqArrayIf((id, ts), kind = 'trace_event' AND event_type = 'capability_executed' AND {TS}) AS ex,
+           arrayDistinct(groupArrayIf((id, ts), kind = 'trace_event' AND event_type = 'capability_executed' AND {TS})) AS ex,
            anyIf(id, kind = 'policy_decision') AS pd,
            anyIf(decision, kind = 'policy_decision') AS verdict,
            argMinIf(id, ts, event_type = 'capability_authorized') AS auth,
            minIf(ts, event_type = 'capability_authorized') AS ats,
-           groupUniqArrayIf(id, event_type = 'capability_denied') AS denied
+           arrayDistinct(groupArrayIf(id, event_type = 'capability_denied')) AS denied
     FROM weft_events
     WHERE tenant = {t:String} AND {WIDE}
       AND (kind = 'policy_decision'
