@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Build the 10M-event set of docs/AUDIT.md ("Speed") and time `weft audit check` over it.
+# 400 simulated flows with every violation injected (through Kafka and ingest), then copied
+# COPIES times inside ClickHouse with every id and reference suffixed `~n`.
+# Needs the local stack (deploy/local/stack.sh up); not part of test.sh (minutes, not seconds).
+#   WEFT=target/debug/weft COPIES=1142 bash deploy/local/audit-bench.sh
+set -euo pipefail
+WEFT=${WEFT:-target/debug/weft}
+COPIES=${COPIES:-1142}
+RUN=${WEFT_RUN_DIR:-/tmp/weft-run}
+source "$RUN/env"
+DB=${AUDIT_BENCH_DB:-weft_audit_bench}
+export WEFT_CLICKHOUSE_DATABASE=$DB WEFT_TOPIC_PREFIX=$DB. RUST_LOG=warn
+D=$RUN/$DB; mkdir -p "$D"
+ch() { curl -sfS "$WEFT_CLICKHOUSE_URL/?database=$DB" --data-binary "$1"; }
+curl -sfS "$WEFT_CLICKHOUSE_URL/" --data-binary "CREATE DATABASE IF NOT EXISTS $DB"
+if [ "$(ch 'SELECT count() FROM weft_events' 2>/dev/null || echo 0)" = 0 ]; then
+  "$WEFT" migrate
+  "$WEFT" simulate --flows 400 --seed 606 --shuffle --no-request-id 0.1 --duplicates 0.05 --deny 0.05 \
+    --partial 0.05 --failure 0.05 --expired-token 0.06 --reused-token 0.06 --out-of-scope 0.06 \
+    --unauthorized 0.1 --raw-output 0.06 --orphan 0.06 --id-conflict 0.06 \
+    --out "$D/events.jsonl" --truth "$D/truth.json"
+  "$WEFT" publish "$D/events.jsonl" --drain-spool --message-timeout-ms 300000 \
+    --topic-prefix "$DB." --spool-dir "$D/spool"
+  "$WEFT" ingest --listen '' --group "$DB" >"$D/ingest.log" 2>&1 &
+  ing=$!
+  want=$(python3 -c "import json;print(json.load(open('$D/truth.json'))['totals']['distinct_events'])")
+  for _ in $(seq 1 600); do
+    n=$(ch "SELECT count() FROM weft_events")
+    [ "$n" -ge "$want" ] && break
+    sleep 0.5
+  done
+  kill "$ing"; wait "$ing" || true
+  ch "DROP TABLE IF EXISTS tpl"
+  ch "CREATE TABLE tpl ENGINE = Memory AS SELECT * FROM weft_events"
+  sfx() { echo "if($1 = '', '', concat($1, '~', toString(number)))"; }
+  ch "INSERT INTO weft_events SELECT tpl.* REPLACE (
+    $(sfx id) AS id, $(sfx request_id) AS request_id, $(sfx token_id) AS token_id,
+    $(sfx decision_id) AS decision_id, $(sfx frame_id) AS frame_id, $(sfx handle_id) AS handle_id,
+    arrayMap(x -> $(sfx x), handle_refs) AS handle_refs, $(sfx flow_id) AS flow_id,
+    arrayMap(l -> (l.1, l.2, $(sfx l.3)), links) AS links)
+  FROM tpl CROSS JOIN numbers(1, $COPIES) AS n"
+  ch "DROP TABLE tpl"
+fi
+echo "events: $(ch 'SELECT count() FROM weft_events')"
+t0=$(date +%s.%N)
+"$WEFT" audit check --tenant default --from 2026-10-01T00:00:00Z --to 2026-12-31T00:00:00Z \
+  --grace-secs 0 --format json >"$D/check.json"
+t1=$(date +%s.%N)
+python3 -c "
+import json; r = json.load(open('$D/check.json'))
+print('wall %.2f s; elapsed_ms %d; timings_ms %s; findings %d' % ($t1 - $t0, r['elapsed_ms'], r['timings_ms'], len(r['findings'])))"
