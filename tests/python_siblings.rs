@@ -85,7 +85,8 @@ fn expected_members(flow_or_request: &Value) -> usize {
     }
     for k in flow_or_request["kernel"].as_array().unwrap() {
         n += match k["event_type"].as_str().unwrap() {
-            "invoke" => 5,
+            // decision, authorization, execution, frame, handle and token
+            "invoke" => 6,
             "expand" => 3,
             "deny" => 2,
             other => panic!("unexpected kernel event {other}"),
@@ -236,6 +237,16 @@ impl<'a> View<'a> {
                     .any(|h| h == hid));
                 assert!(self.has_link(("frame", aid), "handle_refs", ("handle", hid)));
                 if kind == "invoke" {
+                    // The adapter records the authorization before the execution (I-02).
+                    let auth_id = format!("{aid}:authorized");
+                    let auth = self.get("trace_event", &auth_id);
+                    assert_eq!(auth["event_type"], "capability_authorized", "{auth}");
+                    assert_eq!(auth["decision_id"], did);
+                    assert!(self.has_link(
+                        ("trace_event", &auth_id),
+                        "decision_id",
+                        ("policy_decision", did)
+                    ));
                     self.get("handle", hid);
                     let tid = k["token_id"].as_str().unwrap();
                     assert_eq!(pd["token_id"], tid);
@@ -266,11 +277,11 @@ impl<'a> View<'a> {
             want.push(("flow_step_started".into(), Some(i), None));
             if i == kernel_step {
                 for k in f["kernel"].as_array().unwrap() {
-                    want.push((
-                        format!("kernel:{}", k["action_id"].as_str().unwrap()),
-                        None,
-                        None,
-                    ));
+                    let aid = k["action_id"].as_str().unwrap();
+                    if k["event_type"] == "invoke" {
+                        want.push((format!("kernel:{aid}:authorized"), None, None));
+                    }
+                    want.push((format!("kernel:{aid}"), None, None));
                 }
             }
             let outcome = if s["success"].as_bool().unwrap() {
@@ -551,6 +562,51 @@ p.close()
             "no {kind} at all: {kinds_seen:?}"
         );
     }
+
+    // `weft audit` agrees: no I-02 finding (every execution has its allow decision and its
+    // authorization before it), and the denials the scenario provoked are exactly the deny
+    // decisions an auditor finds.
+    let audit = |args: &[&str]| {
+        let out = p
+            .weft()
+            .arg("audit")
+            .args(args)
+            .args(["--tenant", TENANT, "--from", "1d", "--to", "now"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "weft audit {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let report: Value =
+        serde_json::from_str(&audit(&["check", "--grace-secs", "0", "--format", "json"])).unwrap();
+    let i02: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["invariant"] == "I-02")
+        .collect();
+    assert!(i02.is_empty(), "I-02 findings: {i02:#?}");
+    let provoked = reqs
+        .iter()
+        .flat_map(|(_, r)| r["kernel"].as_array().unwrap())
+        .filter(|k| k["event_type"] == "deny")
+        .count();
+    assert!(provoked >= 2, "the scenario provokes denials");
+    let denials = audit(&[
+        "search",
+        "--kind",
+        "policy_decision",
+        "--decision",
+        "deny",
+        "--all",
+        "--format",
+        "jsonl",
+    ]);
+    assert_eq!(denials.lines().count(), provoked, "{denials}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

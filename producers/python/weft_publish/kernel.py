@@ -83,10 +83,12 @@ class WeftTraceStore:
         step = current_flow_step()
         flow = {"flow_id": step.flow_id, "step_index": step.step_index} if step else None
         did = decision_id_for(trace.action_id)
-        events = [
-            ("policy_decision", functools.partial(_policy_decision, trace, did, self._kernel_id, flow), rid),
-            ("trace_event", functools.partial(_trace_event, trace, did, flow), rid),
-        ]
+        events = [("policy_decision", functools.partial(_policy_decision, trace, did, self._kernel_id, flow), rid)]
+        if trace.event_type == "invoke":
+            # I-02 wants the authorization on record before the execution; the kernel's
+            # trace has one event per action, so the adapter adds it.
+            events.append(("trace_event", functools.partial(_authorized_event, trace, did, flow), rid))
+        events.append(("trace_event", functools.partial(_trace_event, trace, did, flow), rid))
         if trace.event_type != "deny" and trace.error is None and not _capturing.get():
             events.append(("frame", functools.partial(_frame_from_trace, trace), rid))
             if trace.handle_id and trace.event_type == "invoke":
@@ -208,6 +210,27 @@ def _trace_event(trace: Any, did: str, flow: dict | None) -> dict[str, Any]:
         out["metadata"]["token_id"] = trace.token_id
     if flow:
         out["metadata"].update(flow)
+    return out
+
+
+def authorized_event_id(action_id: str) -> str:
+    """The id of the `capability_authorized` TraceEvent the adapter adds for an invoke."""
+    return f"{action_id}:authorized"
+
+
+def _authorized_event(trace: Any, did: str, flow: dict | None) -> dict[str, Any]:
+    out = _trace_event(trace, did, flow)
+    for key in ("frame_id", "handle_id", "duration_ms", "error"):
+        out.pop(key, None)
+    out["event_id"] = authorized_event_id(trace.action_id)
+    out["event_type"] = "capability_authorized"
+    out["outcome"] = "success"
+    # The kernel verifies the token just before it executes, and its trace holds one time
+    # (`invoked_at`, also the execution event's); the authorization is stamped 1 µs earlier so
+    # that every reader orders it first. Same type as the execution event's timestamp.
+    at = trace.invoked_at - datetime.timedelta(microseconds=1)
+    out["timestamp"] = at if isinstance(out.get("timestamp"), datetime.datetime) else _iso(at)
+    out["metadata"]["kernel_event"] = "authorize"
     return out
 
 
