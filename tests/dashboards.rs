@@ -19,10 +19,9 @@ mod grafana;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::pipeline::{distinct_facts, free_port, wait_for_port, Pipeline, Proc};
+use common::pipeline::{distinct_facts, Pipeline, Proc};
 use grafana::{expand_macros, interpolate, TimeRange};
 use serde_json::{json, Value};
 
@@ -249,26 +248,18 @@ async fn run_sql(
 }
 
 fn start_router(p: &Pipeline) -> (Proc, String) {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let log = std::fs::File::create(p.path("router.log")).unwrap();
-    let child = p
-        .weft()
-        .env("WEFT_ROUTER_KEYS", format!("{KEY}={TENANT}"))
-        .args(["router", "--listen", &addr, "--refresh-ms", "500"])
-        .args(["--policy", "epsilon_greedy", "--epsilon", "0.3"])
-        .args(["--topic-prefix", &p.prefix, "--no-create-topics"])
-        .arg("--spool-dir")
-        .arg(p.path("router-spool"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for_port(&addr, Duration::from_secs(30)),
-        "router did not listen"
-    );
-    (Proc(child), format!("http://{addr}"))
+    p.router(
+        KEY,
+        TENANT,
+        &[
+            "--refresh-ms",
+            "500",
+            "--policy",
+            "epsilon_greedy",
+            "--epsilon",
+            "0.3",
+        ],
+    )
 }
 
 /// `n` route -> feedback cycles over the router's HTTP API, 8 callers at once (each

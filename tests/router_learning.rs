@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::pipeline::{free_port, wait_for_port, Pipeline, Proc};
+use common::pipeline::{Pipeline, Proc};
 use serde_json::{json, Value};
 use weft_router::rng::Rng;
 
@@ -39,34 +38,24 @@ fn candidates() -> Value {
 }
 
 fn start_router(p: &Pipeline) -> (Proc, String) {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let log = std::fs::File::create(p.path("router.log")).unwrap();
-    let child = p
-        .weft()
-        .env("WEFT_ROUTER_KEYS", format!("{KEY}=acme"))
-        .args(["router", "--listen", &addr, "--refresh-ms", "250"])
-        .args(["--policy", "thompson", "--half-life-s", "0"])
-        .args([
+    p.router(
+        KEY,
+        "acme",
+        &[
+            "--refresh-ms",
+            "250",
+            "--policy",
+            "thompson",
+            "--half-life-s",
+            "0",
             "--w-success",
             "1",
             "--w-cost",
             "1",
             "--w-latency-per-s",
             "0.1",
-        ])
-        .args(["--topic-prefix", &p.prefix, "--no-create-topics"])
-        .arg("--spool-dir")
-        .arg(p.path("router-spool"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for_port(&addr, Duration::from_secs(30)),
-        "router did not listen"
-    );
-    (Proc(child), format!("http://{addr}"))
+        ],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,6 +75,19 @@ const TS_RANGE: &str = "ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') \
 const TS_WIDE: &str = "ts >= fromUnixTimestamp64Micro({wfrom:Int64}, 'UTC') \
                        AND ts < fromUnixTimestamp64Micro({wto:Int64}, 'UTC')";
 
+/// Run one check's query, with how long it took (milliseconds).
+async fn timed<T>(
+    store: &Store,
+    query: clickhouse::query::Query,
+) -> Result<(Vec<T>, u64), AuditError>
+where
+    T: clickhouse::RowOwned + clickhouse::RowRead,
+{
+    let t = std::time::Instant::now();
+    let rows = query.fetch_all::<T>().await.map_err(ch_err(store))?;
+    Ok((rows, t.elapsed().as_millis() as u64))
+}
+
 fn q(
     store: &Store,
     sql: &str,
@@ -256,55 +269,19 @@ pub async fn run(
     // One after the other: on a small server, concurrent heavy queries only fight over
     // cores and memory bandwidth (measured: 13.6 s concurrent vs 6.8 s in sequence, 10M rows;
     // again after 0007 and the rewrites: 22.1 s concurrent vs 13.4 s in sequence, 2 loaded cores).
-    let (i02, i06, i01, orphans, conflicts) = (
-        async {
-            let t = std::time::Instant::now();
-            q(store, I02_SQL, tenant, range, opt)
-                .fetch_all::<I02Row>()
-                .await
-                .map_err(ch_err(store))
-                .map(|r| (r, t.elapsed().as_millis() as u64))
-        }
-        .await?,
-        async {
-            let t = std::time::Instant::now();
-            q(store, I06_SQL, tenant, range, opt)
-                .fetch_all::<I06Row>()
-                .await
-                .map_err(ch_err(store))
-                .map(|r| (r, t.elapsed().as_millis() as u64))
-        }
-        .await?,
-        async {
-            let t = std::time::Instant::now();
-            q(store, I01_SQL, tenant, range, opt)
-                .param("keys", RAW_OUTPUT_KEYS.to_vec())
-                .fetch_all::<String>()
-                .await
-                .map_err(ch_err(store))
-                .map(|r| (r, t.elapsed().as_millis() as u64))
-        }
-        .await?,
-        async {
-            let t = std::time::Instant::now();
-            q(store, ORPHAN_SQL, tenant, range, opt)
-                .param("grace", opt.grace_secs)
-                .fetch_all::<OrphanRow>()
-                .await
-                .map_err(ch_err(store))
-                .map(|r| (r, t.elapsed().as_millis() as u64))
-        }
-        .await?,
-        async {
-            let t = std::time::Instant::now();
-            q(store, CONFLICT_SQL, tenant, range, opt)
-                .fetch_all::<ConflictRow>()
-                .await
-                .map_err(ch_err(store))
-                .map(|r| (r, t.elapsed().as_millis() as u64))
-        }
-        .await?,
-    );
+    let i02 = timed::<I02Row>(store, q(store, I02_SQL, tenant, range, opt)).await?;
+    let i06 = timed::<I06Row>(store, q(store, I06_SQL, tenant, range, opt)).await?;
+    let i01 = timed::<String>(
+        store,
+        q(store, I01_SQL, tenant, range, opt).param("keys", RAW_OUTPUT_KEYS.to_vec()),
+    )
+    .await?;
+    let orphans = timed::<OrphanRow>(
+        store,
+        q(store, ORPHAN_SQL, tenant, range, opt).param("grace", opt.grace_secs),
+    )
+    .await?;
+    let conflicts = timed::<ConflictRow>(store, q(store, CONFLICT_SQL, tenant, range, opt)).await?;
     let timings_ms: BTreeMap<String, u64> = [
         ("I-02", i02.1),
         ("I-06", i06.1),

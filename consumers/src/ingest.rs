@@ -56,6 +56,17 @@ pub enum Role {
     Narratives,
 }
 
+impl Role {
+    /// The name used in configuration and telemetry (`all`, `facts`, `narratives`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Facts => "facts",
+            Role::Narratives => "narratives",
+        }
+    }
+}
+
 /// Settings of `weft ingest` (the `[ingest]` TOML section).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -641,11 +652,7 @@ impl Ingestor {
             let insert_ms = results.into_iter().collect::<Result<Vec<f64>, Stopped>>()?;
             // Telemetry: one row per partition that had records, after the insert landed.
             let at = now_micros();
-            let role = match self.cfg.role {
-                Role::All => "all",
-                Role::Facts => "facts",
-                Role::Narratives => "narratives",
-            };
+            let role = self.cfg.role.as_str();
             for (i, st) in parts.iter().enumerate() {
                 let ins = inserts
                     .iter()

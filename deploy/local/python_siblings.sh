@@ -2,7 +2,7 @@
 # Creates (once) the venv in which weft's Python publisher is tested against the real Weaver
 # siblings from PyPI, and prints its python's path on stdout.
 #
-#   bash deploy/local/python_siblings.sh          # -> /root/.cache/weft/pyenv-siblings/bin/python
+#   bash deploy/local/python_siblings.sh          # -> $HOME/.cache/weft/pyenv-siblings/bin/python
 #
 # Pinned: weaver-kernel 0.12.0, chainweaver 0.14.1, weaver-contracts 0.7.0, plus
 # producers/python (weft-publish) installed editable from this checkout. Idempotent: when the

@@ -728,7 +728,7 @@ async fn measure(
     let s2 = Snapshot::take(pids);
     let stored = count(store, "SELECT count() FROM weft_events").await?;
     let weft = phase(
-        format!("weft ingest (role {})", role_name(role)),
+        format!("weft ingest (role {})", Role::as_str(role)),
         stored,
         envelopes,
         (&s0, first, first_n, done, &s1, &s2),
@@ -792,7 +792,7 @@ async fn measure(
         run: String::new(),
         database: String::new(),
         topic_prefix: String::new(),
-        role: role_name(role).into(),
+        role: Role::as_str(role).into(),
         partitions: args.partitions,
         batch_max_rows: args.batch_max_rows,
         envelopes,
@@ -814,14 +814,6 @@ async fn measure(
         steps,
         target_events_per_consumer_cpu_s: TARGET_EVENTS_PER_CPU_S,
     })
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::All => "all",
-        Role::Facts => "facts",
-        Role::Narratives => "narratives",
-    }
 }
 
 /// Build a [`Phase`] from its snapshots: start, first row (instant and count), done, the

@@ -160,6 +160,30 @@ impl Pipeline {
         Proc(child)
     }
 
+    /// Start `weft router` on a free loopback port for this pipeline's topics, with one key
+    /// for `tenant` and the given policy flags; returns the process and its base URL.
+    pub fn router(&self, key: &str, tenant: &str, policy: &[&str]) -> (Proc, String) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::File::create(self.path("router.log")).unwrap();
+        let child = self
+            .weft()
+            .env("WEFT_ROUTER_KEYS", format!("{key}={tenant}"))
+            .args(["router", "--listen", &addr])
+            .args(policy)
+            .args(["--topic-prefix", &self.prefix, "--no-create-topics"])
+            .arg("--spool-dir")
+            .arg(self.path("router-spool"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        assert!(
+            wait_for_port(&addr, Duration::from_secs(30)),
+            "router did not listen"
+        );
+        (Proc(child), format!("http://{addr}"))
+    }
+
     /// The tail of the ingest log, for failure messages.
     pub fn ingest_log(&self) -> String {
         let text = std::fs::read_to_string(self.path("ingest.log")).unwrap_or_default();
