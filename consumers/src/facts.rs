@@ -1,8 +1,8 @@
 //! The facts table (`weft_events`): rows, identity deduplication, and exactly-once progress.
 //!
-//! **Exactly-once effect.** Each source partition is written by one insert at a time, and
-//! every insert is one part (one `ingested_at` per batch, hence one table partition), so it
-//! lands whole or not at all. The `progress` projection stores `max(offset)` per source
+//! **Exactly-once effect.** One insert at a time carries a batch's rows of every source
+//! partition, and every insert is one part (one `ingested_at` per batch, hence one table
+//! partition), so it lands whole or not at all. The `progress` projection stores `max(offset)` per source
 //! partition inside each part. A consumer that (re)starts a partition reads that maximum and
 //! skips every record at or below it: a batch replayed after any crash is never stored twice,
 //! and Kafka's committed offset is only a hint for where to start reading.
@@ -23,52 +23,53 @@ use sha2::{Digest, Sha256};
 use crate::decode::Fact;
 use crate::store::{Store, StoreError};
 
-/// One row of `weft_events`, in column order.
+/// One row of `weft_events`, in column order. It borrows every string from the [`Fact`] it
+/// describes (and the partition's topic), so building a batch copies no payloads.
 #[derive(Debug, Clone, Row, Serialize)]
-pub struct EventRow {
-    pub tenant: String,
+pub struct EventRow<'a> {
+    pub tenant: &'a str,
     pub kind: &'static str,
-    pub id: String,
+    pub id: &'a str,
     pub content_hash: [u8; 32],
     pub ts: i64,
-    pub request_id: String,
-    pub producer_id: String,
+    pub request_id: &'a str,
+    pub producer_id: &'a str,
     pub seq: u64,
     pub emitted_at: i64,
     pub ingested_at: i64,
-    pub event_type: String,
-    pub principal: String,
-    pub capability_id: String,
-    pub decision: String,
-    pub outcome: String,
-    pub token_id: String,
-    pub decision_id: String,
-    pub frame_id: String,
-    pub handle_id: String,
-    pub handle_refs: Vec<String>,
-    pub candidate_id: String,
-    pub flow_id: String,
-    pub links: Vec<(&'static str, &'static str, String)>,
+    pub event_type: &'a str,
+    pub principal: &'a str,
+    pub capability_id: &'a str,
+    pub decision: &'a str,
+    pub outcome: &'a str,
+    pub token_id: &'a str,
+    pub decision_id: &'a str,
+    pub frame_id: &'a str,
+    pub handle_id: &'a str,
+    pub handle_refs: Vec<&'a str>,
+    pub candidate_id: &'a str,
+    pub flow_id: &'a str,
+    pub links: Vec<(&'static str, &'static str, &'a str)>,
     pub conflict: u8,
-    pub topic: String,
+    pub topic: &'a str,
     pub partition: u32,
     pub offset: u64,
     pub content_type: &'static str,
-    pub payload: String,
+    pub payload: &'a str,
 }
 
-fn s(v: &serde_json::Value, key: &str) -> String {
+/// The string at `key` of a JSON object, or "".
+fn s<'a>(v: &'a serde_json::Value, key: &str) -> &'a str {
     v.get(key)
         .and_then(serde_json::Value::as_str)
         .unwrap_or_default()
-        .to_owned()
 }
 
-impl EventRow {
+impl<'a> EventRow<'a> {
     /// Build the row for a fact read at `topic/partition/offset`.
     pub fn new(
-        f: &Fact,
-        topic: &str,
+        f: &'a Fact,
+        topic: &'a str,
         partition: i32,
         offset: i64,
         ingested_at: i64,
@@ -76,45 +77,38 @@ impl EventRow {
     ) -> Self {
         use weft_schemas::Kind;
         let p = &f.payload;
-        let meta = p.get("metadata");
         let kind = f.envelope.kind;
+        // On feedback, decision_id is the routing decision: kept in the links, not here, so
+        // `decision_id` always means an authorization decision.
         let decision_id = match kind {
-            // On feedback, decision_id is the routing decision: kept in the links, not here,
-            // so `decision_id` always means an authorization decision.
             Kind::TraceEvent | Kind::PolicyDecision => s(p, "decision_id"),
-            Kind::ExecutionRoutingDecision => String::new(),
-            _ => String::new(),
+            _ => "",
         };
         let candidate_id = match kind {
             Kind::ExecutionFeedback => s(p, "candidate_id"),
-            Kind::ExecutionRoutingDecision => p
-                .get("candidate")
-                .map(|c| s(c, "candidate_id"))
-                .unwrap_or_default(),
-            _ => String::new(),
+            Kind::ExecutionRoutingDecision => {
+                p.get("candidate").map_or("", |c| s(c, "candidate_id"))
+            }
+            _ => "",
         };
         let (frame_id, handle_id) = match kind {
             Kind::TraceEvent | Kind::Frame => (s(p, "frame_id"), s(p, "handle_id")),
-            Kind::Handle => (String::new(), s(p, "handle_id")),
-            _ => (String::new(), String::new()),
+            Kind::Handle => ("", s(p, "handle_id")),
+            _ => ("", ""),
         };
         let handle_refs = p
             .get("handle_refs")
             .and_then(serde_json::Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_owned))
-                    .collect()
-            })
+            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
             .unwrap_or_default();
         EventRow {
-            tenant: f.envelope.tenant.clone(),
+            tenant: &f.envelope.tenant,
             kind: kind.as_str(),
-            id: f.id.clone(),
+            id: &f.id,
             content_hash: f.content_hash,
             ts: f.ts_micros,
-            request_id: f.envelope.request_id.clone().unwrap_or_default(),
-            producer_id: f.envelope.producer_id.clone().unwrap_or_default(),
+            request_id: f.envelope.request_id.as_deref().unwrap_or_default(),
+            producer_id: f.envelope.producer_id.as_deref().unwrap_or_default(),
             seq: f.envelope.seq.unwrap_or(0),
             emitted_at: f.emitted_micros,
             ingested_at,
@@ -129,18 +123,18 @@ impl EventRow {
             handle_id,
             handle_refs,
             candidate_id,
-            flow_id: meta.map(|m| s(m, "flow_id")).unwrap_or_default(),
+            flow_id: p.get("metadata").map_or("", |m| s(m, "flow_id")),
             links: f
                 .links
                 .iter()
-                .map(|l| (l.via.as_str(), l.to_kind.as_str(), l.to_id.clone()))
+                .map(|l| (l.via.as_str(), l.to_kind.as_str(), l.to_id.as_str()))
                 .collect(),
             conflict: u8::from(conflict),
-            topic: topic.to_owned(),
+            topic,
             partition: partition as u32,
             offset: offset as u64,
             content_type: f.content_type.as_str(),
-            payload: f.envelope.payload.get().to_owned(),
+            payload: f.envelope.payload.get(),
         }
     }
 }

@@ -1,12 +1,12 @@
 //! `weft ingest`: the consumer that turns the weaver topics into facts and narratives.
 //!
 //! One loop reads records, decodes them ([`crate::decode`]), and buffers them per source
-//! partition. A flush (at `batch_max_rows`, `batch_max_bytes` or every `flush_interval`)
-//! takes each partition with data through the same steps, in this order:
+//! partition. A flush (at `batch_max_rows` or `batch_max_bytes` buffered over all partitions,
+//! or every `flush_interval`) takes every partition with data through the same steps:
 //! 1. dead-letter the records that cannot be ingested (original bytes and headers, plus the
 //!    reason), and wait for the broker to acknowledge them;
-//! 2. drop copies of stored events, flag id conflicts, and insert the rest into
-//!    `weft_events` as one atomic insert (retried until ClickHouse answers);
+//! 2. drop copies of stored events, flag id conflicts, and insert the rest of every
+//!    partition into `weft_events` as one atomic insert (retried until ClickHouse answers);
 //! 3. project the batch onto the narratives (when this process runs the projector);
 //! 4. store the Kafka offset, which rdkafka commits in the background.
 //!
@@ -81,11 +81,11 @@ pub struct IngestConfig {
     pub role: Role,
     /// Partitions for topics this process creates when they are missing.
     pub partitions: i32,
-    /// Flush a partition's batch at this many rows.
+    /// Flush when this many records are buffered (over all partitions).
     pub batch_max_rows: usize,
-    /// ... or at this many payload bytes.
+    /// ... or this many payload bytes.
     pub batch_max_bytes: usize,
-    /// ... or when its oldest record is this old (milliseconds).
+    /// ... or when the oldest buffered record is this old (milliseconds).
     pub flush_interval_ms: u64,
     /// How long identities are remembered for deduplication (seconds; default 7 days).
     pub dedup_window_secs: u64,
@@ -219,6 +219,9 @@ pub struct Ingestor {
     metrics: Arc<IngestMetrics>,
     projector: Option<Projector>,
     parts: BTreeMap<(String, i32), PartitionState>,
+    /// Records and payload bytes buffered over all partitions: the batch thresholds apply
+    /// to these, so one flush makes one large insert whatever the partition count.
+    buffered: (usize, usize),
     totals: IngestTotals,
     /// Next offset to store per partition, read by the lag monitor thread.
     positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
@@ -227,6 +230,10 @@ pub struct Ingestor {
     /// Best-effort figures for ClickHouse (batches, dead letters, lag); never blocks.
     telemetry: Telemetry,
 }
+
+/// Where one partition's rows sit in a batch insert: topic, partition, the rows' index
+/// range, and the highest offset among them.
+type Span = (String, i32, std::ops::Range<usize>, i64);
 
 /// A flush abandoned because the process is stopping; its records are replayed next time.
 #[derive(Debug)]
@@ -291,6 +298,7 @@ impl Ingestor {
             metrics,
             projector,
             parts: BTreeMap::new(),
+            buffered: (0, 0),
             totals: IngestTotals::default(),
             positions: Arc::default(),
             stop,
@@ -509,6 +517,9 @@ impl Ingestor {
                 st.dead.retain(|d| d.offset > stored);
             }
         }
+        self.buffered = self.parts.values().fold((0, 0), |(r, b), p| {
+            (r + p.facts.len() + p.dead.len(), b + p.bytes)
+        });
         info!(partitions = assigned.len(), "rebalanced");
         Ok(())
     }
@@ -522,6 +533,7 @@ impl Ingestor {
         let (max_rows, max_bytes) = (self.cfg.batch_max_rows, self.cfg.batch_max_bytes);
         let role = self.cfg.role;
         let metrics = self.metrics.clone();
+        let buffered = self.buffered;
         let st = self.partition_state(&rec.topic, rec.partition).await?;
         if let Some(expected) = st.expected.filter(|e| rec.offset > *e) {
             warn!(
@@ -574,13 +586,18 @@ impl Ingestor {
         };
         let decoded = decode::decode(&r, &topics, &ids);
         st.oldest.get_or_insert_with(Instant::now);
+        let (mut rows, mut bytes) = buffered;
         match decoded {
             Ok(fact) => {
-                st.bytes += fact.envelope.payload.get().len();
+                let n = fact.envelope.payload.get().len();
+                st.bytes += n;
+                (rows, bytes) = (rows + 1, bytes + n);
                 st.facts.push((rec.offset, fact));
             }
             Err(reason) if need_fact => {
-                st.bytes += rec.value.as_ref().map_or(0, Vec::len);
+                let n = rec.value.as_ref().map_or(0, Vec::len);
+                st.bytes += n;
+                (rows, bytes) = (rows + 1, bytes + n);
                 st.dead.push(DeadLetter {
                     key: rec.key,
                     value: rec.value.unwrap_or_default(),
@@ -592,11 +609,12 @@ impl Ingestor {
             // The facts role owns dead-lettering; a projector-only pass just skips.
             Err(_) => {}
         }
-        Ok(st.facts.len() + st.dead.len() >= max_rows || st.bytes >= max_bytes)
+        self.buffered = (rows, bytes);
+        Ok(rows >= max_rows || bytes >= max_bytes)
     }
 
     /// Flush every partition that has buffered records, all in one round: dead letters,
-    /// then one facts insert per partition (concurrently), then one projector pass for all.
+    /// then one facts insert for all partitions, then one projector pass for all.
     async fn flush(&mut self) -> Result<(), Stopped> {
         let keys: Vec<(String, i32)> = self
             .parts
@@ -609,6 +627,9 @@ impl Ingestor {
         let rows: usize = batch.iter().map(|p| p.facts.len() + p.dead.len()).sum();
         let span = info_span!("flush", partitions = batch.len(), rows);
         let result = self.flush_batch(&mut batch).instrument(span).await;
+        if result.is_ok() {
+            self.buffered = (0, 0);
+        }
         for st in batch {
             self.parts.insert((st.topic.clone(), st.partition), st);
         }
@@ -633,30 +654,34 @@ impl Ingestor {
             .iter_mut()
             .map(|st| std::mem::take(&mut st.facts))
             .collect();
-        // 2. Facts: dedup per partition, then one atomic insert per partition.
+        // 2. Facts: dedup per partition, then one atomic insert for every partition: one
+        //    part in ClickHouse, however many partitions the batch spans.
         if self.cfg.role != Role::Narratives {
             let ingested_at = now_micros();
-            let mut inserts = Vec::new();
-            for (st, facts) in parts.iter_mut().zip(&facts) {
-                let rows = self.fact_rows(st, facts, ingested_at);
-                if let Some(last_fact) = rows.iter().map(|r| r.offset as i64).max() {
-                    inserts.push((st.topic.clone(), st.partition, rows, last_fact));
+            let mut rows = Vec::new();
+            // Per partition: (topic, partition, its rows in `rows`, last offset among them).
+            let mut spans: Vec<Span> = Vec::new();
+            // The rows borrow their topic names from here, so `parts` stays free to change.
+            let topics: Vec<String> = parts.iter().map(|st| st.topic.clone()).collect();
+            for ((st, facts), topic) in parts.iter_mut().zip(&facts).zip(&topics) {
+                let start = rows.len();
+                self.fact_rows(st, topic, facts, ingested_at, &mut rows);
+                if let Some(last) = rows[start..].iter().map(|r| r.offset as i64).max() {
+                    spans.push((st.topic.clone(), st.partition, start..rows.len(), last));
                 }
             }
-            let results = futures::future::join_all(
-                inserts
-                    .iter()
-                    .map(|(t, p, rows, last)| self.insert_facts(t, *p, rows, *last)),
-            )
-            .await;
-            let insert_ms = results.into_iter().collect::<Result<Vec<f64>, Stopped>>()?;
+            let insert_ms = if rows.is_empty() {
+                0.0
+            } else {
+                self.insert_facts(&rows, &spans).await?
+            };
             // Telemetry: one row per partition that had records, after the insert landed.
             let at = now_micros();
             let role = self.cfg.role.as_str();
             for (i, st) in parts.iter().enumerate() {
-                let ins = inserts
+                let ins = spans
                     .iter()
-                    .position(|(t, p, _, _)| *t == st.topic && *p == st.partition);
+                    .find(|(t, p, _, _)| *t == st.topic && *p == st.partition);
                 if ins.is_none() && dead_n[i] == 0 {
                     continue;
                 }
@@ -664,24 +689,22 @@ impl Ingestor {
                     at,
                     topic: st.topic.clone(),
                     partition: st.partition,
-                    rows: ins.map_or(0, |j| inserts[j].2.len() as u32),
+                    rows: ins.map_or(0, |(_, _, r, _)| r.len() as u32),
                     dead: dead_n[i] as u32,
                     bytes: st.bytes as u64,
-                    insert_ms: ins.map_or(0.0, |j| insert_ms[j]),
+                    insert_ms: if ins.is_some() { insert_ms } else { 0.0 },
                     role,
                 }));
             }
-            for (_, _, rows, _) in &inserts {
-                for r in rows {
-                    self.metrics.inserted.with_label_values(&[r.kind]).inc();
-                    let age = (ingested_at - r.emitted_at) as f64 / 1e6;
-                    self.metrics
-                        .freshness_seconds
-                        .with_label_values(&[r.kind])
-                        .observe(age.max(0.0));
-                }
-                self.totals.inserted += rows.len() as u64;
+            for r in &rows {
+                self.metrics.inserted.with_label_values(&[r.kind]).inc();
+                let age = (ingested_at - r.emitted_at) as f64 / 1e6;
+                self.metrics
+                    .freshness_seconds
+                    .with_label_values(&[r.kind])
+                    .observe(age.max(0.0));
             }
+            self.totals.inserted += rows.len() as u64;
             for st in parts.iter_mut() {
                 st.stored = st.stored.max(st.last_offset);
             }
@@ -747,13 +770,14 @@ impl Ingestor {
 
     /// The rows to store for one partition's facts: copies of stored events are dropped,
     /// reuses of an id with other content are flagged.
-    fn fact_rows(
+    fn fact_rows<'f>(
         &mut self,
         st: &mut PartitionState,
-        facts: &[(i64, Fact)],
+        topic: &'f str,
+        facts: &'f [(i64, Fact)],
         ingested_at: i64,
-    ) -> Vec<EventRow> {
-        let mut rows = Vec::new();
+        rows: &mut Vec<EventRow<'f>>,
+    ) {
         for (offset, f) in facts.iter().filter(|(o, _)| *o > st.stored) {
             let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
             let conflict = match st.dedup.observe(key, &f.content_hash) {
@@ -770,39 +794,35 @@ impl Ingestor {
             };
             rows.push(EventRow::new(
                 f,
-                &st.topic,
+                topic,
                 st.partition,
                 *offset,
                 ingested_at,
                 conflict,
             ));
         }
-        rows
     }
 
-    /// Insert one partition's facts, retrying until ClickHouse has them. Before a retry it
-    /// asks ClickHouse whether the previous attempt landed after all, so an insert whose
-    /// answer was lost is never repeated.
-    #[instrument(skip(self, rows), fields(rows = rows.len()))]
-    async fn insert_facts(
-        &self,
-        topic: &str,
-        partition: i32,
-        rows: &[EventRow],
-        last_fact: i64,
-    ) -> Result<f64, Stopped> {
+    /// Insert the batch's facts (`spans` says which rows came from which partition) as one
+    /// insert, retrying until ClickHouse has them. Before a retry it asks ClickHouse how far
+    /// each partition is stored and sends only the rows beyond that, so rows whose insert
+    /// answer was lost are never stored twice. Returns the insert's milliseconds.
+    #[instrument(skip_all, fields(rows = rows.len(), partitions = spans.len()))]
+    async fn insert_facts(&self, rows: &[EventRow<'_>], spans: &[Span]) -> Result<f64, Stopped> {
         let mut attempt = 0u32;
         let first = Instant::now();
+        let mut pending: Option<Vec<EventRow<'_>>> = None;
         loop {
             let started = Instant::now();
-            match insert(&self.store, "weft_events", rows).await {
+            let batch = pending.as_deref().unwrap_or(rows);
+            match insert::<EventRow<'static>>(&self.store, "weft_events", batch).await {
                 Ok(()) => {
                     self.metrics
                         .insert_seconds
                         .observe(started.elapsed().as_secs_f64());
-                    self.metrics.batch_rows.observe(rows.len() as f64);
+                    self.metrics.batch_rows.observe(batch.len() as f64);
                     self.metrics.clickhouse_up.set(1);
-                    return Ok(started.elapsed().as_secs_f64() * 1e3);
+                    return Ok(first.elapsed().as_secs_f64() * 1e3);
                 }
                 Err(e) => {
                     attempt += 1;
@@ -817,21 +837,44 @@ impl Ingestor {
                         return Err(Stopped);
                     }
                     tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
-                    if let Ok(stored) =
-                        facts::stored_max_offset(&self.store, topic, partition).await
-                    {
-                        if stored >= last_fact {
-                            info!(
-                                stored,
-                                "the failed-looking insert had landed; not repeating it"
-                            );
+                    if let Ok(left) = self.rows_not_stored(rows, spans).await {
+                        if left.is_empty() {
+                            info!("the failed-looking insert had landed; not repeating it");
                             self.metrics.clickhouse_up.set(1);
                             return Ok(first.elapsed().as_secs_f64() * 1e3);
                         }
+                        if left.len() < rows.len() {
+                            info!(
+                                left = left.len(),
+                                "part of the insert had landed; sending the rest"
+                            );
+                        }
+                        pending = Some(left);
                     }
                 }
             }
         }
+    }
+
+    /// The rows of `rows` beyond what ClickHouse has stored for their partition.
+    async fn rows_not_stored<'r>(
+        &self,
+        rows: &[EventRow<'r>],
+        spans: &[Span],
+    ) -> Result<Vec<EventRow<'r>>, StoreError> {
+        let mut left = Vec::new();
+        for (topic, partition, range, last) in spans {
+            let stored = facts::stored_max_offset(&self.store, topic, *partition).await?;
+            if stored < *last {
+                left.extend(
+                    rows[range.clone()]
+                        .iter()
+                        .filter(|r| r.offset as i64 > stored)
+                        .cloned(),
+                );
+            }
+        }
+        Ok(left)
     }
 
     #[instrument(skip(self, dead), fields(n = dead.len()))]

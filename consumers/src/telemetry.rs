@@ -205,7 +205,7 @@ async fn write_loop(
 /// Insert one table's rows, once; on failure drop them, warn and count.
 async fn write<T>(store: &Store, metrics: &IngestMetrics, table: &str, on: bool, rows: &mut Vec<T>)
 where
-    T: Serialize + for<'a> Row<Value<'a> = T>,
+    T: Serialize + for<'a> Row<Value<'a> = T> + clickhouse::RowWrite,
 {
     if rows.is_empty() {
         return;
@@ -216,7 +216,7 @@ where
             .telemetry_dropped
             .with_label_values(&[table])
             .inc_by(n);
-    } else if let Err(e) = insert(store, table, rows).await {
+    } else if let Err(e) = insert::<T>(store, table, rows).await {
         warn!(table, rows = n, error = %e, "telemetry insert failed; dropping these samples");
         metrics
             .telemetry_dropped

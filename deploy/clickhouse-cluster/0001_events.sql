@@ -2,9 +2,11 @@
 -- projections, sort key and partitioning, replicated per shard.
 --
 -- Sharding: by source partition (cityHash64(topic, partition)). One Kafka partition's rows
--- always land on one shard, so each facts insert (one partition's batch) is still one part
--- on one shard: all of it lands or none, and max(offset) per partition (the resume point)
--- lives on a single shard. Copies of one event share a Kafka key, hence a partition, hence
+-- always land on one shard. A facts insert carries a batch of every partition; the
+-- Distributed table splits it by shard, and each partition's rows land as one part on one
+-- shard: all of them or none, per partition, which is what the resume point needs
+-- (max(offset) per partition lives on a single shard; a retry sends only the partitions
+-- that did not land). Copies of one event share a Kafka key, hence a partition, hence
 -- a shard: the dedup window stays correct.
 CREATE TABLE IF NOT EXISTS weft_events_local ON CLUSTER '{cluster}'
 (
@@ -61,35 +63,5 @@ SETTINGS lightweight_mutation_projection_mode = 'rebuild',
          deduplicate_merge_projection_mode = 'rebuild';
 
 CREATE TABLE IF NOT EXISTS weft_events ON CLUSTER '{cluster}'
-(
-    tenant        LowCardinality(String),
-    kind          LowCardinality(String),
-    id            String,
-    content_hash  FixedString(32),
-    ts            DateTime64(6, 'UTC'),
-    request_id    String,
-    producer_id   LowCardinality(String),
-    seq           UInt64,
-    emitted_at    DateTime64(6, 'UTC'),
-    ingested_at   DateTime64(6, 'UTC'),
-    event_type    LowCardinality(String),
-    principal     String,
-    capability_id LowCardinality(String),
-    decision      LowCardinality(String),
-    outcome       LowCardinality(String),
-    token_id      String,
-    decision_id   String,
-    frame_id      String,
-    handle_id     String,
-    handle_refs   Array(String),
-    candidate_id  LowCardinality(String),
-    flow_id       String,
-    links         Array(Tuple(String, String, String)),
-    conflict      UInt8,
-    topic         LowCardinality(String),
-    partition     UInt32,
-    offset        UInt64,
-    content_type  LowCardinality(String),
-    payload       String
-)
+AS weft_events_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_events_local, cityHash64(topic, partition));

@@ -22,18 +22,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/wef
 ORDER BY (tenant, narrative_id, kind, id, content_hash);
 
 CREATE TABLE IF NOT EXISTS weft_narratives ON CLUSTER '{cluster}'
-(
-    tenant        LowCardinality(String),
-    narrative_id  String,
-    kind          LowCardinality(String),
-    id            String,
-    content_hash  FixedString(32),
-    ts            DateTime64(6, 'UTC'),
-    request_id    String,
-    payload       String,
-    version       UInt64,
-    is_deleted    UInt8
-)
+AS weft_narratives_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_narratives_local, cityHash64(tenant, narrative_id));
 
 CREATE TABLE IF NOT EXISTS weft_narrative_nodes_local ON CLUSTER '{cluster}'
@@ -50,15 +39,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/wef
 ORDER BY (tenant, id, kind);
 
 CREATE TABLE IF NOT EXISTS weft_narrative_nodes ON CLUSTER '{cluster}'
-(
-    tenant        LowCardinality(String),
-    kind          LowCardinality(String),
-    id            String,
-    narrative_id  String,
-    request_id    String,
-    ts            DateTime64(6, 'UTC'),
-    version       UInt64
-)
+AS weft_narrative_nodes_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_narrative_nodes_local, cityHash64(tenant, id));
 
 CREATE TABLE IF NOT EXISTS weft_links_local ON CLUSTER '{cluster}'
@@ -74,14 +55,7 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/wef
 ORDER BY (tenant, to_id, to_kind, from_id, from_kind, via);
 
 CREATE TABLE IF NOT EXISTS weft_links ON CLUSTER '{cluster}'
-(
-    tenant     LowCardinality(String),
-    to_kind    LowCardinality(String),
-    to_id      String,
-    from_kind  LowCardinality(String),
-    from_id    String,
-    via        LowCardinality(String)
-)
+AS weft_links_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_links_local, cityHash64(tenant, to_id));
 
 CREATE TABLE IF NOT EXISTS weft_projector_progress_local ON CLUSTER '{cluster}'
@@ -95,10 +69,5 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/wef
 ORDER BY (topic, partition);
 
 CREATE TABLE IF NOT EXISTS weft_projector_progress ON CLUSTER '{cluster}'
-(
-    topic       LowCardinality(String),
-    partition   UInt32,
-    offset      Int64,
-    version     UInt64
-)
+AS weft_projector_progress_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_projector_progress_local, cityHash64(topic, partition));

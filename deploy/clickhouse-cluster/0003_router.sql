@@ -23,20 +23,7 @@ PARTITION BY toYYYYMM(bucket)
 ORDER BY (tenant, context_key, candidate_id, bucket);
 
 CREATE TABLE IF NOT EXISTS weft_router_stats ON CLUSTER '{cluster}'
-(
-    tenant        LowCardinality(String),
-    context_key   String,
-    candidate_id  LowCardinality(String),
-    bucket        DateTime('UTC'),
-    n             SimpleAggregateFunction(sum, UInt64),
-    successes     SimpleAggregateFunction(sum, UInt64),
-    latency_n     SimpleAggregateFunction(sum, UInt64),
-    latency_sum   SimpleAggregateFunction(sum, Float64),
-    latency_q     AggregateFunction(quantiles(0.5, 0.9, 0.99), UInt64),
-    cost_sum      SimpleAggregateFunction(sum, Float64),
-    quality_n     SimpleAggregateFunction(sum, UInt64),
-    quality_sum   SimpleAggregateFunction(sum, Float64)
-)
+AS weft_router_stats_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_router_stats_local, rand());
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS weft_router_stats_mv ON CLUSTER '{cluster}' TO weft_router_stats_local AS

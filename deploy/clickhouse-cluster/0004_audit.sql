@@ -20,18 +20,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/weft_audit_c
 ORDER BY (tenant, topic, partition, offset);
 
 CREATE TABLE IF NOT EXISTS weft_audit_chain ON CLUSTER '{cluster}'
-(
-    tenant     LowCardinality(String),
-    topic      LowCardinality(String),
-    partition  UInt32,
-    offset     UInt64,
-    kind       LowCardinality(String),
-    id         String,
-    ts         DateTime64(6, 'UTC'),
-    row_hash   String,
-    chain      String,
-    sealed_at  DateTime64(6, 'UTC')
-)
+AS weft_audit_chain_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_audit_chain_local, cityHash64(tenant, topic, partition));
 
 CREATE TABLE IF NOT EXISTS weft_audit_checkpoints_local ON CLUSTER '{cluster}'
@@ -50,17 +39,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/weft_audit_c
 ORDER BY (tenant, topic, partition, offset);
 
 CREATE TABLE IF NOT EXISTS weft_audit_checkpoints ON CLUSTER '{cluster}'
-(
-    tenant     LowCardinality(String),
-    topic      LowCardinality(String),
-    partition  UInt32,
-    offset     UInt64,
-    head       String,
-    rows       UInt64,
-    kid        String,
-    sig        String,
-    sealed_at  DateTime64(6, 'UTC')
-)
+AS weft_audit_checkpoints_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_audit_checkpoints_local, cityHash64(tenant, topic, partition));
 
 CREATE TABLE IF NOT EXISTS weft_audit_log_local ON CLUSTER '{cluster}'
@@ -76,14 +55,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/weft_audit_l
 ORDER BY (tenant, at);
 
 CREATE TABLE IF NOT EXISTS weft_audit_log ON CLUSTER '{cluster}'
-(
-    at         DateTime64(6, 'UTC'),
-    tenant     LowCardinality(String),
-    actor      String,
-    action     LowCardinality(String),
-    query      String,
-    results    UInt64
-)
+AS weft_audit_log_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_audit_log_local, cityHash64(tenant));
 
 CREATE TABLE IF NOT EXISTS weft_audit_retention_local ON CLUSTER '{cluster}'
@@ -99,12 +71,5 @@ ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/wef
 ORDER BY tenant;
 
 CREATE TABLE IF NOT EXISTS weft_audit_retention ON CLUSTER '{cluster}'
-(
-    tenant      LowCardinality(String),
-    days        UInt32,
-    legal_hold  UInt8,
-    pruned_before DateTime64(6, 'UTC'),
-    version     UInt64,
-    updated_at  DateTime64(6, 'UTC')
-)
+AS weft_audit_retention_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_audit_retention_local, cityHash64(tenant));

@@ -15,13 +15,5 @@ PARTITION BY toYYYYMM(created_at)
 ORDER BY (tenant, candidate_policy, created_at, artifact_id);
 
 CREATE TABLE IF NOT EXISTS weft_eval_results ON CLUSTER '{cluster}'
-(
-    tenant            LowCardinality(String),
-    candidate_policy  LowCardinality(String),
-    created_at        DateTime64(6, 'UTC'),
-    artifact_id       String,
-    range_from        DateTime64(6, 'UTC'),
-    range_to          DateTime64(6, 'UTC'),
-    artifact          String
-)
+AS weft_eval_results_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_eval_results_local, cityHash64(tenant));

@@ -19,16 +19,7 @@ ORDER BY (topic, partition, at)
 TTL toDateTime(at) + INTERVAL 30 DAY;
 
 CREATE TABLE IF NOT EXISTS weft_ingest_batches ON CLUSTER '{cluster}'
-(
-    at          DateTime64(6, 'UTC'),
-    topic       LowCardinality(String),
-    partition   Int32,
-    rows        UInt32,
-    dead        UInt32,
-    bytes       UInt64,
-    insert_ms   Float64,
-    role        LowCardinality(String)
-)
+AS weft_ingest_batches_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_ingest_batches_local, cityHash64(topic, partition));
 
 CREATE TABLE IF NOT EXISTS weft_dead_letters_local ON CLUSTER '{cluster}'
@@ -47,15 +38,7 @@ ORDER BY (topic, partition, offset)
 TTL toDateTime(at) + INTERVAL 30 DAY;
 
 CREATE TABLE IF NOT EXISTS weft_dead_letters ON CLUSTER '{cluster}'
-(
-    at          DateTime64(6, 'UTC'),
-    topic       LowCardinality(String),
-    partition   Int32,
-    offset      Int64,
-    reason      LowCardinality(String),
-    message     String,
-    tenant      LowCardinality(String)
-)
+AS weft_dead_letters_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_dead_letters_local, cityHash64(topic, partition));
 
 CREATE TABLE IF NOT EXISTS weft_ingest_lag_local ON CLUSTER '{cluster}'
@@ -73,12 +56,5 @@ ORDER BY (topic, partition, at)
 TTL toDateTime(at) + INTERVAL 30 DAY;
 
 CREATE TABLE IF NOT EXISTS weft_ingest_lag ON CLUSTER '{cluster}'
-(
-    at              DateTime64(6, 'UTC'),
-    topic           LowCardinality(String),
-    partition       Int32,
-    next_offset     Int64,
-    high_watermark  Int64,
-    lag             Int64
-)
+AS weft_ingest_lag_local
 ENGINE = Distributed('{cluster}', currentDatabase(), weft_ingest_lag_local, cityHash64(topic, partition));

@@ -213,13 +213,14 @@ pub fn decode(
     };
     let header_kind = get(header::KIND)?.map(|k| k.parse::<Kind>()).transpose()?;
     let avro = AvroSchemas::global();
-    let (kind, payload_text) = match content_type {
+    let (kind, payload) = match content_type {
         ContentType::Json => {
             let kind = header_kind.or(topic_kind).ok_or(WireError::MissingKind)?;
             let text = std::str::from_utf8(value).map_err(|_| WireError::Unrecognized)?;
-            // Parse to validate it is JSON; keep the producer's exact text.
-            let _: &RawValue = serde_json::from_str(text)?;
-            (kind, text.trim().to_owned())
+            // One parse both checks the JSON and keeps the producer's exact text (without
+            // surrounding whitespace).
+            let raw: Box<RawValue> = serde_json::from_str(text)?;
+            (kind, raw)
         }
         ContentType::AvroSingleObject => {
             let ks = avro
@@ -229,7 +230,7 @@ pub fn decode(
                 return Err(WireError::KindMismatch(0, ks.kind, h));
             }
             let payload = avro.decode_datum(ks.kind, &value[10..])?;
-            (ks.kind, payload.to_string())
+            (ks.kind, serde_json::value::to_raw_value(&payload)?)
         }
         ContentType::AvroConfluent => {
             let id_bytes: [u8; 4] = value
@@ -242,7 +243,7 @@ pub fn decode(
                 return Err(WireError::KindMismatch(id, kind, h));
             }
             let payload = avro.decode_datum(kind, &value[5..])?;
-            (kind, payload.to_string())
+            (kind, serde_json::value::to_raw_value(&payload)?)
         }
     };
     let seq = get(header::SEQ)?
@@ -258,7 +259,7 @@ pub fn decode(
         producer_id: get(header::PRODUCER_ID)?,
         seq,
         emitted_at: get(header::EMITTED_AT)?,
-        payload: RawValue::from_string(payload_text)?,
+        payload,
     };
     Ok((env, content_type))
 }

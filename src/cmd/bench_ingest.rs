@@ -71,7 +71,7 @@ pub struct BenchIngestArgs {
     #[arg(long, value_enum, default_value = "all")]
     pub role: RoleArg,
 
-    /// Ingest batch size (rows per partition per flush).
+    /// Ingest batch size (records buffered over all partitions per flush).
     #[arg(long, default_value_t = 50_000, value_name = "N")]
     pub batch_max_rows: usize,
 

@@ -16,8 +16,9 @@
 //! every uncolored component the new event touches, which is what keeps the incremental
 //! result equal to a from-scratch rebuild.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use weft_schemas::links::{Link, NodeKind, Via};
 use weft_schemas::Kind;
@@ -185,7 +186,7 @@ impl Graph {
     pub fn settle(&mut self, seeds: &[NodeIdx]) -> Vec<Change> {
         self.truncated = false;
         let mut changes = Vec::new();
-        let mut done: HashSet<NodeIdx> = HashSet::new();
+        let mut done: HashSet<NodeIdx> = HashSet::default();
         for &s in seeds {
             let starts: Vec<NodeIdx> = match &self.nodes[s as usize].color {
                 Some(c) => {
@@ -233,7 +234,7 @@ impl Graph {
 
     /// The uncolored nodes connected to `start` through uncolored nodes.
     fn component(&mut self, start: NodeIdx) -> Vec<NodeIdx> {
-        let mut seen = HashSet::from([start]);
+        let mut seen = HashSet::from_iter([start]);
         let mut stack = vec![start];
         let mut out = Vec::new();
         while let Some(n) = stack.pop() {
@@ -254,7 +255,7 @@ impl Graph {
     fn assign_component(&mut self, component: &[NodeIdx], changes: &mut Vec<Change>) {
         let members: HashSet<NodeIdx> = component.iter().copied().collect();
         // Layer 0: the colored neighbors of the component, with their own colors.
-        let mut narrative: HashMap<NodeIdx, Arc<str>> = HashMap::new();
+        let mut narrative: HashMap<NodeIdx, Arc<str>> = HashMap::default();
         let mut layer: Vec<NodeIdx> = Vec::new();
         for &u in component {
             for &(p, _) in &self.nodes[u as usize].adj {
@@ -268,7 +269,7 @@ impl Graph {
         // Breadth-first, one whole layer at a time, so that every candidate of a node is
         // known before its choice is made.
         while !layer.is_empty() {
-            let mut best: HashMap<NodeIdx, (Via, Arc<str>)> = HashMap::new();
+            let mut best: HashMap<NodeIdx, (Via, Arc<str>)> = HashMap::default();
             for &v in &layer {
                 let nv = narrative[&v].clone();
                 for &(u, via) in &self.nodes[v as usize].adj {

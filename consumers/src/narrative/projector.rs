@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use clickhouse::Row;
+use clickhouse::{Row, RowWrite};
 use serde::{Deserialize, Serialize};
 use tracing::{info, instrument, warn};
 use weft_schemas::links::{NodeKind, Via};
@@ -103,8 +103,9 @@ pub struct Projector {
     graph: Graph,
     clock: VersionClock,
     progress: HashMap<(String, i32), i64>,
-    /// ts and request id of present nodes, needed to rewrite node rows when they move.
-    node_ts: HashMap<NodeIdx, i64>,
+    /// ts of present nodes (by node index; 0 for others), needed to rewrite node rows when
+    /// they move.
+    node_ts: Vec<i64>,
 }
 
 impl Projector {
@@ -116,7 +117,7 @@ impl Projector {
         check_columns::<LinkRow>(&store, "weft_links").await?;
         check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
         let mut graph = Graph::new();
-        let mut node_ts = HashMap::new();
+        let mut node_ts = Vec::new();
         let c = store.client();
         let mut nodes = c
             .query(
@@ -133,7 +134,7 @@ impl Projector {
             };
             let n = graph.add_node(NodeKey::event(&r.tenant, kind, &r.id), &r.request_id);
             graph.restore_assignment(n, &r.narrative_id);
-            node_ts.insert(n, r.ts);
+            set_ts(&mut node_ts, n, r.ts);
             n_nodes += 1;
         }
         let mut links = c
@@ -210,7 +211,7 @@ impl Projector {
             let n = self
                 .graph
                 .add_event(key, env.request_id.as_deref().unwrap_or(""), &f.links);
-            self.node_ts.insert(n, f.ts_micros);
+            set_ts(&mut self.node_ts, n, f.ts_micros);
             seeds.extend(self.graph.seeds(n));
             fed.push((n, f));
             for l in &f.links {
@@ -268,9 +269,9 @@ impl Projector {
                 .entry(c.node)
                 .or_insert_with(|| self.node_row(c.node, &c.new, "", version));
         }
-        insert(&self.store, "weft_links", &link_rows).await?;
-        insert(&self.store, "weft_narratives", &narrative_rows).await?;
-        insert(
+        insert::<LinkRow>(&self.store, "weft_links", &link_rows).await?;
+        insert::<NarrativeRow>(&self.store, "weft_narratives", &narrative_rows).await?;
+        insert::<NodeRow>(
             &self.store,
             "weft_narrative_nodes",
             &node_rows.into_values().collect::<Vec<_>>(),
@@ -285,7 +286,7 @@ impl Projector {
                 version,
             })
             .collect();
-        insert(&self.store, "weft_projector_progress", &progress).await?;
+        insert::<ProgressRow>(&self.store, "weft_projector_progress", &progress).await?;
         for b in batches {
             self.progress
                 .insert((b.topic.to_owned(), b.partition), b.last_offset);
@@ -304,7 +305,7 @@ impl Projector {
             id: key.id.to_string(),
             narrative_id: narrative.to_owned(),
             request_id: request_id.to_owned(),
-            ts: self.node_ts.get(&n).copied().unwrap_or(0),
+            ts: self.node_ts.get(n as usize).copied().unwrap_or(0),
             version,
         }
     }
@@ -374,6 +375,14 @@ impl Projector {
     }
 }
 
+fn set_ts(node_ts: &mut Vec<i64>, n: NodeIdx, ts: i64) {
+    let i = n as usize;
+    if node_ts.len() <= i {
+        node_ts.resize(i + 1, 0);
+    }
+    node_ts[i] = ts;
+}
+
 /// Fail unless `table` has every column `T` writes: a clear start-up error instead of
 /// inserts that fail (or worse, misalign) later.
 pub(crate) async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<(), StoreError> {
@@ -399,11 +408,13 @@ pub(crate) async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<
     }
 }
 
-/// Insert rows into a table in one statement (no-op when empty).
-pub(crate) async fn insert<T>(store: &Store, table: &str, rows: &[T]) -> Result<(), StoreError>
-where
-    T: Serialize + for<'a> Row<Value<'a> = T>,
-{
+/// Insert rows into a table in one statement (no-op when empty). `T` names the row type
+/// (`insert::<EventRow<'static>>` for a row type that borrows), since rows may borrow.
+pub(crate) async fn insert<T: RowWrite>(
+    store: &Store,
+    table: &str,
+    rows: &[T::Value<'_>],
+) -> Result<(), StoreError> {
     if rows.is_empty() {
         return Ok(());
     }

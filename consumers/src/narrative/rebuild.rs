@@ -110,7 +110,7 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
         }
         if link_rows.len() >= CHUNK {
             stats.links += link_rows.len();
-            insert(store, "weft_links", &link_rows).await?;
+            insert::<LinkRow>(store, "weft_links", &link_rows).await?;
             link_rows.clear();
         }
         let p = progress.entry((f.topic.clone(), f.partition)).or_insert(-1);
@@ -119,7 +119,7 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
         stats.facts += 1;
     }
     stats.links += link_rows.len();
-    insert(store, "weft_links", &link_rows).await?;
+    insert::<LinkRow>(store, "weft_links", &link_rows).await?;
     graph.settle_all();
 
     let narrative_of = |tenant: &str, kind: &str, id: &str| -> Option<String> {
@@ -151,11 +151,11 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             is_deleted: 0,
         });
         if rows.len() >= CHUNK {
-            insert(store, "weft_narratives", &rows).await?;
+            insert::<NarrativeRow>(store, "weft_narratives", &rows).await?;
             rows.clear();
         }
     }
-    insert(store, "weft_narratives", &rows).await?;
+    insert::<NarrativeRow>(store, "weft_narratives", &rows).await?;
     stats.narratives = narratives.len();
 
     let mut nodes = Vec::with_capacity(CHUNK);
@@ -173,11 +173,11 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             version,
         });
         if nodes.len() >= CHUNK {
-            insert(store, "weft_narrative_nodes", &nodes).await?;
+            insert::<NodeRow>(store, "weft_narrative_nodes", &nodes).await?;
             nodes.clear();
         }
     }
-    insert(store, "weft_narrative_nodes", &nodes).await?;
+    insert::<NodeRow>(store, "weft_narrative_nodes", &nodes).await?;
     let progress: Vec<ProgressRow> = progress
         .into_iter()
         .map(|((topic, partition), offset)| ProgressRow {
@@ -187,7 +187,7 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             version,
         })
         .collect();
-    insert(store, "weft_projector_progress", &progress).await?;
+    insert::<ProgressRow>(store, "weft_projector_progress", &progress).await?;
     info!(?stats, "narratives rebuilt");
     Ok(stats)
 }
