@@ -21,9 +21,13 @@
 //! (they cannot sign), and only for rows up to the last checkpoint they cannot replace —
 //! which is why checkpoints are exported and kept elsewhere.
 //!
+//! **After the last seal.** Rows not sealed yet are counted as `unsealed`, and each must agree
+//! with its own payload and own its offset (`unsealed_problems`): that names an unsealed row
+//! altered by ALTER UPDATE, or a copy under a new id or at a taken offset.
+//!
 //! **Limit.** A row inserted behind weft's back *after* the last sealed offset of its
-//! partition looks like a fact not sealed yet; the next seal would take it as genuine.
-//! Verify reports such rows as `unsealed` (a count), not as tampering.
+//! partition, consistent in every column at a free offset, looks like a fact not sealed yet;
+//! the next seal would take it as genuine. Only the broker's record could refute it.
 
 use std::collections::BTreeMap;
 

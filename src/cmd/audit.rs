@@ -64,12 +64,14 @@ pub struct SealArgs {
     pub sign_key: Option<PathBuf>,
 }
 
-/// Recompute the tenant's hash chains from genesis and compare with the stored facts, the
-/// stored links and the checkpoints. Names every altered, deleted or inserted row (the first
-/// listed is the first broken link). Exit 0 intact, 1 broken.
+/// Recompute the tenant's hash chains (from genesis, or from the checkpoint before --from)
+/// and compare with the stored facts, the stored links and the checkpoints. Names every
+/// altered, deleted or inserted row (the first listed is the first broken link). Exit 0
+/// intact, 1 broken.
 ///
-/// Facts stored after the last seal are reported as `unsealed`: a row inserted behind
-/// weft's back after the last seal cannot be told from a genuine new fact (docs/AUDIT.md).
+/// Facts stored after the last seal are counted as `unsealed`; each must still agree with its
+/// own payload (hash, id, typed columns) and own its offset, or it is named. A forgery made
+/// consistent in every column at a free offset cannot be told from a new fact (docs/AUDIT.md).
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     #[arg(long, env = "WEFT_TENANT", default_value = "default")]
