@@ -1,7 +1,9 @@
 //! The tamper-evident hash chain on the local stack: sealed facts verify; one row altered
 //! (ALTER UPDATE), deleted (lightweight DELETE) or inserted (INSERT at a sealed offset)
 //! directly in ClickHouse makes `weft audit verify` fail and name it; a forged link in the
-//! chain table breaks the chain and its signed checkpoint. Retention: a legal hold blocks
+//! chain table breaks the chain and its signed checkpoint. After the last seal, a row that
+//! disagrees with its own payload or shares an offset is named too. `--from/--to` verifies a
+//! range from the checkpoint before it. Retention: a legal hold blocks
 //! deletion; retention then removes old facts, which verify tells apart from tampering.
 
 mod common;
@@ -95,7 +97,7 @@ async fn tampering_is_detected_and_named() {
 
     let ids: Vec<String> = p
         .client()
-        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 3")
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 4")
         .fetch_all()
         .await
         .unwrap();
@@ -137,7 +139,8 @@ async fn tampering_is_detected_and_named() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("BROKEN"));
     assert!(String::from_utf8_lossy(&text.stdout).contains("first: "));
 
-    // 4. The limit, stated: a row inserted after the last sealed offset is only "unsealed".
+    // 4. After the last sealed offset there is no link yet, but a row must still agree with
+    //    its own payload: a copy under a new id is named...
     c.query("INSERT INTO weft_events SELECT * REPLACE ('late-forgery' AS id, offset + 1000000 AS offset) FROM (SELECT * FROM weft_events WHERE id = ?)")
         .bind(copied)
         .execute()
@@ -145,7 +148,43 @@ async fn tampering_is_detected_and_named() {
         .unwrap();
     let (_, r) = verify(&p, &ring);
     assert_eq!(r["unsealed"], 1, "{r}");
-    assert!(!named(&r, "inserted", "late-forgery"));
+    assert!(named(&r, "altered", "late-forgery"), "{r}");
+    // ... so is a second fact at the same (unsealed) offset, consistent in itself (a copy of
+    // a genuine row: Kafka gives each record its own offset)...
+    let twin = &ids[3];
+    c.query("INSERT INTO weft_events SELECT * REPLACE ((SELECT any(offset) FROM weft_events WHERE id = 'late-forgery') AS offset) FROM (SELECT * FROM weft_events WHERE id = ?)")
+        .bind(twin)
+        .execute()
+        .await
+        .unwrap();
+    let (_, r) = verify(&p, &ring);
+    assert_eq!(r["unsealed"], 2, "{r}");
+    assert!(named(&r, "inserted", twin), "{r}");
+    // ... and a column of an unsealed row changed by ALTER UPDATE.
+    c.query(
+        "ALTER TABLE weft_events UPDATE principal = 'mallory' WHERE id = ? AND offset > 1000000",
+    )
+    .bind(twin)
+    .execute()
+    .await
+    .unwrap();
+    let (_, r) = verify(&p, &ring);
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["what"] == "altered"
+                && x["id"] == twin.as_str()
+                && x["offset"].as_u64().unwrap() > 1_000_000
+                && x["detail"].as_str().unwrap().contains("principal")),
+        "{r}"
+    );
+    c.query("DELETE FROM weft_events WHERE id = ? AND offset > 1000000")
+        .bind(twin)
+        .execute()
+        .await
+        .unwrap();
 
     // 5. Rewriting a link of the chain table itself breaks the chain and its checkpoint,
     //    including against the exported checkpoints.
@@ -200,4 +239,132 @@ async fn tampering_is_detected_and_named() {
     let (_, r) = verify(&p, &ring);
     assert_eq!(r["pruned"], n, "{r}");
     assert!(!named(&r, "deleted", deleted), "{r}");
+}
+
+/// `weft audit verify --from/--to`: two batches sealed apart (six and two days old); a
+/// range over the newer batch recomputes only its rows, starting from each partition's
+/// signed checkpoint before it (a wrong start would break every link), ignores tampering
+/// before the range, names tampering inside it, and rejects a forged anchor checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_a_range_from_the_checkpoint_before_it() {
+    let p = Pipeline::new("it_chain_range");
+    let now = weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap();
+    let days_ago = |d: i64| weft_schemas::time::micros_to_rfc3339(now - d * 86_400_000_000);
+    let key = p.path("sealer.key");
+    let out = audit(
+        &p,
+        &["keygen", "--kid", "s", "--out", key.to_str().unwrap()],
+    );
+    assert!(out.status.success());
+    let ring = p.path("ring.json");
+    std::fs::write(&ring, &out.stdout).unwrap();
+    let ring = ring.to_str().unwrap().to_owned();
+    let seal = |p: &Pipeline| {
+        let out = audit(p, &["seal", "--sign-key", key.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    let _ingest = p.ingest(None);
+    let old = p.simulate(&["--flows", "12", "--seed", "41", "--start", &days_ago(6)]);
+    p.publish(&p.path("events.jsonl"));
+    let n_old = old.totals.distinct_events;
+    p.wait_for_facts(n_old, Duration::from_secs(120)).await;
+    // Nothing sealed yet: every genuine fact agrees with its own payload.
+    let (code, r) = verify(&p, &ring);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["unsealed"], n_old, "{r}");
+    seal(&p);
+    let new = p.simulate(&["--flows", "12", "--seed", "42", "--start", &days_ago(2)]);
+    p.publish(&p.path("events.jsonl"));
+    let n_new = new.totals.distinct_events;
+    p.wait_for_facts(n_old + n_new, Duration::from_secs(120))
+        .await;
+    seal(&p);
+
+    let ranged = |p: &Pipeline| -> (Option<i32>, Value) {
+        let from = days_ago(4);
+        let out = audit(
+            p,
+            &[
+                "verify",
+                "--format",
+                "json",
+                "--keyring",
+                &ring,
+                "--from",
+                &from,
+                "--to",
+                "now",
+            ],
+        );
+        let v = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("verify: {e}\n{}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), v)
+    };
+    let (code, full) = verify(&p, &ring);
+    assert_eq!(code, Some(0), "{full}");
+    assert_eq!(full["verified"], n_old + n_new);
+    let (code, r) = ranged(&p);
+    assert_eq!(code, Some(0), "{r}");
+    assert_eq!(r["verified"], n_new, "{r}");
+    assert!(r["anchored"].as_u64().unwrap() > 0, "{r}");
+
+    let c = p.client().with_setting("mutations_sync", "2");
+    let pick = |older: bool| {
+        let c = p.client();
+        async move {
+            let ids: Vec<String> = c
+                .query(if older {
+                    "SELECT id FROM weft_events WHERE kind = 'trace_event' AND ts < now64() - INTERVAL 4 DAY ORDER BY id LIMIT 1"
+                } else {
+                    "SELECT id FROM weft_events WHERE kind = 'trace_event' AND ts > now64() - INTERVAL 4 DAY ORDER BY id LIMIT 1"
+                })
+                .fetch_all()
+                .await
+                .unwrap();
+            ids[0].clone()
+        }
+    };
+    // Tampering before the range: the full check names it, the ranged one does not look.
+    let before = pick(true).await;
+    c.query("ALTER TABLE weft_events UPDATE principal = 'mallory' WHERE id = ?")
+        .bind(&before)
+        .execute()
+        .await
+        .unwrap();
+    let (code, full) = verify(&p, &ring);
+    assert_eq!(code, Some(1));
+    assert!(named(&full, "altered", &before), "{full}");
+    let (code, r) = ranged(&p);
+    assert_eq!(code, Some(0), "{r}");
+    // Tampering inside the range is named.
+    let inside = pick(false).await;
+    c.query("ALTER TABLE weft_events UPDATE principal = 'mallory' WHERE id = ?")
+        .bind(&inside)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = ranged(&p);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named(&r, "altered", &inside), "{r}");
+    assert!(!named(&r, "altered", &before), "{r}");
+    // A forged anchor (its head rewritten in ClickHouse) fails its signature.
+    c.query("ALTER TABLE weft_audit_checkpoints UPDATE head = lower(hex(SHA256('forged'))) WHERE sealed_at = (SELECT min(sealed_at) FROM weft_audit_checkpoints)")
+        .execute()
+        .await
+        .unwrap();
+    let (_, r) = ranged(&p);
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["what"] == "checkpoint_mismatch"
+                && x["detail"].as_str().unwrap().contains("anchor")),
+        "{r}"
+    );
 }

@@ -21,9 +21,13 @@
 //! (they cannot sign), and only for rows up to the last checkpoint they cannot replace —
 //! which is why checkpoints are exported and kept elsewhere.
 //!
+//! **After the last seal.** Rows not sealed yet are counted as `unsealed`, and each must agree
+//! with its own payload and own its offset (`unsealed_problems`): that names an unsealed row
+//! altered by ALTER UPDATE, or a copy under a new id or at a taken offset.
+//!
 //! **Limit.** A row inserted behind weft's back *after* the last sealed offset of its
-//! partition looks like a fact not sealed yet; the next seal would take it as genuine.
-//! Verify reports such rows as `unsealed` (a count), not as tampering.
+//! partition, consistent in every column at a free offset, looks like a fact not sealed yet;
+//! the next seal would take it as genuine. Only the broker's record could refute it.
 
 use std::collections::BTreeMap;
 
@@ -34,7 +38,7 @@ use sha2::{Digest, Sha256};
 use tracing::instrument;
 
 use crate::sign::{Key, Keyring};
-use crate::{ch_err, AuditError, Store};
+use crate::{ch_err, AuditError, Range, Store};
 
 /// The link before the first row.
 pub const GENESIS: [u8; 32] = [0; 32];
@@ -97,7 +101,8 @@ SELECT topic, partition, offset, tenant, kind, id, lower(hex(content_hash)) AS c
        handle_id, handle_refs, candidate_id, flow_id, links, conflict, content_type,
        lower(hex(SHA256(payload))) AS payload_sha256
 FROM weft_events
-WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} AND offset > {after:Int64}
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND offset > {after:Int64} AND offset <= {upto:UInt64}
 ORDER BY offset, kind, id, content_hash
 ";
 
@@ -162,11 +167,13 @@ async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError
         .map_err(ch_err(store))
 }
 
-async fn rows_after(
+/// The facts of one partition at offsets in `(after, upto]`, in chain order.
+async fn rows_between(
     store: &Store,
     tenant: &str,
     p: &Part,
     after: i64,
+    upto: u64,
 ) -> Result<Vec<ChainRow>, AuditError> {
     store
         .client()
@@ -175,23 +182,38 @@ async fn rows_after(
         .param("topic", &p.topic)
         .param("p", p.partition)
         .param("after", after)
+        .param("upto", upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))
 }
 
 async fn links(store: &Store, tenant: &str, p: &Part) -> Result<Vec<Link>, AuditError> {
+    links_between(store, tenant, p, -1, u64::MAX).await
+}
+
+/// The links of one partition at offsets in `(after, upto]`, in offset order.
+async fn links_between(
+    store: &Store,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+    upto: u64,
+) -> Result<Vec<Link>, AuditError> {
     store
         .client()
         .query(
             "SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash, chain, \
                     toUnixTimestamp64Micro(sealed_at) AS sealed_at \
              FROM weft_audit_chain WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+               AND offset > {after:Int64} AND offset <= {upto:UInt64} \
              ORDER BY offset",
         )
         .param("t", tenant)
         .param("topic", &p.topic)
         .param("p", p.partition)
+        .param("after", after)
+        .param("upto", upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))
@@ -229,7 +251,7 @@ pub async fn seal(
             Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
             None => (-1, GENESIS, 0),
         };
-        let rows = rows_after(store, tenant, &p, after).await?;
+        let rows = rows_between(store, tenant, &p, after, u64::MAX).await?;
         if rows.is_empty() {
             continue;
         }
@@ -333,6 +355,11 @@ pub struct VerifyReport {
     pub checkpoints_ok: u64,
     /// Every broken link, in (topic, partition, offset) order; the first is the first break.
     pub problems: Vec<Problem>,
+    /// The event-time range verified (`--from/--to`); `None`: every chain from genesis.
+    pub range: Option<Range>,
+    /// Partitions whose recomputation started from a checkpoint before the range rather
+    /// than from genesis.
+    pub anchored: u64,
 }
 
 impl VerifyReport {
@@ -342,17 +369,190 @@ impl VerifyReport {
     }
 }
 
-/// Recompute every chain of `tenant` from genesis and compare with the stored facts, the
-/// stored links and the checkpoints (those in ClickHouse plus `extra`, e.g. an exported file).
-/// Signed checkpoints are verified against `keyring`; without one, signatures are not checked.
+/// An unsealed fact with the columns that can be checked against its own payload.
+#[derive(Debug, Row, Deserialize)]
+struct Unsealed {
+    offset: u64,
+    kind: String,
+    id: String,
+    content_hash: String,
+    event_type: String,
+    principal: String,
+    capability_id: String,
+    decision: String,
+    outcome: String,
+    token_id: String,
+    payload: String,
+}
+
+/// Facts after the last seal are not in the chain yet, but each must still agree with
+/// itself and with Kafka's one-record-one-offset rule: its `content_hash` is the SHA-256 of
+/// its payload's canonical JSON, its `id` the payload's identity, the typed columns ingest
+/// copies from the payload equal the payload's fields, and no two facts share an offset.
+/// This names a row altered after the last seal (an ALTER UPDATE of a column, or of the
+/// payload without its hash) and a forged row that copies another's payload under a new id
+/// or at a taken offset. A forgery made consistent in every column at a free offset still
+/// passes as `unsealed`: only the broker's record at that offset can refute it.
+async fn unsealed_problems(
+    store: &Store,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+    upto: u64,
+) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
+    let rows: Vec<Unsealed> = store
+        .client()
+        .query(
+            "SELECT offset, kind, id, lower(hex(content_hash)) AS content_hash, event_type, principal, \
+                    capability_id, decision, outcome, token_id, payload \
+             FROM weft_events WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+               AND offset > {after:Int64} AND offset <= {upto:UInt64} \
+             ORDER BY offset, kind, id",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("after", after)
+        .param("upto", upto)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))?;
+    let mut per_offset: BTreeMap<u64, usize> = BTreeMap::new();
+    for r in &rows {
+        *per_offset.entry(r.offset).or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for r in rows {
+        let mut wrong: Vec<String> = Vec::new();
+        match serde_json::from_str::<serde_json::Value>(&r.payload) {
+            Err(e) => wrong.push(format!("payload is not JSON ({e})")),
+            Ok(v) => {
+                let mut canon = Vec::new();
+                let hash = weft_consumers::decode::canonical_json(&v, &mut canon)
+                    .map(|()| hex::encode(Sha256::digest(&canon)));
+                if hash.as_deref().ok() != Some(r.content_hash.as_str()) {
+                    wrong.push("content_hash is not its payload's".into());
+                }
+                let ident = r
+                    .kind
+                    .parse::<weft_schemas::Kind>()
+                    .ok()
+                    .and_then(|k| weft_schemas::identity::identity(k, &v).ok());
+                if ident.as_deref() != Some(r.id.as_str()) {
+                    wrong.push(format!(
+                        "id is not its payload's identity ({})",
+                        ident.as_deref().unwrap_or("none")
+                    ));
+                }
+                for (col, val) in [
+                    ("event_type", &r.event_type),
+                    ("principal", &r.principal),
+                    ("capability_id", &r.capability_id),
+                    ("decision", &r.decision),
+                    ("outcome", &r.outcome),
+                    ("token_id", &r.token_id),
+                ] {
+                    let want = v.get(col).and_then(serde_json::Value::as_str).unwrap_or("");
+                    if want != val {
+                        wrong.push(format!("{col} is not its payload's"));
+                    }
+                }
+            }
+        }
+        let shared = per_offset.get(&r.offset).copied().unwrap_or(0);
+        if !wrong.is_empty() {
+            let d = format!(
+                "unsealed {}:{} at offset {} does not match itself: {}",
+                r.kind,
+                r.id,
+                r.offset,
+                wrong.join("; ")
+            );
+            out.push(("altered", r, d));
+        } else if shared > 1 {
+            let d = format!(
+                "unsealed {}:{} shares offset {} with {} other fact(s); a Kafka record holds one",
+                r.kind,
+                r.id,
+                r.offset,
+                shared - 1
+            );
+            out.push(("inserted", r, d));
+        }
+    }
+    Ok(out)
+}
+
+/// The offset of the last link of one partition's chain, if any.
+async fn last_link(store: &Store, tenant: &str, p: &Part) -> Result<Option<u64>, AuditError> {
+    let (last, n): (u64, u64) = store
+        .client()
+        .query(
+            "SELECT max(offset), count() FROM weft_audit_chain \
+             WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))?;
+    Ok((n > 0).then_some(last))
+}
+
+/// The offsets `[lo, hi]` of one partition whose facts or links have an event time in
+/// `range`, or `None` when it has none.
+async fn window(
+    store: &Store,
+    tenant: &str,
+    p: &Part,
+    range: Range,
+) -> Result<Option<(u64, u64)>, AuditError> {
+    let (lo, hi, n): (u64, u64, u64) = store
+        .client()
+        .query(
+            "SELECT min(offset), max(offset), count() FROM ( \
+               SELECT offset FROM weft_events \
+               WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                 AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC') \
+               UNION ALL \
+               SELECT offset FROM weft_audit_chain \
+               WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                 AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC'))",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("from", range.from)
+        .param("to", range.to)
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))?;
+    Ok((n > 0).then_some((lo, hi)))
+}
+
+/// Recompute the chains of `tenant` and compare with the stored facts, the stored links and
+/// the checkpoints (those in ClickHouse plus `extra`, e.g. an exported file). Signed
+/// checkpoints are verified against `keyring`; without one, signatures are not checked.
+///
+/// Without `range`, every chain is recomputed from genesis. With one, each partition is
+/// checked over the offsets from its first to its last fact (or link) with an event time in
+/// the range, anchored at the partition's latest checkpoint *before* that window: the chain
+/// is recomputed from that checkpoint's head (whose signature is checked when a keyring is
+/// given) to the end of the window, so a range costs the rows since the last seal before it,
+/// not the whole history. Partitions with nothing in the range are skipped.
 #[instrument(skip(store, extra, keyring), fields(tenant = %tenant))]
 pub async fn verify(
     store: &Store,
     tenant: &str,
     extra: &[Checkpoint],
     keyring: Option<&Keyring>,
+    range: Option<Range>,
 ) -> Result<VerifyReport, AuditError> {
-    let mut rep = VerifyReport::default();
+    let mut rep = VerifyReport {
+        range,
+        ..VerifyReport::default()
+    };
     let pruned_before = crate::retention::get(store, tenant).await?.pruned_before;
     let mut cps: BTreeMap<(String, u32), Vec<Checkpoint>> = BTreeMap::new();
     for c in checkpoints(store, tenant)
@@ -367,12 +567,6 @@ pub async fn verify(
         }
     }
     for p in partitions(store, tenant).await? {
-        let chain = links(store, tenant, &p).await?;
-        let rows = rows_after(store, tenant, &p, -1).await?;
-        let mut by_offset: BTreeMap<u64, Vec<&ChainRow>> = BTreeMap::new();
-        for r in &rows {
-            by_offset.entry(r.offset).or_default().push(r);
-        }
         let problem = |what: &str, offset: u64, kind: &str, id: &str, detail: String| Problem {
             what: what.into(),
             topic: p.topic.clone(),
@@ -382,7 +576,61 @@ pub async fn verify(
             id: id.into(),
             detail,
         };
-        let mut prev = GENESIS;
+        let mut part_cps = cps
+            .remove(&(p.topic.clone(), p.partition))
+            .unwrap_or_default();
+        // Where to start (after which offset, from which link) and where to stop.
+        let (after, mut prev, upto) = match range {
+            None => (-1, GENESIS, u64::MAX),
+            Some(r) => {
+                let Some((lo, hi)) = window(store, tenant, &p, r).await? else {
+                    continue;
+                };
+                let anchor = part_cps
+                    .iter()
+                    .filter(|c| c.offset < lo)
+                    .max_by_key(|c| c.offset)
+                    .cloned();
+                match anchor {
+                    None => (-1, GENESIS, hi),
+                    Some(a) => {
+                        rep.anchored += 1;
+                        if let Some(ring) = keyring {
+                            let sig = if a.sig.is_empty() {
+                                Err("unsigned checkpoint".to_owned())
+                            } else {
+                                ring.verify(&a.kid, &a.statement(), &a.sig)
+                                    .map_err(|e| e.to_string())
+                            };
+                            if let Err(e) = sig {
+                                rep.problems.push(problem(
+                                    "checkpoint_mismatch",
+                                    a.offset,
+                                    "",
+                                    "",
+                                    format!(
+                                        "anchor checkpoint at offset {}: signature: {e}",
+                                        a.offset
+                                    ),
+                                ));
+                            }
+                        }
+                        // Checkpoints at or before the anchor are outside this run.
+                        part_cps.retain(|c| c.offset > a.offset && c.offset <= hi);
+                        (a.offset as i64, unhex32(&a.head), hi)
+                    }
+                }
+            }
+        };
+        if range.is_some() && after < 0 {
+            part_cps.retain(|c| c.offset <= upto);
+        }
+        let chain = links_between(store, tenant, &p, after, upto).await?;
+        let rows = rows_between(store, tenant, &p, after, upto).await?;
+        let mut by_offset: BTreeMap<u64, Vec<&ChainRow>> = BTreeMap::new();
+        for r in &rows {
+            by_offset.entry(r.offset).or_default().push(r);
+        }
         let mut heads: BTreeMap<u64, [u8; 32]> = BTreeMap::new();
         let mut sealed = std::collections::HashSet::new();
         for l in &chain {
@@ -437,7 +685,11 @@ pub async fn verify(
             prev = next;
             heads.insert(l.offset, prev);
         }
-        let last_sealed = chain.last().map(|l| l.offset);
+        // The partition's last sealed offset, also when the window ends before it.
+        let last_sealed = match range {
+            None => chain.last().map(|l| l.offset),
+            Some(_) => last_link(store, tenant, &p).await?,
+        };
         for r in &rows {
             if sealed.contains(&(r.offset, r.kind.clone(), r.id.clone())) {
                 continue;
@@ -456,10 +708,17 @@ pub async fn verify(
                 _ => rep.unsealed += 1,
             }
         }
-        for c in cps
-            .remove(&(p.topic.clone(), p.partition))
-            .unwrap_or_default()
+        if rows
+            .iter()
+            .any(|r| last_sealed.is_none_or(|l| r.offset > l))
         {
+            let after = last_sealed.map_or(after, |l| (l as i64).max(after));
+            for (what, r, detail) in unsealed_problems(store, tenant, &p, after, upto).await? {
+                rep.problems
+                    .push(problem(what, r.offset, &r.kind, &r.id, detail));
+            }
+        }
+        for c in part_cps {
             let head_ok = heads.get(&c.offset).map(hex::encode).as_deref() == Some(c.head.as_str());
             let sig_ok = match (keyring, c.sig.is_empty()) {
                 (Some(ring), false) => ring

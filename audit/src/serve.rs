@@ -407,7 +407,7 @@ async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -
         Ok(v) => v,
         Err(r) => return *r,
     };
-    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref()).await {
+    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref(), None).await {
         Ok(r) => {
             record(
                 &s,

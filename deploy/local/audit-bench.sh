@@ -3,7 +3,7 @@
 # 400 simulated flows with every violation injected (through Kafka and ingest), then copied
 # COPIES times inside ClickHouse with every id and reference suffixed `~n`.
 # Needs the local stack (deploy/local/stack.sh up); not part of test.sh (minutes, not seconds).
-#   WEFT=target/debug/weft COPIES=1142 bash deploy/local/audit-bench.sh
+#   WEFT=target/debug/weft COPIES=1142 REPS=3 bash deploy/local/audit-bench.sh
 set -euo pipefail
 WEFT=${WEFT:-target/debug/weft}
 COPIES=${COPIES:-1142}
@@ -43,10 +43,23 @@ if [ "$(ch 'SELECT count() FROM weft_events' 2>/dev/null || echo 0)" = 0 ]; then
   ch "DROP TABLE tpl"
 fi
 echo "events: $(ch 'SELECT count() FROM weft_events')"
-t0=$(date +%s.%N)
-"$WEFT" audit check --tenant default --from 2026-10-01T00:00:00Z --to 2026-12-31T00:00:00Z \
-  --grace-secs 0 --format json >"$D/check.json"
-t1=$(date +%s.%N)
-python3 -c "
-import json; r = json.load(open('$D/check.json'))
-print('wall %.2f s; elapsed_ms %d; timings_ms %s; findings %d' % ($t1 - $t0, r['elapsed_ms'], r['timings_ms'], len(r['findings'])))"
+# CPU seconds of the ClickHouse server (our stack's pid file) and of weft: on a shared machine
+# they say more than wall times. REPS runs of the same command.
+srv_cpu() {
+  local pid
+  pid=$(cat "$RUN/clickhouse.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && [ -r "/proc/$pid/stat" ]; then awk '{print ($14+$15)/100}' "/proc/$pid/stat"; else echo 0; fi
+}
+for _ in $(seq 1 "${REPS:-1}"); do
+  s0=$(srv_cpu)
+  t0=$(date +%s.%N)
+  /usr/bin/time -o "$D/time.txt" -f "%U %S" "$WEFT" audit check --tenant default \
+    --from 2026-10-01T00:00:00Z --to 2026-12-31T00:00:00Z --grace-secs 0 --format json >"$D/check.json"
+  t1=$(date +%s.%N)
+  s1=$(srv_cpu)
+  python3 -c "
+import json; r = json.load(open('$D/check.json')); u, s = open('$D/time.txt').read().split()
+print('wall %.2f s; elapsed_ms %d; weft cpu %.2f s; clickhouse cpu %.2f s; load %s; timings_ms %s; findings %d' % (
+    $t1 - $t0, r['elapsed_ms'], float(u) + float(s), $s1 - $s0, open('/proc/loadavg').read().split()[0],
+    r['timings_ms'], len(r['findings'])))"
+done
