@@ -743,6 +743,17 @@ impl Ingestor {
                                 return Err(Stopped);
                             }
                             tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                            // The failed pass already moved the in-memory graph ahead of what
+                            // ClickHouse holds; replaying onto it would find nothing to change
+                            // and lose the pass's moves. Rebuild it from ClickHouse first, as
+                            // a restart would (the progress row, written last, was not).
+                            match Projector::load(self.store.clone()).await {
+                                Ok(fresh) => *projector = fresh,
+                                Err(e) => {
+                                    warn!(error = %e, "reloading the narrative graph failed; retrying");
+                                    continue;
+                                }
+                            }
                         }
                     }
                 }

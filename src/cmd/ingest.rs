@@ -43,7 +43,8 @@ pub struct IngestArgs {
     /// Topic name prefix (default `weaver.`).
     #[arg(long, env = "WEFT_TOPIC_PREFIX", value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
-    /// Flush a partition's batch at this many rows (default 50000).
+    /// Flush when this many records are buffered over all partitions (default 50000):
+    /// one flush is one facts insert and one narrative pass, so larger is cheaper.
     #[arg(long, value_name = "N")]
     pub batch_max_rows: Option<usize>,
     /// Flush batches at least this often, in milliseconds (default 1000).

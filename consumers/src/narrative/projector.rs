@@ -331,23 +331,29 @@ impl Projector {
         }
         let mut moved = 0;
         for (tenant, (olds, targets)) in by_tenant {
-            let rows: Vec<NarrativeRow> = self
-                .store
-                .client()
-                .query(
-                    "SELECT tenant, narrative_id, kind, id, content_hash, \
-                            argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                            argMax(payload, version) AS payload, max(version) AS version, \
-                            argMax(is_deleted, version) AS is_deleted \
-                     FROM weft_narratives \
-                     WHERE tenant = {t:String} AND narrative_id IN {olds:Array(String)} \
-                     GROUP BY tenant, narrative_id, kind, id, content_hash",
-                )
-                .param("t", tenant.as_ref())
-                .param("olds", olds.into_iter().collect::<Vec<_>>())
-                .fetch_all()
-                .await
-                .map_err(self.store.err())?;
+            let mut rows: Vec<NarrativeRow> = Vec::new();
+            // A large pass can move thousands of narratives; ClickHouse caps one query
+            // parameter (http_max_field_value_size, 128 KiB by default), so ask in chunks.
+            for chunk in chunks_by_bytes(olds.into_iter().collect(), MAX_PARAM_BYTES) {
+                let mut part: Vec<NarrativeRow> = self
+                    .store
+                    .client()
+                    .query(
+                        "SELECT tenant, narrative_id, kind, id, content_hash, \
+                                argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                                argMax(payload, version) AS payload, max(version) AS version, \
+                                argMax(is_deleted, version) AS is_deleted \
+                         FROM weft_narratives \
+                         WHERE tenant = {t:String} AND narrative_id IN {olds:Array(String)} \
+                         GROUP BY tenant, narrative_id, kind, id, content_hash",
+                    )
+                    .param("t", tenant.as_ref())
+                    .param("olds", chunk)
+                    .fetch_all()
+                    .await
+                    .map_err(self.store.err())?;
+                rows.append(&mut part);
+            }
             for r in rows {
                 if r.is_deleted == 1 {
                     continue;
@@ -373,6 +379,30 @@ impl Projector {
         }
         Ok(moved)
     }
+}
+
+/// Bytes of ids per query parameter: well under ClickHouse's default 128 KiB field limit,
+/// leaving room for the array's quoting and escaping.
+const MAX_PARAM_BYTES: usize = 64 << 10;
+
+/// Split `ids` into runs whose total length stays under `max_bytes` (one id per run at least).
+fn chunks_by_bytes(ids: Vec<String>, max_bytes: usize) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut size = 0;
+    for id in ids {
+        let n = id.len() + 4;
+        match out.last_mut() {
+            Some(last) if size + n <= max_bytes => {
+                size += n;
+                last.push(id);
+            }
+            _ => {
+                size = n;
+                out.push(vec![id]);
+            }
+        }
+    }
+    out
 }
 
 fn set_ts(node_ts: &mut Vec<i64>, n: NodeIdx, ts: i64) {
@@ -427,4 +457,29 @@ pub(crate) async fn insert<T: RowWrite>(
         ins.write(r).await.map_err(store.err())?;
     }
     ins.end().await.map_err(store.err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_stay_under_the_byte_budget_and_keep_every_id_once() {
+        let ids: Vec<String> = (0..5000)
+            .map(|i| format!("adhoc:trace_event:te-{i}"))
+            .collect();
+        let chunks = chunks_by_bytes(ids.clone(), 4096);
+        assert!(chunks.len() > 1);
+        for c in &chunks {
+            assert!(c.iter().map(|s| s.len() + 4).sum::<usize>() <= 4096);
+        }
+        assert_eq!(chunks.concat(), ids);
+        // An id longer than the budget still goes, alone.
+        let long = vec!["x".repeat(10_000), "y".into()];
+        assert_eq!(
+            chunks_by_bytes(long.clone(), 100),
+            vec![vec![long[0].clone()], vec!["y".to_owned()]]
+        );
+        assert!(chunks_by_bytes(Vec::new(), 100).is_empty());
+    }
 }
