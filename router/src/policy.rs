@@ -332,24 +332,55 @@ pub fn probabilities(
     p
 }
 
-/// Choose among admissible estimates (non-empty).
+/// How many posterior draws [`choose`] makes for `policy`: `mc_samples` for Thompson (its
+/// propensity), a quarter of that (at least 16) for the others (confidence only).
+pub fn draws_for(policy: PolicyName, cfg: &PolicyConfig) -> usize {
+    if policy == PolicyName::Thompson {
+        cfg.mc_samples
+    } else {
+        (cfg.mc_samples / 4).max(16)
+    }
+}
+
+/// Monte-Carlo counts of how often Thompson sampling picks each estimate, out of `samples`
+/// draws (at least one). [`choose_with_counts`] turns them into confidence and the
+/// Thompson propensity; [`PosteriorMemo`] keeps them per posterior state.
+pub fn posterior_counts(
+    cfg: &PolicyConfig,
+    ests: &[Estimate],
+    rng: &mut Rng,
+    samples: usize,
+) -> Vec<f64> {
+    thompson_counts(cfg, ests, rng, samples)
+}
+
+/// Choose among admissible estimates (non-empty), drawing fresh posterior counts.
 pub fn choose(policy: PolicyName, cfg: &PolicyConfig, ests: &[Estimate], rng: &mut Rng) -> Choice {
+    let counts = thompson_counts(cfg, ests, rng, draws_for(policy, cfg));
+    choose_with_counts(policy, cfg, ests, rng, &counts)
+}
+
+/// Choose among admissible estimates (non-empty), given Monte-Carlo posterior counts of the
+/// same estimates (from [`posterior_counts`] or a [`PosteriorMemo`]): `counts[i]` draws out
+/// of `sum(counts)` picked estimate `i`. They give the confidence of every policy (posterior
+/// probability that the choice is best) and Thompson's propensity, `(counts[chosen] + 1) /
+/// (sum + 1)`: the decision's own draw counts as one more sample, so it is never zero.
+pub fn choose_with_counts(
+    policy: PolicyName,
+    cfg: &PolicyConfig,
+    ests: &[Estimate],
+    rng: &mut Rng,
+    counts: &[f64],
+) -> Choice {
     assert!(
         !ests.is_empty(),
         "choose needs at least one admissible candidate"
     );
+    assert_eq!(counts.len(), ests.len(), "one count per estimate");
     let k = ests.len();
     let scores = point_scores(policy, cfg, ests);
     let best = argmax(&scores);
-    // P(best) per estimate under the posterior: confidence for every policy, and the
-    // Monte-Carlo propensity for Thompson sampling. Confidence alone needs fewer draws.
-    let samples = if policy == PolicyName::Thompson {
-        cfg.mc_samples
-    } else {
-        (cfg.mc_samples / 4).max(16)
-    };
-    let counts = thompson_counts(cfg, ests, rng, samples);
-    let samples = counts.iter().sum::<f64>();
+    let samples = counts.iter().sum::<f64>().max(1.0);
     let (chosen, propensity) = match policy {
         PolicyName::Greedy | PolicyName::Ucb => (best, 1.0),
         PolicyName::Static => (0, 1.0),
@@ -378,6 +409,89 @@ pub fn choose(policy: PolicyName, cfg: &PolicyConfig, ests: &[Estimate], rng: &m
         propensity,
         confidence: confidence.clamp(0.0, 1.0),
         scores,
+    }
+}
+
+/// Posterior key -> counts.
+type MemoMap = std::collections::HashMap<Vec<u64>, std::sync::Arc<[f64]>>;
+
+/// Memoised posterior counts, keyed by everything a Thompson draw depends on: each
+/// admissible estimate's Beta parameters and the rest of its utility, in order (the policy
+/// weights are fixed per memo). Between two snapshot refreshes every request of one
+/// context with the same candidates has the same posterior, so the Monte-Carlo work (the
+/// bulk of a decision's CPU) is done once per posterior state instead of once per request,
+/// with more draws (`samples`) than a single decision could afford. The key holds the
+/// numbers themselves, not a tenant or context name, so no state is shared that could not
+/// be recomputed from the caller's own estimates. Bounded: cleared when `capacity` keys are
+/// held.
+#[derive(Debug)]
+pub struct PosteriorMemo {
+    map: std::sync::Mutex<MemoMap>,
+    samples: usize,
+    capacity: usize,
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
+}
+
+impl PosteriorMemo {
+    /// A memo drawing `samples` posterior draws per new key, holding at most `capacity` keys.
+    pub fn new(samples: usize, capacity: usize) -> Self {
+        PosteriorMemo {
+            map: Default::default(),
+            samples: samples.max(1),
+            capacity: capacity.max(1),
+            hits: Default::default(),
+            misses: Default::default(),
+        }
+    }
+
+    /// Draws per key.
+    pub fn samples(&self) -> usize {
+        self.samples
+    }
+
+    fn key(cfg: &PolicyConfig, ests: &[Estimate]) -> Vec<u64> {
+        let mut key = Vec::with_capacity(ests.len() * 3);
+        for e in ests {
+            let (a, b) = e.alpha_beta(cfg);
+            key.extend([a.to_bits(), b.to_bits(), e.utility_at(cfg, 0.0).to_bits()]);
+        }
+        key
+    }
+
+    /// The posterior counts of `ests` (computed with `rng` on a miss).
+    pub fn counts(
+        &self,
+        cfg: &PolicyConfig,
+        ests: &[Estimate],
+        rng: &mut Rng,
+    ) -> std::sync::Arc<[f64]> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let key = Self::key(cfg, ests);
+        if let Some(c) = self.lock().get(&key) {
+            self.hits.fetch_add(1, Relaxed);
+            return c.clone();
+        }
+        self.misses.fetch_add(1, Relaxed);
+        // Drawn outside the lock: a concurrent miss on the same key draws twice, harmlessly.
+        let counts: std::sync::Arc<[f64]> = thompson_counts(cfg, ests, rng, self.samples).into();
+        let mut map = self.lock();
+        if map.len() >= self.capacity {
+            map.clear();
+        }
+        map.insert(key, counts.clone());
+        counts
+    }
+
+    /// (hits, misses) so far.
+    pub fn stats(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoMap> {
+        // A panic while holding the map cannot leave it inconsistent (one insert or clear).
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -476,6 +590,64 @@ mod tests {
             );
             assert!((mean_prop[i] / count[i] - exact[i]).abs() < 0.03);
         }
+    }
+
+    #[test]
+    fn memoised_counts_give_the_same_choices_and_propensities() {
+        let cfg = PolicyConfig::default();
+        let e = [est("a", 10.0, 6.0), est("b", 10.0, 7.0), est("c", 3.0, 1.0)];
+        let exact = probabilities(
+            PolicyName::Thompson,
+            &PolicyConfig {
+                mc_samples: 200_000,
+                ..cfg.clone()
+            },
+            &e,
+            &mut Rng::new(9),
+        );
+        let memo = PosteriorMemo::new(4096, 16);
+        let mut rng = Rng::new(21);
+        let mut count = [0.0; 3];
+        for _ in 0..3000 {
+            let counts = memo.counts(&cfg, &e, &mut rng);
+            let c = choose_with_counts(PolicyName::Thompson, &cfg, &e, &mut rng, &counts);
+            count[c.chosen] += 1.0;
+            // The logged propensity is the memoised posterior probability of the choice.
+            assert!(
+                (c.propensity - exact[c.chosen]).abs() < 0.03,
+                "{} vs {exact:?}",
+                c.propensity
+            );
+        }
+        for i in 0..3 {
+            assert!(
+                (count[i] / 3000.0 - exact[i]).abs() < 0.03,
+                "{count:?} {exact:?}"
+            );
+        }
+        assert_eq!(memo.stats(), (2999, 1));
+        // Another posterior (one more success for "c") is another key.
+        let e2 = [est("a", 10.0, 6.0), est("b", 10.0, 7.0), est("c", 4.0, 2.0)];
+        let c2 = memo.counts(&cfg, &e2, &mut rng);
+        assert_eq!(memo.stats(), (2999, 2));
+        assert_eq!(c2.iter().sum::<f64>(), 4096.0);
+        // Greedy keeps its exact propensity and takes its confidence from the counts.
+        let counts = memo.counts(&cfg, &e, &mut rng);
+        let g = choose_with_counts(PolicyName::Greedy, &cfg, &e, &mut rng, &counts);
+        assert_eq!((g.chosen, g.propensity), (1, 1.0));
+        assert!((g.confidence - exact[1]).abs() < 0.03, "{}", g.confidence);
+    }
+
+    #[test]
+    fn memo_is_bounded() {
+        let cfg = PolicyConfig::default();
+        let memo = PosteriorMemo::new(8, 4);
+        let mut rng = Rng::new(1);
+        for n in 0..10 {
+            memo.counts(&cfg, &[est("a", n as f64, 0.0)], &mut rng);
+        }
+        assert!(memo.lock().len() <= 4);
+        assert_eq!(memo.stats(), (0, 10));
     }
 
     #[test]

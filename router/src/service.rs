@@ -22,14 +22,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router as AxumRouter};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use weft_http::ApiKeys;
 use weft_producers::Publisher;
-use weft_schemas::contracts::ExecutionCandidate;
+use weft_schemas::contracts::{ExecutionCandidate, ExecutionRoutingDecision};
 use weft_schemas::{Envelope, Kind};
 
 use crate::model::Snapshot;
-use crate::policy::{self, Constraints, PolicyConfig, PolicyName};
+use crate::policy::{self, Constraints, PolicyConfig, PolicyName, PosteriorMemo};
 use crate::rng::Rng;
 
 /// Service settings.
@@ -72,6 +73,14 @@ struct Recent {
 
 const RECENT_MAX: usize = 200_000;
 
+/// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times: its counts
+/// serve every decision until the posterior changes, so they are worth more draws than one
+/// decision's (1024 by default, about 0.2 ms once per posterior state).
+const MEMO_DRAW_FACTOR: usize = 4;
+
+/// Posterior states memoised at most (then the memo starts afresh); a few hundred bytes each.
+const MEMO_CAPACITY: usize = 16_384;
+
 impl Recent {
     fn insert(&mut self, id: String, ctx: String) {
         if self.order.len() >= RECENT_MAX {
@@ -106,6 +115,8 @@ pub struct Service {
     seq: AtomicU64,
     started: u64,
     receipt_errors: Arc<AtomicU64>,
+    /// Posterior counts per posterior state (see [`PosteriorMemo`]).
+    memo: PosteriorMemo,
 }
 
 /// A route request.
@@ -152,6 +163,7 @@ impl Service {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         Arc::new(Service {
+            memo: PosteriorMemo::new(MEMO_DRAW_FACTOR * cfg.policy.mc_samples, MEMO_CAPACITY),
             cfg,
             keys,
             publisher,
@@ -241,13 +253,18 @@ impl Service {
         format!("erd-{:x}-{:x}-{n}", self.started, std::process::id())
     }
 
-    /// Decide one request for `tenant`. `Err` carries the HTTP answer.
+    /// Decide one request for `tenant`; the decision's JSON text, as published. `Err`
+    /// carries the HTTP answer.
+    ///
+    /// The decision is built once as the contract type (the request's candidates are moved
+    /// into it, not copied), serialized once, and the same text is both published and
+    /// answered.
     pub fn decide(
         &self,
         tenant: &str,
         req: RouteRequest,
         rng: &mut Rng,
-    ) -> Result<Value, Response> {
+    ) -> Result<Box<RawValue>, Response> {
         if req.candidates.is_empty() {
             return Err(error(
                 StatusCode::BAD_REQUEST,
@@ -287,33 +304,39 @@ impl Service {
                 .map(|c| (c.candidate_id.as_str(), c.metadata.as_ref())),
             arms,
         );
+        drop(snap);
         let constraints = Constraints::from_map(req.constraints.as_ref());
-        let mut admissible = Vec::new();
+        let mut admissible = Vec::with_capacity(ests.len());
+        let mut adm_ests = Vec::with_capacity(ests.len());
         let mut excluded = Map::new();
         for (i, e) in ests.iter().enumerate() {
             match constraints.violation(e) {
-                None => admissible.push(i),
+                None => {
+                    admissible.push(i);
+                    adm_ests.push(e.clone());
+                }
                 Some(code) => {
-                    excluded.insert(e.candidate_id.clone(), json!(code));
+                    excluded.insert(e.candidate_id.clone(), Value::from(code));
                 }
             }
         }
-        let mut reasons: Vec<String> = Vec::new();
-        {
+        let (has_data, stale, age) = {
             let h = self.health.lock().unwrap();
-            if !h.has_data {
-                reasons.push("priors_only".into());
-            }
-            if h.stale {
-                reasons.push("snapshot_stale".into());
-            }
-        }
-        let scores_all: Vec<f64> = ests.iter().map(|e| e.mean_utility(cfg)).collect();
+            (h.has_data, h.stale, h.loaded_at.elapsed().as_secs_f64())
+        };
+        let mut reasons: Vec<String> = Vec::with_capacity(6);
         if admissible.is_empty() {
             self.counters.no_fit.fetch_add(1, Ordering::Relaxed);
+            let scores_all: Vec<f64> = ests.iter().map(|e| e.mean_utility(cfg)).collect();
             let mut order: Vec<usize> = (0..ests.len()).collect();
             order.sort_by(|a, b| scores_all[*b].total_cmp(&scores_all[*a]));
-            reasons.insert(0, "no_candidate_fits".into());
+            reasons.push("no_candidate_fits".into());
+            if !has_data {
+                reasons.push("priors_only".into());
+            }
+            if stale {
+                reasons.push("snapshot_stale".into());
+            }
             return Err((
                 StatusCode::UNPROCESSABLE_ENTITY,
                 Json(json!({
@@ -325,10 +348,18 @@ impl Service {
             )
                 .into_response());
         }
-        let adm_ests: Vec<_> = admissible.iter().map(|i| ests[*i].clone()).collect();
-        let choice = policy::choose(policy, cfg, &adm_ests, rng);
+        // Posterior counts (confidence; Thompson's propensity) come from the memo: the
+        // Monte-Carlo work is done once per posterior state, not once per request.
+        let counts = self.memo.counts(cfg, &adm_ests, rng);
+        let choice = policy::choose_with_counts(policy, cfg, &adm_ests, rng, &counts);
         let chosen = admissible[choice.chosen];
-        reasons.insert(0, format!("policy_{}", policy.as_str()));
+        reasons.push(format!("policy_{}", policy.as_str()));
+        if !has_data {
+            reasons.push("priors_only".into());
+        }
+        if stale {
+            reasons.push("snapshot_stale".into());
+        }
         let best =
             choice
                 .scores
@@ -354,44 +385,64 @@ impl Service {
             .filter(|i| *i != choice.chosen)
             .collect();
         fb.sort_by(|a, b| choice.scores[*b].total_cmp(&choice.scores[*a]));
-        let scores: Map<String, Value> = admissible
-            .iter()
+        let scores: Map<String, Value> = adm_ests
+            .into_iter()
             .zip(&choice.scores)
-            .map(|(i, s)| (ests[*i].candidate_id.clone(), json!(s)))
+            .map(|(e, s)| (e.candidate_id, Value::from(*s)))
             .collect();
-        let age = self
-            .health
-            .lock()
-            .unwrap()
-            .loaded_at
-            .elapsed()
-            .as_secs_f64();
         let decision_id = self.next_decision_id();
-        let v = json!({
-            "decision_id": decision_id,
-            "candidate": req.candidates[chosen],
-            "confidence": choice.confidence,
-            "reason_codes": reasons,
-            "fallback_candidates": fb.iter().map(|i| &req.candidates[admissible[*i]]).collect::<Vec<_>>(),
-            "constraints": req.constraints.clone().unwrap_or_default(),
-            "created_at": weft_schemas::time::now_rfc3339(),
-            "metadata": {
-                "x_weft_policy": policy.as_str(),
-                "x_weft_policy_version": cfg.version,
-                "x_weft_propensity": choice.propensity,
-                "x_weft_scores": scores,
-                "x_weft_context": ctx,
-                "x_weft_excluded": excluded,
-                "x_weft_snapshot_age_s": age,
-                "x_weft_advisory": true,
-            },
-        });
-        let mut env = Envelope::new(Kind::ExecutionRoutingDecision, &v)
-            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-            .with_tenant(tenant);
-        if let Some(r) = req.context.get("request_id").and_then(Value::as_str) {
-            env = env.with_request_id(r);
-        }
+        let mut metadata = Map::new();
+        metadata.insert("x_weft_policy".into(), policy.as_str().into());
+        metadata.insert("x_weft_policy_version".into(), cfg.version.clone().into());
+        metadata.insert("x_weft_propensity".into(), choice.propensity.into());
+        metadata.insert("x_weft_scores".into(), Value::Object(scores));
+        metadata.insert("x_weft_context".into(), ctx.clone().into());
+        metadata.insert("x_weft_excluded".into(), Value::Object(excluded));
+        metadata.insert("x_weft_snapshot_age_s".into(), age.into());
+        metadata.insert("x_weft_advisory".into(), true.into());
+        let request_id = req
+            .context
+            .get("request_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        // Move the candidates into the decision: the choice, then the fallbacks in order.
+        let mut cands: Vec<Option<ExecutionCandidate>> =
+            req.candidates.into_iter().map(Some).collect();
+        let mut take = |i: usize| cands[i].take();
+        let Some(candidate) = take(chosen) else {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "candidate taken twice",
+            ));
+        };
+        let fallback_candidates: Vec<ExecutionCandidate> =
+            fb.iter().filter_map(|i| take(admissible[*i])).collect();
+        let decision = ExecutionRoutingDecision {
+            decision_id: decision_id.clone(),
+            candidate,
+            confidence: Some(Some(choice.confidence)),
+            reason_codes: Some(reasons),
+            reason: None,
+            fallback_candidates: Some(fallback_candidates),
+            constraints: Some(req.constraints.unwrap_or_default()),
+            policy_context_ref: None,
+            trace_ref: None,
+            created_at: Some(Some(weft_schemas::time::now_rfc3339())),
+            metadata: Some(metadata),
+            extra: Map::new(),
+        };
+        let raw = serde_json::value::to_raw_value(&decision)
+            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        let env = Envelope {
+            kind: Kind::ExecutionRoutingDecision,
+            request_id,
+            tenant: tenant.to_owned(),
+            producer_id: None,
+            seq: None,
+            emitted_at: None,
+            payload: raw.clone(),
+        };
         let receipt = self.publisher.publish(env).map_err(|e| {
             self.counters.publish_errors.fetch_add(1, Ordering::Relaxed);
             error(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e.to_string())
@@ -404,7 +455,7 @@ impl Service {
         });
         self.recent.lock().unwrap().insert(decision_id, ctx);
         self.counters.decisions.fetch_add(1, Ordering::Relaxed);
-        Ok(v)
+        Ok(raw)
     }
 
     fn counters_handle(&self) -> Arc<AtomicU64> {
@@ -497,6 +548,19 @@ impl Service {
             "gauge",
             snap.cells().to_string(),
         );
+        let (hits, misses) = self.memo.stats();
+        line(
+            "weft_router_posterior_memo_hits_total",
+            "Decisions whose posterior counts were memoised.",
+            "counter",
+            hits.to_string(),
+        );
+        line(
+            "weft_router_posterior_memo_misses_total",
+            "Posterior states drawn afresh.",
+            "counter",
+            misses.to_string(),
+        );
         if let Some(cpu) = process_cpu_seconds() {
             line(
                 "process_cpu_seconds_total",
@@ -558,9 +622,17 @@ async fn route(
     let out = s.decide(&tenant, req, &mut rng);
     let us = started.elapsed().as_micros() as u64;
     match out {
-        Ok(v) => {
+        Ok(raw) => {
             s.observe_latency(us);
-            let mut r = Json(v).into_response();
+            let body: Box<str> = raw.into();
+            let mut r = (
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                )],
+                String::from(body),
+            )
+                .into_response();
             if let Ok(h) = HeaderValue::from_str(&us.to_string()) {
                 r.headers_mut().insert("x-weft-decision-us", h);
             }
