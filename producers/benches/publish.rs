@@ -18,6 +18,21 @@ fn hot_path(c: &mut Criterion) {
         b.iter(|| serde_json::from_str::<Envelope>(black_box(ENVELOPE)))
     });
     g.bench_function("validate", |b| b.iter(|| black_box(&env).validate()));
+    // validate's parts: the payload parsed into a serde_json tree, then the schema check.
+    g.bench_function("validate_parse_value", |b| {
+        b.iter(|| serde_json::from_str::<serde_json::Value>(black_box(env.payload.get())))
+    });
+    let payload = env.payload_value().unwrap_or_else(|e| panic!("{e}"));
+    let validator = weft_schemas::validate::Validator::global();
+    g.bench_function("validate_schema_is_valid", |b| {
+        b.iter(|| validator.is_valid("trace_event", black_box(&payload)))
+    });
+    g.bench_function("validate_schema_report", |b| {
+        b.iter(|| validator.check("trace_event", black_box(&payload)))
+    });
+    g.bench_function("emitted_at_now", |b| {
+        b.iter(weft_schemas::time::now_rfc3339)
+    });
     g.bench_function("encode_json", |b| {
         b.iter(|| {
             let v = wire::encode_value(black_box(&env), ContentType::Json, &ids);

@@ -420,13 +420,18 @@ impl ProducerContext for Ctx {
                 let _ = tx.send(r.as_ref().map(|_| ()).map_err(|(e, _)| e.clone()));
             }
             (Pending::Live { reply, started }, Ok(msg)) => {
-                {
+                let idle = {
                     let mut st = lock(&sh.state);
                     st.in_flight -= 1;
                     sh.release_held(&mut st);
                     sh.maybe_resume_direct(&mut st);
+                    st.in_flight == 0
+                };
+                // Waiters (close, wait_drained) wait for nothing in flight; waking them for
+                // every acknowledgement would cost a futex call per event.
+                if idle {
+                    sh.changed.notify_all();
                 }
-                sh.changed.notify_all();
                 sh.metrics.published.inc();
                 sh.metrics
                     .publish_latency
@@ -630,7 +635,7 @@ impl Publisher {
     pub fn publish(&self, mut env: Envelope) -> Result<Receipt, PublishError> {
         let started = Instant::now();
         let inner = &*self.inner;
-        let (_, identity) = env.validate()?;
+        let (payload, identity) = env.validate()?;
         if env.producer_id.is_none() {
             env.producer_id = Some(inner.producer_id.clone());
         }
@@ -640,22 +645,37 @@ impl Publisher {
         if env.emitted_at.is_none() {
             env.emitted_at = Some(weft_schemas::time::now_rfc3339());
         }
-        let value = wire::encode_value(&env, inner.content_type, &inner.schema_ids)?;
-        let headers = wire::encode_headers(&env, inner.content_type);
-        let key = env.request_id.take().unwrap_or_else(|| identity.clone());
-        let size = value.len()
-            + key.len()
-            + headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>();
+        // JSON: the submitted text itself, lent to librdkafka (which copies it once).
+        let encoded;
+        let value: &[u8] = match inner.content_type {
+            ContentType::Json => env.payload.get().as_bytes(),
+            ct => {
+                encoded = wire::encode_value_parsed(&env, &payload, ct, &inner.schema_ids)?;
+                &encoded
+            }
+        };
+        drop(payload);
+        // Headers go straight into librdkafka's list; no String per header.
+        let mut owned = Some(OwnedHeaders::new_with_capacity(7));
+        let mut header_bytes = 0;
+        wire::for_each_header(&env, inner.content_type, |k, v| {
+            header_bytes += k.len() + v.len();
+            owned = owned.take().map(|h| {
+                h.insert(Header {
+                    key: k,
+                    value: Some(v),
+                })
+            });
+        });
+        let owned = owned.unwrap_or_else(|| OwnedHeaders::new_with_capacity(0));
+        let key = env.request_id.as_deref().unwrap_or(&identity);
+        let size = value.len() + key.len() + header_bytes;
         let max = inner.config.max_message_bytes;
         if size > max {
             return Err(PublishError::TooLarge { size, max });
         }
         let topic = &inner.topics[kind_index(env.kind)];
         let (reply, rx) = oneshot::channel();
-        let receipt = Receipt { id: identity, rx };
         let sh = &*inner.shared;
 
         let mut st = lock(&sh.state);
@@ -665,24 +685,17 @@ impl Publisher {
         if !st.spooling {
             st.in_flight += 1;
             drop(st);
-            let mut owned = OwnedHeaders::new_with_capacity(headers.len());
-            for (k, v) in &headers {
-                owned = owned.insert(Header {
-                    key: k,
-                    value: Some(v.as_bytes()),
-                });
-            }
             let record =
                 BaseRecord::with_opaque_to(topic, Box::new(Pending::Live { reply, started }))
                     .key(key.as_bytes())
-                    .payload(&value)
+                    .payload(value)
                     .headers(owned);
             let sent = match read(&sh.producer).as_ref() {
                 Some(p) => p.send(record),
                 None => Err((KafkaError::Canceled, record)),
             };
             let reply = match sent {
-                Ok(()) => return Ok(receipt),
+                Ok(()) => return Ok(Receipt { id: identity, rx }),
                 Err((e, rec)) => match *rec.delivery_opaque {
                     Pending::Live { reply, .. } if !is_permanent(&e) => {
                         debug!(error = %e, "librdkafka refused the event; spooling it");
@@ -698,13 +711,13 @@ impl Publisher {
                 },
             };
             // Queue full (or a transient client error): spool, ordered behind in-flight ones.
+            let job = spool_job(topic, key, value, &env, inner.content_type, reply, started);
             let mut st = lock(&sh.state);
             st.in_flight -= 1;
             if !st.spooling {
                 warn!("Kafka producer queue is full; spooling events");
                 st.spooling = true;
             }
-            let job = spool_job(topic, key, value, &headers, Some(reply), started);
             if let Err(e) = sh.check_room(&st, job.size) {
                 sh.release_held(&mut st);
                 sh.maybe_resume_direct(&mut st);
@@ -713,12 +726,12 @@ impl Publisher {
             sh.held_or_write(&mut st, job);
             drop(st);
             sh.changed.notify_all();
-            return Ok(receipt);
+            return Ok(Receipt { id: identity, rx });
         }
-        let job = spool_job(topic, key, value, &headers, Some(reply), started);
+        let job = spool_job(topic, key, value, &env, inner.content_type, reply, started);
         sh.check_room(&st, job.size)?;
         sh.held_or_write(&mut st, job);
-        Ok(receipt)
+        Ok(Receipt { id: identity, rx })
     }
 
     /// Publish and wait until the event is durable.
@@ -918,34 +931,36 @@ fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
 }
 
+/// A spool-bound job for an encoded event (the rare path: Kafka is not taking events).
 fn spool_job(
     topic: &str,
-    key: String,
-    value: Vec<u8>,
-    headers: &[(&'static str, String)],
-    reply: Option<Reply>,
+    key: &str,
+    value: &[u8],
+    env: &Envelope,
+    content_type: ContentType,
+    reply: Reply,
     started: Instant,
 ) -> Job {
     let record = SpoolRecord {
         topic: topic.to_owned(),
-        key: Some(key.into_bytes()),
-        value,
-        headers: headers
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        key: Some(key.as_bytes().to_vec()),
+        value: value.to_vec(),
+        headers: wire::encode_headers(env, content_type)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.into_bytes()))
             .collect(),
     };
     let size = Spool::size_of(std::slice::from_ref(&record));
     Job {
         record,
         size,
-        reply,
+        reply: Some(reply),
         started,
     }
 }
 
 /// The librdkafka settings derived from the config (extra properties last, so they win).
-fn kafka_config(c: &PublisherConfig) -> ClientConfig {
+pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
     let mut k = ClientConfig::new();
     k.set("bootstrap.servers", &c.brokers)
         .set("acks", &c.acks)

@@ -118,13 +118,13 @@ impl Envelope {
         if !payload.is_object() {
             return Err(EnvelopeError::PayloadNotObject);
         }
-        let violations = Validator::global()
-            .check(self.kind.schema_name(), &payload)
-            .unwrap_or_default();
-        if !violations.is_empty() {
+        // The cheap yes/no first; the full report only for a payload that fails.
+        let validator = Validator::global();
+        let schema = self.kind.schema_name();
+        if !validator.is_valid(schema, &payload).unwrap_or(true) {
             return Err(EnvelopeError::Schema {
                 kind: self.kind,
-                violations,
+                violations: validator.check(schema, &payload).unwrap_or_default(),
             });
         }
         let id = identity::identity(self.kind, &payload)?;

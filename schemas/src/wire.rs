@@ -142,21 +142,37 @@ pub fn encode_value(
     content_type: ContentType,
     ids: &SchemaIds,
 ) -> Result<Vec<u8>, WireError> {
+    match content_type {
+        ContentType::Json => Ok(env.payload.get().as_bytes().to_vec()),
+        _ => {
+            let payload: Value = serde_json::from_str(env.payload.get())?;
+            encode_value_parsed(env, &payload, content_type, ids)
+        }
+    }
+}
+
+/// [`encode_value`] for a payload the caller has already parsed (the Publisher has, to
+/// validate it), so Avro does not parse it a second time. `payload` must be `env.payload`
+/// parsed; for JSON it is not used (the value is the submitted text).
+pub fn encode_value_parsed(
+    env: &Envelope,
+    payload: &Value,
+    content_type: ContentType,
+    ids: &SchemaIds,
+) -> Result<Vec<u8>, WireError> {
     let avro = AvroSchemas::global();
     match content_type {
         ContentType::Json => Ok(env.payload.get().as_bytes().to_vec()),
         ContentType::AvroSingleObject => {
-            let payload: Value = serde_json::from_str(env.payload.get())?;
             let mut out = avro.get(env.kind).single_object_header.to_vec();
-            out.extend(avro.encode_datum(env.kind, &payload)?);
+            out.extend(avro.encode_datum(env.kind, payload)?);
             Ok(out)
         }
         ContentType::AvroConfluent => {
             let id = ids.id_of(env.kind).ok_or(WireError::NoSchemaId(env.kind))?;
-            let payload: Value = serde_json::from_str(env.payload.get())?;
             let mut out = vec![0u8];
             out.extend(id.to_be_bytes());
-            out.extend(avro.encode_datum(env.kind, &payload)?);
+            out.extend(avro.encode_datum(env.kind, payload)?);
             Ok(out)
         }
     }
@@ -164,24 +180,49 @@ pub fn encode_value(
 
 /// The headers for an envelope. Absent optional fields produce no header.
 pub fn encode_headers(env: &Envelope, content_type: ContentType) -> Vec<(&'static str, String)> {
-    let mut h = vec![
-        (header::KIND, env.kind.as_str().to_owned()),
-        (header::TENANT, env.tenant.clone()),
-        (header::CONTENT_TYPE, content_type.as_str().to_owned()),
-    ];
+    let mut h = Vec::with_capacity(7);
+    for_each_header(env, content_type, |k, v| {
+        h.push((k, String::from_utf8_lossy(v).into_owned()))
+    });
+    h
+}
+
+/// The headers of [`encode_headers`], in the same order, lent one by one instead of
+/// allocated: the Publisher's hot path hands them straight to the Kafka client.
+pub fn for_each_header(
+    env: &Envelope,
+    content_type: ContentType,
+    mut f: impl FnMut(&'static str, &[u8]),
+) {
+    f(header::KIND, env.kind.as_str().as_bytes());
+    f(header::TENANT, env.tenant.as_bytes());
+    f(header::CONTENT_TYPE, content_type.as_str().as_bytes());
     if let Some(r) = &env.request_id {
-        h.push((header::REQUEST_ID, r.clone()));
+        f(header::REQUEST_ID, r.as_bytes());
     }
     if let Some(p) = &env.producer_id {
-        h.push((header::PRODUCER_ID, p.clone()));
+        f(header::PRODUCER_ID, p.as_bytes());
     }
     if let Some(s) = env.seq {
-        h.push((header::SEQ, s.to_string()));
+        let mut buf = [0u8; 20];
+        f(header::SEQ, decimal(s, &mut buf));
     }
     if let Some(t) = &env.emitted_at {
-        h.push((header::EMITTED_AT, t.clone()));
+        f(header::EMITTED_AT, t.as_bytes());
     }
-    h
+}
+
+/// `n` in decimal ASCII, written at the end of `buf` (20 digits hold any u64).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
 }
 
 /// Rebuild the envelope from a record's headers and value. `topic_kind` is the kind implied
@@ -297,6 +338,37 @@ mod tests {
         let b: Value = serde_json::from_str(back.payload.get()).unwrap();
         assert_eq!(a, b);
         back
+    }
+
+    #[test]
+    fn lent_headers_match_the_allocated_ones() {
+        let mut env = sample();
+        for seq in [0, 7, 10, 99, 18_446_744_073_709_551_615] {
+            env.seq = Some(seq);
+            let mut lent = Vec::new();
+            for_each_header(&env, ContentType::Json, |k, v| {
+                lent.push((k, String::from_utf8(v.to_vec()).unwrap()))
+            });
+            assert_eq!(lent, encode_headers(&env, ContentType::Json));
+            assert!(lent.contains(&(header::SEQ, seq.to_string())), "{lent:?}");
+        }
+        assert_eq!(encode_headers(&env, ContentType::Json).len(), 7);
+        env.request_id = None;
+        env.seq = None;
+        let names: Vec<_> = encode_headers(&env, ContentType::AvroSingleObject)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                header::KIND,
+                header::TENANT,
+                header::CONTENT_TYPE,
+                header::PRODUCER_ID,
+                header::EMITTED_AT
+            ]
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use weft_producers::{Delivery, Receipt};
+use weft_producers::floor::{self, RawRecord};
+use weft_producers::{Delivery, PublisherConfig, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Envelope;
 
@@ -53,6 +54,11 @@ pub struct BenchPublishArgs {
     /// Receipts outstanding at once (the caller's pipelining depth).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub window: usize,
+
+    /// First send the same records through a bare librdkafka producer with the Publisher's
+    /// settings (no validation, receipts or spool): the floor that librdkafka itself sets.
+    #[arg(long)]
+    pub raw: bool,
 
     #[command(flatten)]
     pub publisher: PublisherArgs,
@@ -129,6 +135,9 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
     let encode_us = (cpu_seconds(libc::RUSAGE_THREAD) - t) / sample as f64 * 1e6;
 
     let publisher = pargs.connect(&settings).await?;
+    if args.raw {
+        raw_floor(&events, &pargs.resolve(&settings), &run).await?;
+    }
     // Warm-up: metadata, connections, producer id.
     publisher
         .publish(make_events(1, 200, 1, &format!("{run}-warm")).remove(0))?
@@ -193,6 +202,53 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
     println!(
         "other threads     {:.2} us/event (librdkafka: batching, lz4, network; delivery callbacks)",
         (cpu - caller_cpu) / nf * 1e6
+    );
+    Ok(())
+}
+
+/// `--raw`: the events encoded as the Publisher would (stamped, value, headers, key), then
+/// sent through [`weft_producers::floor`], measured the same way as the Publisher run.
+async fn raw_floor(events: &[Envelope], config: &PublisherConfig, run: &str) -> anyhow::Result<()> {
+    let ct = config.content_type.content_type();
+    let ids = SchemaIds::default();
+    let producer_id = format!("raw-{run}");
+    let now = weft_schemas::time::now_rfc3339();
+    let mut records = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        let mut e = e.clone();
+        e.producer_id = Some(producer_id.clone());
+        e.seq = Some(i as u64 + 1);
+        e.emitted_at = Some(now.clone());
+        records.push(RawRecord {
+            topic: config.topics.topic(e.kind),
+            key: e.request_id.clone().unwrap_or_default().into_bytes(),
+            value: wire::encode_value(&e, ct, &ids)?,
+            headers: wire::encode_headers(&e, ct)
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect(),
+        });
+    }
+    let config = config.clone();
+    let cpu0 = cpu_seconds(libc::RUSAGE_SELF);
+    let wall0 = Instant::now();
+    let (counts, records) = tokio::task::spawn_blocking(move || {
+        let c = floor::send_all(&config, &records, Duration::from_secs(120));
+        (c, records)
+    })
+    .await?;
+    let wall = wall0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(libc::RUSAGE_SELF) - cpu0;
+    drop(records);
+    let counts = counts?;
+    let nf = events.len() as f64;
+    println!(
+        "raw librdkafka    {} acked, {} failed: {wall:.2} s wall = {:.0} events/s; CPU {cpu:.2} s = {:.2} us/event = {:.0} events per CPU-second",
+        counts.acked,
+        counts.failed,
+        nf / wall,
+        cpu / nf * 1e6,
+        nf / cpu
     );
     Ok(())
 }
