@@ -269,10 +269,15 @@ mod tests {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(200);
+        // `weft eval`'s default resample count (COV_RESAMPLES overrides it).
+        let resamples: usize = std::env::var("COV_RESAMPLES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(200);
         let mut covered = [0; 3];
         for seed in 0..seeds {
             let (data, truth) = simulate(100 + seed, 1000);
-            let r = evaluate(&data, 200, seed);
+            let r = evaluate(&data, resamples, seed);
             for (i, iv) in [r.ips, r.snips, r.dr].iter().enumerate() {
                 if iv.ci_low <= truth && truth <= iv.ci_high {
                     covered[i] += 1;
