@@ -20,7 +20,7 @@ use crate::config::Settings;
 /// propensities) and their feedback, read from ClickHouse over a time range.
 ///
 /// Estimators: IPS, self-normalised IPS and doubly robust (direct-method model: mean logged
-/// reward per context x candidate), with percentile-bootstrap 95% intervals, the effective
+/// reward per context x candidate), with studentized-bootstrap 95% intervals, the effective
 /// sample size, support warnings, and regret against the best candidate in hindsight. The
 /// reward is the router's utility (--w-* weights; by default the success indicator). The
 /// target policy (--policy and its settings) scores candidates from --snapshot FILE, or, by
@@ -55,7 +55,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     pub snapshot: Option<PathBuf>,
 
-    /// Bootstrap resamples.
+    /// Bootstrap resamples for the studentized (bootstrap-t) 95% intervals; 0 gives normal
+    /// intervals.
     #[arg(long, default_value_t = 500)]
     pub bootstrap: usize,
 
@@ -261,7 +262,7 @@ pub fn artifact(
             "n": report.n,
         },
         "uncertainty": {
-            "ci_method": "bootstrap_percentile",
+            "ci_method": "bootstrap_t",
             "ci_level": 0.95,
             "bootstrap_samples": bootstrap,
             "value_ci": iv(&report.dr),
