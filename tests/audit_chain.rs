@@ -97,7 +97,7 @@ async fn tampering_is_detected_and_named() {
 
     let ids: Vec<String> = p
         .client()
-        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 4")
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 5")
         .fetch_all()
         .await
         .unwrap();
@@ -149,6 +149,22 @@ async fn tampering_is_detected_and_named() {
     let (_, r) = verify(&p, &ring);
     assert_eq!(r["unsealed"], 1, "{r}");
     assert!(named(&r, "altered", "late-forgery"), "{r}");
+    // ... so is an exact copy of a genuine row at a free offset: consistent in itself, but
+    // ingest stores one copy of a fact per partition...
+    let repeated = &ids[4];
+    c.query("INSERT INTO weft_events SELECT * REPLACE (offset + 2000000 AS offset) FROM (SELECT * FROM weft_events WHERE id = ?)")
+        .bind(repeated)
+        .execute()
+        .await
+        .unwrap();
+    let (_, r) = verify(&p, &ring);
+    assert_eq!(r["unsealed"], 2, "{r}");
+    assert!(named(&r, "inserted", repeated), "{r}");
+    c.query("DELETE FROM weft_events WHERE id = ? AND offset > 2000000")
+        .bind(repeated)
+        .execute()
+        .await
+        .unwrap();
     // ... so is a second fact at the same (unsealed) offset, consistent in itself (a copy of
     // a genuine row: Kafka gives each record its own offset)...
     let twin = &ids[3];

@@ -22,10 +22,11 @@
 //! which is why checkpoints are exported and kept elsewhere.
 //!
 //! **After the last seal.** Rows not sealed yet are counted as `unsealed`, and each must agree
-//! with its own payload and own its offset (`unsealed_problems`): that names an unsealed row
-//! altered by ALTER UPDATE, or a copy under a new id or at a taken offset.
+//! with its own payload, own its offset and not repeat another fact of its partition
+//! (`unsealed_problems`): that names an unsealed row altered by ALTER UPDATE, or a copy of a
+//! fact under a new id, at a taken offset or at a free one.
 //!
-//! **Limit.** A row inserted behind weft's back *after* the last sealed offset of its
+//! **Limit.** A *new* event forged behind weft's back *after* the last sealed offset of its
 //! partition, consistent in every column at a free offset, looks like a fact not sealed yet;
 //! the next seal would take it as genuine. Only the broker's record could refute it.
 
@@ -386,13 +387,28 @@ struct Unsealed {
 }
 
 /// Facts after the last seal are not in the chain yet, but each must still agree with
-/// itself and with Kafka's one-record-one-offset rule: its `content_hash` is the SHA-256 of
-/// its payload's canonical JSON, its `id` the payload's identity, the typed columns ingest
-/// copies from the payload equal the payload's fields, and no two facts share an offset.
-/// This names a row altered after the last seal (an ALTER UPDATE of a column, or of the
-/// payload without its hash) and a forged row that copies another's payload under a new id
-/// or at a taken offset. A forgery made consistent in every column at a free offset still
+/// itself and with how ingest writes: its `content_hash` is the SHA-256 of its payload's
+/// canonical JSON, its `id` the payload's identity, the typed columns ingest copies from the
+/// payload equal the payload's fields, no two facts share an offset (a Kafka record holds
+/// one), and no fact repeats another of its partition (same identity and content) ingested
+/// less than [`COPY_WINDOW_SECS`] apart (ingest's dedup cache drops such copies). This names
+/// a row altered after the last seal (an ALTER UPDATE of a column, or of the payload without
+/// its hash) and a forged row that copies another under a new id, at a taken offset or at a
+/// free one. A forgery of a *new* event, consistent in every column at a free offset, still
 /// passes as `unsealed`: only the broker's record at that offset can refute it.
+/// How far apart two stored copies of one fact (same partition, identity and content) may be
+/// ingested before the second counts as legitimate: half of ingest's default dedup window
+/// (7 days), the least its two-generation cache is sure to remember. With a shorter
+/// `dedup_window_secs`, copies published further apart are stored twice and reported here.
+pub const COPY_WINDOW_SECS: u64 = 7 * 24 * 3600 / 2;
+
+/// An unsealed fact that repeats an earlier fact of its partition.
+#[derive(Debug, Row, Deserialize)]
+struct Copy {
+    offset: u64,
+    original: u64,
+}
+
 async fn unsealed_problems(
     store: &Store,
     tenant: &str,
@@ -417,6 +433,37 @@ async fn unsealed_problems(
         .fetch_all()
         .await
         .map_err(ch_err(store))?;
+    // Each unsealed fact that repeats an earlier one of its partition, with the earlier's
+    // offset (the copies are found through the primary key's (tenant, kind, ..., id)).
+    let copies: BTreeMap<u64, u64> = store
+        .client()
+        .query(
+            "SELECT u.offset AS offset, min(o.offset) AS original \
+             FROM (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events \
+                   WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                     AND offset > {after:Int64} AND offset <= {upto:UInt64}) AS u \
+             INNER JOIN (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events \
+                   WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                     AND (kind, id) IN (SELECT kind, id FROM weft_events \
+                         WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                           AND offset > {after:Int64} AND offset <= {upto:UInt64})) AS o \
+               ON u.kind = o.kind AND u.id = o.id AND u.content_hash = o.content_hash \
+             WHERE o.offset < u.offset \
+               AND abs(dateDiff('second', o.ingested_at, u.ingested_at)) < {w:UInt64} \
+             GROUP BY u.offset",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("after", after)
+        .param("upto", upto)
+        .param("w", COPY_WINDOW_SECS)
+        .fetch_all::<Copy>()
+        .await
+        .map_err(ch_err(store))?
+        .into_iter()
+        .map(|c| (c.offset, c.original))
+        .collect();
     let mut per_offset: BTreeMap<u64, usize> = BTreeMap::new();
     for r in &rows {
         *per_offset.entry(r.offset).or_default() += 1;
@@ -460,6 +507,7 @@ async fn unsealed_problems(
             }
         }
         let shared = per_offset.get(&r.offset).copied().unwrap_or(0);
+        let copied = copies.get(&r.offset);
         if !wrong.is_empty() {
             let d = format!(
                 "unsealed {}:{} at offset {} does not match itself: {}",
@@ -476,6 +524,16 @@ async fn unsealed_problems(
                 r.id,
                 r.offset,
                 shared - 1
+            );
+            out.push(("inserted", r, d));
+        } else if let Some(original) = copied {
+            let d = format!(
+                "unsealed {}:{} at offset {} repeats the fact at offset {original} (same identity \
+                 and content, ingested less than {} h apart); ingest stores such a copy once",
+                r.kind,
+                r.id,
+                r.offset,
+                COPY_WINDOW_SECS / 3600
             );
             out.push(("inserted", r, d));
         }
