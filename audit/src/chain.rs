@@ -107,6 +107,63 @@ WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
 ORDER BY offset, kind, id, content_hash
 ";
 
+const LINKS_SQL: &str = "
+SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash,
+       chain, toUnixTimestamp64Micro(sealed_at) AS sealed_at
+FROM weft_audit_chain
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND offset > {after:Int64} AND offset <= {upto:UInt64}
+ORDER BY offset
+";
+
+const UNSEALED_SQL: &str = "
+SELECT offset, kind, id, lower(hex(content_hash)) AS content_hash, event_type, principal,
+       capability_id, decision, outcome, token_id, payload
+FROM weft_events
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND offset > {after:Int64} AND offset <= {upto:UInt64}
+ORDER BY offset, kind, id
+";
+
+/// Each unsealed fact that repeats an earlier fact of its partition (same identity and
+/// content, ingested less than `{w}` seconds apart), with the earlier's offset. The earlier
+/// copies are found through the primary key's (tenant, kind, ..., id).
+const COPIES_SQL: &str = "
+SELECT u.offset AS offset, min(o.offset) AS original
+FROM (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events
+      WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+        AND offset > {after:Int64} AND offset <= {upto:UInt64}) AS u
+INNER JOIN (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events
+            WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+              AND (kind, id) IN (SELECT kind, id FROM weft_events
+                                 WHERE tenant = {t:String} AND topic = {topic:String}
+                                   AND partition = {p:UInt32}
+                                   AND offset > {after:Int64} AND offset <= {upto:UInt64})) AS o
+  ON u.kind = o.kind AND u.id = o.id AND u.content_hash = o.content_hash
+WHERE o.offset < u.offset AND abs(dateDiff('second', o.ingested_at, u.ingested_at)) < {w:UInt64}
+GROUP BY u.offset
+";
+
+/// A query over one partition's offsets `(after, upto]`: binds `{t}`, `{topic}`, `{p}`,
+/// `{after}` and `{upto}`, the five parameters every per-partition chain query filters on.
+fn partition_query(
+    store: &Store,
+    sql: &str,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+    upto: u64,
+) -> clickhouse::query::Query {
+    store
+        .client()
+        .query(sql)
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("after", after)
+        .param("upto", upto)
+}
+
 /// One link of `weft_audit_chain`.
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
 pub struct Link {
@@ -176,14 +233,7 @@ async fn rows_between(
     after: i64,
     upto: u64,
 ) -> Result<Vec<ChainRow>, AuditError> {
-    store
-        .client()
-        .query(ROWS_SQL)
-        .param("t", tenant)
-        .param("topic", &p.topic)
-        .param("p", p.partition)
-        .param("after", after)
-        .param("upto", upto)
+    partition_query(store, ROWS_SQL, tenant, p, after, upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))
@@ -201,20 +251,7 @@ async fn links_between(
     after: i64,
     upto: u64,
 ) -> Result<Vec<Link>, AuditError> {
-    store
-        .client()
-        .query(
-            "SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash, chain, \
-                    toUnixTimestamp64Micro(sealed_at) AS sealed_at \
-             FROM weft_audit_chain WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-               AND offset > {after:Int64} AND offset <= {upto:UInt64} \
-             ORDER BY offset",
-        )
-        .param("t", tenant)
-        .param("topic", &p.topic)
-        .param("p", p.partition)
-        .param("after", after)
-        .param("upto", upto)
+    partition_query(store, LINKS_SQL, tenant, p, after, upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))
@@ -416,47 +453,11 @@ async fn unsealed_problems(
     after: i64,
     upto: u64,
 ) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
-    let rows: Vec<Unsealed> = store
-        .client()
-        .query(
-            "SELECT offset, kind, id, lower(hex(content_hash)) AS content_hash, event_type, principal, \
-                    capability_id, decision, outcome, token_id, payload \
-             FROM weft_events WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-               AND offset > {after:Int64} AND offset <= {upto:UInt64} \
-             ORDER BY offset, kind, id",
-        )
-        .param("t", tenant)
-        .param("topic", &p.topic)
-        .param("p", p.partition)
-        .param("after", after)
-        .param("upto", upto)
+    let rows: Vec<Unsealed> = partition_query(store, UNSEALED_SQL, tenant, p, after, upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))?;
-    // Each unsealed fact that repeats an earlier one of its partition, with the earlier's
-    // offset (the copies are found through the primary key's (tenant, kind, ..., id)).
-    let copies: BTreeMap<u64, u64> = store
-        .client()
-        .query(
-            "SELECT u.offset AS offset, min(o.offset) AS original \
-             FROM (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events \
-                   WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-                     AND offset > {after:Int64} AND offset <= {upto:UInt64}) AS u \
-             INNER JOIN (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events \
-                   WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-                     AND (kind, id) IN (SELECT kind, id FROM weft_events \
-                         WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-                           AND offset > {after:Int64} AND offset <= {upto:UInt64})) AS o \
-               ON u.kind = o.kind AND u.id = o.id AND u.content_hash = o.content_hash \
-             WHERE o.offset < u.offset \
-               AND abs(dateDiff('second', o.ingested_at, u.ingested_at)) < {w:UInt64} \
-             GROUP BY u.offset",
-        )
-        .param("t", tenant)
-        .param("topic", &p.topic)
-        .param("p", p.partition)
-        .param("after", after)
-        .param("upto", upto)
+    let copies: BTreeMap<u64, u64> = partition_query(store, COPIES_SQL, tenant, p, after, upto)
         .param("w", COPY_WINDOW_SECS)
         .fetch_all::<Copy>()
         .await

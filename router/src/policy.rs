@@ -562,8 +562,8 @@ mod tests {
         assert!((freq[1] - 0.8).abs() < 0.01, "{freq:?}");
     }
 
-    #[test]
-    fn thompson_propensity_estimates_are_close_to_frequencies() {
+    /// Three candidates and their Thompson choice probabilities from 200k posterior draws.
+    fn thompson_reference() -> (PolicyConfig, [Estimate; 3], Vec<f64>) {
         let cfg = PolicyConfig::default();
         let e = [est("a", 10.0, 6.0), est("b", 10.0, 7.0), est("c", 3.0, 1.0)];
         let exact = probabilities(
@@ -575,6 +575,12 @@ mod tests {
             &e,
             &mut Rng::new(9),
         );
+        (cfg, e, exact)
+    }
+
+    #[test]
+    fn thompson_propensity_estimates_are_close_to_frequencies() {
+        let (cfg, e, exact) = thompson_reference();
         let mut rng = Rng::new(5);
         let mut mean_prop = [0.0; 3];
         let mut count = [0.0; 3];
@@ -594,17 +600,7 @@ mod tests {
 
     #[test]
     fn memoised_counts_give_the_same_choices_and_propensities() {
-        let cfg = PolicyConfig::default();
-        let e = [est("a", 10.0, 6.0), est("b", 10.0, 7.0), est("c", 3.0, 1.0)];
-        let exact = probabilities(
-            PolicyName::Thompson,
-            &PolicyConfig {
-                mc_samples: 200_000,
-                ..cfg.clone()
-            },
-            &e,
-            &mut Rng::new(9),
-        );
+        let (cfg, e, exact) = thompson_reference();
         let memo = PosteriorMemo::new(4096, 16);
         let mut rng = Rng::new(21);
         let mut count = [0.0; 3];
