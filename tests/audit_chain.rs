@@ -159,7 +159,25 @@ async fn tampering_is_detected_and_named() {
         .unwrap();
     let (_, r) = verify(&p, &ring);
     assert_eq!(r["unsealed"], 2, "{r}");
-    assert!(named(&r, "inserted", repeated), "{r}");
+    let original: u64 = c
+        .query("SELECT offset FROM weft_events WHERE id = ? AND offset < 2000000")
+        .bind(repeated)
+        .fetch_one()
+        .await
+        .unwrap();
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["what"] == "inserted"
+                && x["id"] == repeated.as_str()
+                && x["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("as offset {original},"))),
+        "{r}"
+    );
     c.query("DELETE FROM weft_events WHERE id = ? AND offset > 2000000")
         .bind(repeated)
         .execute()

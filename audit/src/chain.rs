@@ -125,23 +125,23 @@ WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
 ORDER BY offset, kind, id
 ";
 
-/// Each unsealed fact that repeats an earlier fact of its partition (same identity and
-/// content, ingested less than `{w}` seconds apart), with the earlier's offset. The earlier
-/// copies are found through the primary key's (tenant, kind, ..., id).
+/// Every fact of the partition that shares its identity and content with an unsealed one,
+/// grouped: each row lists one fact's copies as (offset, ingested_at µs), by offset. Copies
+/// ingested more than `{w}` µs before the earliest unsealed row cannot matter and are not
+/// read (the table is partitioned by month of `ingested_at`).
 const COPIES_SQL: &str = "
-SELECT u.offset AS offset, min(o.offset) AS original
-FROM (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events
-      WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-        AND offset > {after:Int64} AND offset <= {upto:UInt64}) AS u
-INNER JOIN (SELECT offset, kind, id, content_hash, ingested_at FROM weft_events
-            WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-              AND (kind, id) IN (SELECT kind, id FROM weft_events
-                                 WHERE tenant = {t:String} AND topic = {topic:String}
-                                   AND partition = {p:UInt32}
-                                   AND offset > {after:Int64} AND offset <= {upto:UInt64})) AS o
-  ON u.kind = o.kind AND u.id = o.id AND u.content_hash = o.content_hash
-WHERE o.offset < u.offset AND abs(dateDiff('second', o.ingested_at, u.ingested_at)) < {w:UInt64}
-GROUP BY u.offset
+WITH unsealed AS (
+    SELECT kind, id, content_hash, ingested_at FROM weft_events
+    WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+      AND offset > {after:Int64} AND offset <= {upto:UInt64}
+)
+SELECT arraySort(groupArray((offset, toUnixTimestamp64Micro(ingested_at)))) AS copies
+FROM weft_events
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND ingested_at >= (SELECT min(ingested_at) FROM unsealed) - toIntervalMicrosecond({w:UInt64})
+  AND (kind, id, content_hash) IN (SELECT kind, id, content_hash FROM unsealed)
+GROUP BY kind, id, content_hash
+HAVING count() > 1
 ";
 
 /// A query over one partition's offsets `(after, upto]`: binds `{t}`, `{topic}`, `{p}`,
@@ -423,48 +423,63 @@ struct Unsealed {
     payload: String,
 }
 
+/// How far apart two stored copies of one fact (same partition, identity and content) must
+/// have been ingested for the second to be legitimate, given ingest's `dedup_window_secs`:
+/// half of it, the least its two-generation dedup cache is sure to remember.
+pub fn copy_window_secs(dedup_window_secs: u64) -> u64 {
+    dedup_window_secs / 2
+}
+
+/// One fact stored more than once in a partition: its copies as (offset, ingested_at µs).
+#[derive(Debug, Row, Deserialize)]
+struct CopiesRow {
+    copies: Vec<(u64, i64)>,
+}
+
 /// Facts after the last seal are not in the chain yet, but each must still agree with
 /// itself and with how ingest writes: its `content_hash` is the SHA-256 of its payload's
 /// canonical JSON, its `id` the payload's identity, the typed columns ingest copies from the
 /// payload equal the payload's fields, no two facts share an offset (a Kafka record holds
 /// one), and no fact repeats another of its partition (same identity and content) ingested
-/// less than [`COPY_WINDOW_SECS`] apart (ingest's dedup cache drops such copies). This names
-/// a row altered after the last seal (an ALTER UPDATE of a column, or of the payload without
-/// its hash) and a forged row that copies another under a new id, at a taken offset or at a
-/// free one. A forgery of a *new* event, consistent in every column at a free offset, still
-/// passes as `unsealed`: only the broker's record at that offset can refute it.
-/// How far apart two stored copies of one fact (same partition, identity and content) may be
-/// ingested before the second counts as legitimate: half of ingest's default dedup window
-/// (7 days), the least its two-generation cache is sure to remember. With a shorter
-/// `dedup_window_secs`, copies published further apart are stored twice and reported here.
-pub const COPY_WINDOW_SECS: u64 = 7 * 24 * 3600 / 2;
-
-/// An unsealed fact that repeats an earlier fact of its partition.
-#[derive(Debug, Row, Deserialize)]
-struct Copy {
-    offset: u64,
-    original: u64,
-}
-
+/// less than `copy_window_secs` apart (ingest's dedup cache drops such copies: the window is
+/// half of ingest's `dedup_window_secs`, the least its two-generation cache is sure to
+/// remember). This names a row altered after the last seal (an ALTER UPDATE of a column, or
+/// of the payload without its hash) and a forged row that copies another under a new id, at
+/// a taken offset, or at a free one with an `ingested_at` near the original's. A forgery of
+/// a *new* event, consistent in every column at a free offset, still passes as `unsealed`
+/// (so does a copy whose `ingested_at` was moved a window away): only the broker's record
+/// at that offset can refute it.
 async fn unsealed_problems(
     store: &Store,
     tenant: &str,
     p: &Part,
     after: i64,
     upto: u64,
+    copy_window_secs: u64,
 ) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
     let rows: Vec<Unsealed> = partition_query(store, UNSEALED_SQL, tenant, p, after, upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))?;
-    let copies: BTreeMap<u64, u64> = partition_query(store, COPIES_SQL, tenant, p, after, upto)
-        .param("w", COPY_WINDOW_SECS)
-        .fetch_all::<Copy>()
+    let window_micros = copy_window_secs.saturating_mul(1_000_000);
+    let copies = partition_query(store, COPIES_SQL, tenant, p, after, upto)
+        .param("w", window_micros)
+        .fetch_all::<CopiesRow>()
         .await
-        .map_err(ch_err(store))?
-        .into_iter()
-        .map(|c| (c.offset, c.original))
-        .collect();
+        .map_err(ch_err(store))?;
+    // Unsealed offset -> an earlier offset holding the same fact, ingested within the window.
+    let mut repeats: BTreeMap<u64, u64> = BTreeMap::new();
+    for CopiesRow { copies } in copies {
+        for (j, &(offset, at)) in copies.iter().enumerate() {
+            let unsealed = i128::from(offset) > i128::from(after) && offset <= upto;
+            let near = copies[..j]
+                .iter()
+                .find(|(_, earlier)| at.abs_diff(*earlier) < window_micros);
+            if let (true, Some(&(original, _))) = (unsealed, near) {
+                repeats.insert(offset, original);
+            }
+        }
+    }
     let mut per_offset: BTreeMap<u64, usize> = BTreeMap::new();
     for r in &rows {
         *per_offset.entry(r.offset).or_default() += 1;
@@ -508,7 +523,7 @@ async fn unsealed_problems(
             }
         }
         let shared = per_offset.get(&r.offset).copied().unwrap_or(0);
-        let copied = copies.get(&r.offset);
+        let repeated = repeats.get(&r.offset);
         if !wrong.is_empty() {
             let d = format!(
                 "unsealed {}:{} at offset {} does not match itself: {}",
@@ -527,14 +542,15 @@ async fn unsealed_problems(
                 shared - 1
             );
             out.push(("inserted", r, d));
-        } else if let Some(original) = copied {
+        } else if let Some(original) = repeated {
             let d = format!(
-                "unsealed {}:{} at offset {} repeats the fact at offset {original} (same identity \
-                 and content, ingested less than {} h apart); ingest stores such a copy once",
+                "unsealed {}:{} at offset {} is the same fact (identity and content) as offset \
+                 {original}, ingested less than {} h apart: ingest stores it once, so one of the \
+                 two was written behind its back",
                 r.kind,
                 r.id,
                 r.offset,
-                COPY_WINDOW_SECS / 3600
+                copy_window_secs / 3600
             );
             out.push(("inserted", r, d));
         }
@@ -600,6 +616,10 @@ async fn window(
 /// is recomputed from that checkpoint's head (whose signature is checked when a keyring is
 /// given) to the end of the window, so a range costs the rows since the last seal before it,
 /// not the whole history. Partitions with nothing in the range are skipped.
+///
+/// `copy_window_secs`: two stored copies of one fact ingested less than this apart mean one
+/// was written behind ingest's back; pass half of ingest's `dedup_window_secs`
+/// ([`copy_window_secs`]).
 #[instrument(skip(store, extra, keyring), fields(tenant = %tenant))]
 pub async fn verify(
     store: &Store,
@@ -607,6 +627,7 @@ pub async fn verify(
     extra: &[Checkpoint],
     keyring: Option<&Keyring>,
     range: Option<Range>,
+    copy_window_secs: u64,
 ) -> Result<VerifyReport, AuditError> {
     let mut rep = VerifyReport {
         range,
@@ -772,7 +793,9 @@ pub async fn verify(
             .any(|r| last_sealed.is_none_or(|l| r.offset > l))
         {
             let after = last_sealed.map_or(after, |l| (l as i64).max(after));
-            for (what, r, detail) in unsealed_problems(store, tenant, &p, after, upto).await? {
+            for (what, r, detail) in
+                unsealed_problems(store, tenant, &p, after, upto, copy_window_secs).await?
+            {
                 rep.problems
                     .push(problem(what, r.offset, &r.kind, &r.id, detail));
             }

@@ -125,7 +125,9 @@ struct I02Row {
 // decisions only (`IN` the first pass's set). The first pass is a superset test (any
 // non-allow version, any late authorization), the second applies the exact rules. Two
 // decision ids with one hash share a group, which can hide a finding only if the other
-// decision's events mask it: about one chance in 2^64 / (decisions in the range) per decision.
+// decision's events mask it: about one chance in 2^64 / (decisions in the range) per decision
+// for ids made independently. cityHash64 is not keyed, so a producer able to choose its ids
+// could craft a collision on purpose (the orphan check's hashed sets share this limit).
 const I02_SQL: &str = "
 WITH bad AS (
     SELECT cityHash64(if(kind = 'policy_decision', id, decision_id)) AS h
@@ -395,7 +397,10 @@ pub async fn run(
         match group.await {
             Ok(group) => findings.extend(group),
             // A builder panicked: re-raise it here rather than report a partial check.
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => return Err(AuditError::Invalid(format!("check cancelled: {e}"))),
+            },
         }
     }
     let timings_ms = timings_ms

@@ -43,6 +43,8 @@ pub struct AppState {
     pub sign_key: Option<Arc<Key>>,
     /// Verifies checkpoint signatures in `/v1/audit/verify` when set.
     pub keyring: Option<Arc<Keyring>>,
+    /// `/v1/audit/verify`'s copy window ([`chain::copy_window_secs`] of ingest's dedup window).
+    pub copy_window_secs: u64,
 }
 
 /// The router of the audit API.
@@ -407,7 +409,16 @@ async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -
         Ok(v) => v,
         Err(r) => return *r,
     };
-    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref(), None).await {
+    match chain::verify(
+        &s.store,
+        &tenant,
+        &[],
+        s.keyring.as_deref(),
+        None,
+        s.copy_window_secs,
+    )
+    .await
+    {
         Ok(r) => {
             record(
                 &s,

@@ -41,6 +41,9 @@ pub struct Interval {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     pub n: usize,
+    /// How the intervals were made: `bootstrap_t`, `normal` (no resamples) or `none` (fewer
+    /// than two records: NaN bounds).
+    pub ci_method: &'static str,
     pub ips: Interval,
     pub snips: Interval,
     pub dr: Interval,
@@ -194,11 +197,15 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
-/// The 97.5% quantile of the standard normal: the fallback when there are no resamples.
+/// The 97.5% quantile of the standard normal: the interval when there are no resamples.
 const Z_975: f64 = 1.959_963_984_540_054;
 
+/// Names of the estimators, in the order [`estimates`] returns them.
+const ESTIMATORS: [&str; 3] = ["IPS", "SNIPS", "DR"];
+
 /// Evaluate, with studentized-bootstrap (bootstrap-t) 95% intervals from `bootstrap`
-/// resamples (e.g. 500) drawn with `seed`; with 0 resamples, normal intervals.
+/// resamples (e.g. 500) drawn with `seed`; with 0 resamples, normal intervals; with fewer
+/// than two records, no interval (NaN bounds).
 ///
 /// Why bootstrap-t, and why the reward model is refitted in every resample: importance
 /// weighted values are skewed sums of a few heavily weighted records, where the percentile
@@ -207,6 +214,13 @@ const Z_975: f64 = 1.959_963_984_540_054;
 /// skew and for the uncertainty of the standard error itself; refitting the direct-method
 /// model carries its own estimation noise into DR's interval (Open Bandit Pipeline keeps
 /// the model fixed, which makes DR's interval too narrow).
+///
+/// Degenerate cases, kept visible rather than hidden: a resample whose standard error is 0
+/// (e.g. it drew none of the records the target policy would choose) counts as an infinite
+/// studentized value, which widens the interval instead of silently narrowing it. When the
+/// estimate's own standard error is 0 (e.g. the few supported records all succeeded), the
+/// data show no spread and the bootstrap cannot invent one: the bounds are NaN (`null` in
+/// the artifact), with a warning, so no gate passes on a zero-width interval.
 pub fn evaluate(data: &[Logged], bootstrap: usize, seed: u64) -> Report {
     let n = data.len();
     let indexed = Indexed::new(data);
@@ -215,42 +229,58 @@ pub fn evaluate(data: &[Logged], bootstrap: usize, seed: u64) -> Report {
     let logged_value = indexed.reward.iter().sum::<f64>() / n.max(1) as f64;
     let point = estimates(&t);
     let mut rng = Rng::new(seed);
-    // Per estimator, the studentized statistic of every resample.
+    // Per estimator, each resample's studentized statistic.
     let mut studentized: [Vec<f64>; 3] = Default::default();
-    if n > 1 {
-        let mut idx = vec![0; n];
-        for _ in 0..bootstrap {
-            for i in idx.iter_mut() {
-                *i = rng.below(n);
-            }
-            let resampled = estimates(&indexed.terms(&idx));
-            for ((stats, (v, se)), (v0, _)) in studentized.iter_mut().zip(resampled).zip(point) {
-                if se > 0.0 {
-                    stats.push((v - v0) / se);
-                }
-            }
+    let resamples = if n > 1 { bootstrap } else { 0 };
+    let mut idx = vec![0; n];
+    for _ in 0..resamples {
+        for i in idx.iter_mut() {
+            *i = rng.below(n);
+        }
+        for (k, (v, se)) in estimates(&indexed.terms(&idx)).into_iter().enumerate() {
+            let v0 = point[k].0;
+            studentized[k].push(if se > 0.0 {
+                (v - v0) / se
+            } else if v == v0 {
+                0.0
+            } else {
+                f64::INFINITY.copysign(v - v0)
+            });
         }
     }
-    let interval = |(value, se): (f64, f64), stats: &mut Vec<f64>| {
-        stats.sort_by(f64::total_cmp);
-        let (lo, hi) = if stats.is_empty() {
-            (-Z_975, Z_975)
+    let mut warnings = Vec::new();
+    let mut interval = |k: usize| {
+        let (value, se) = point[k];
+        let (ci_low, ci_high) = if n < 2 {
+            (f64::NAN, f64::NAN)
+        } else if resamples == 0 {
+            (value - Z_975 * se, value + Z_975 * se)
+        } else if se > 0.0 {
+            studentized[k].sort_by(f64::total_cmp);
+            let stats = &studentized[k];
+            (
+                value - percentile(stats, 0.975) * se,
+                value - percentile(stats, 0.025) * se,
+            )
         } else {
-            (percentile(stats, 0.025), percentile(stats, 0.975))
+            warnings.push(format!(
+                "{}: the logged data show no spread (standard error 0), so there is no interval; collect more data",
+                ESTIMATORS[k]
+            ));
+            (f64::NAN, f64::NAN)
         };
         Interval {
             value,
-            ci_low: value - hi * se,
-            ci_high: value - lo * se,
+            ci_low,
+            ci_high,
         }
     };
-    let [ips, snips, dr] = point;
-    let [s_ips, s_snips, s_dr] = &mut studentized;
-    let (ips, snips, dr) = (
-        interval(ips, s_ips),
-        interval(snips, s_snips),
-        interval(dr, s_dr),
-    );
+    let (ips, snips, dr) = (interval(0), interval(1), interval(2));
+    let ci_method = match (n, resamples) {
+        (0 | 1, _) => "none",
+        (_, 0) => "normal",
+        _ => "bootstrap_t",
+    };
     let sw: f64 = t.iter().map(|x| x.w).sum();
     let sw2: f64 = t.iter().map(|x| x.w * x.w).sum();
     let ess = if sw2 > 0.0 { sw * sw / sw2 } else { 0.0 };
@@ -275,7 +305,6 @@ pub fn evaluate(data: &[Logged], bootstrap: usize, seed: u64) -> Report {
         e.1 += c;
     }
     let best = per_ctx.values().map(|(b, c)| b * c).sum::<f64>() / n.max(1) as f64;
-    let mut warnings = Vec::new();
     if n == 0 {
         warnings.push("no logged decisions with feedback in the range".into());
     }
@@ -297,6 +326,7 @@ pub fn evaluate(data: &[Logged], bootstrap: usize, seed: u64) -> Report {
     }
     Report {
         n,
+        ci_method,
         ips,
         snips,
         dr,
@@ -377,6 +407,54 @@ mod tests {
         let ess = w.iter().sum::<f64>().powi(2) / w.iter().map(|w| w * w).sum::<f64>();
         assert!((r.effective_sample_size - ess).abs() < 1e-9);
         assert!((r.best_in_hindsight_value - q[2]).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_zero_standard_error_gives_no_interval() {
+        // The target's arm was logged 5 times, all successes: every DR term is exactly 1, so
+        // DR's standard error on the data is 0 (and 99% of resamples agree), though 5 of 5
+        // says little about the arm's rate.
+        let mut data: Vec<Logged> = simulate(7, 200).0;
+        let mut kept = 0;
+        for d in data.iter_mut() {
+            if d.chosen == 2 {
+                if kept < 5 {
+                    d.reward = 1.0;
+                    kept += 1;
+                } else {
+                    d.chosen = 0;
+                    d.propensity = 0.8;
+                }
+            }
+        }
+        assert_eq!(kept, 5);
+        let r = evaluate(&data, 500, 3);
+        assert_eq!(r.ci_method, "bootstrap_t");
+        assert_eq!(r.dr.value, 1.0);
+        assert!(r.dr.ci_low.is_nan() && r.dr.ci_high.is_nan(), "{:?}", r.dr);
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.starts_with("DR: the logged data show no spread")),
+            "{:?}",
+            r.warnings
+        );
+        // IPS has a positive standard error here: bootstrap-t, no such warning.
+        assert!(r.ips.ci_low < r.ips.value && r.ips.value < r.ips.ci_high);
+        assert!(!r.warnings.iter().any(|w| w.starts_with("IPS:")));
+    }
+
+    #[test]
+    fn too_few_records_or_resamples_say_so() {
+        let (data, _) = simulate(3, 100);
+        let one = evaluate(&data[..1], 200, 1);
+        assert_eq!(one.ci_method, "none");
+        assert!(one.dr.ci_low.is_nan() && one.dr.ci_high.is_nan());
+        let normal = evaluate(&data, 0, 1);
+        assert_eq!(normal.ci_method, "normal");
+        let half = (normal.dr.ci_high - normal.dr.ci_low) / 2.0;
+        assert!(half > 0.0);
+        assert!((normal.dr.value - normal.dr.ci_low - half).abs() < 1e-12);
     }
 
     #[test]

@@ -384,6 +384,7 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         _ => {}
     }
+    let copy_window = weft_audit::chain::copy_window_secs(settings.ingest.dedup_window_secs);
     let store = Store::new(settings.clickhouse)?;
     match a.action {
         Action::Check(c) => {
@@ -582,8 +583,15 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                 None => None,
             };
             let range = a.range()?;
-            let r =
-                weft_audit::chain::verify(&store, &a.tenant, &extra, ring.as_ref(), range).await?;
+            let r = weft_audit::chain::verify(
+                &store,
+                &a.tenant,
+                &extra,
+                ring.as_ref(),
+                range,
+                copy_window,
+            )
+            .await?;
             logged(
                 &store,
                 &a.tenant,
@@ -657,7 +665,9 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
             println!("{}", json!({"tenant": tenant, "retention": out}));
             Ok(ExitCode::SUCCESS)
         }
-        Action::Serve(a) => serve(a, store).await.map(|()| ExitCode::SUCCESS),
+        Action::Serve(a) => serve(a, store, copy_window)
+            .await
+            .map(|()| ExitCode::SUCCESS),
         Action::BundleCheck(_) | Action::Keygen(_) => unreachable!("handled above"),
     }
 }
@@ -710,7 +720,7 @@ fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(a: ServeArgs, store: Store) -> anyhow::Result<()> {
+async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Result<()> {
     use std::sync::Arc;
     let mut keys = weft_http::ApiKeys::default();
     if let Some(k) = &a.keys {
@@ -743,6 +753,7 @@ async fn serve(a: ServeArgs, store: Store) -> anyhow::Result<()> {
         keys: Arc::new(keys),
         sign_key,
         keyring,
+        copy_window_secs,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;

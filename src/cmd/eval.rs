@@ -262,7 +262,7 @@ pub fn artifact(
             "n": report.n,
         },
         "uncertainty": {
-            "ci_method": "bootstrap_t",
+            "ci_method": report.ci_method,
             "ci_level": 0.95,
             "bootstrap_samples": bootstrap,
             "value_ci": iv(&report.dr),

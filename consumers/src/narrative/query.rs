@@ -79,6 +79,8 @@ struct InLink {
 ///
 /// Both readings are asked at once: a narrative id wins, and a member's id costs no second
 /// round trip (measured at 10M events: a member lookup's p99 fell by about the 7 ms of one).
+/// The price: a lookup by narrative id also runs the (light, primary-key) member query, and
+/// fails if that query fails.
 pub async fn resolve(store: &Store, tenant: &str, id: &str) -> Result<Option<String>, StoreError> {
     let c = store.client();
     let direct = c
