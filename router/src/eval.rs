@@ -62,21 +62,9 @@ pub struct Report {
     pub warnings: Vec<String>,
 }
 
-/// The direct-method model: mean reward per (context, action) among logged records.
-fn reward_model(data: &[Logged]) -> BTreeMap<(&str, &str), (f64, f64)> {
-    let mut m: BTreeMap<(&str, &str), (f64, f64)> = BTreeMap::new();
-    for d in data {
-        let e = m
-            .entry((d.context.as_str(), d.actions[d.chosen].as_str()))
-            .or_default();
-        e.0 += d.reward;
-        e.1 += 1.0;
-    }
-    m
-}
-
-/// The records in the form the estimators and the bootstrap need: the reward model is keyed
-/// by dense ids, so a resample can refit it with one pass over a `Vec`.
+/// The records in the form the estimators and the bootstrap need: the direct-method model
+/// (mean logged reward per (context, action)) is keyed by dense ids, so a resample can refit
+/// it with one pass over a `Vec`.
 struct Indexed {
     /// Model key of each record's logged (context, action).
     chosen_key: Vec<usize>,
@@ -84,18 +72,43 @@ struct Indexed {
     actions: Vec<Vec<(Option<usize>, f64)>>,
     weight: Vec<f64>,
     reward: Vec<f64>,
-    keys: usize,
+    /// Dense id of the context of each model key.
+    key_context: Vec<usize>,
+    contexts: usize,
+}
+
+/// The direct-method model fitted on some records: reward sum and count per model key, and
+/// the overall mean reward (the estimate for a pair never logged).
+struct Fit {
+    sum: Vec<f64>,
+    count: Vec<f64>,
+    global: f64,
+}
+
+impl Fit {
+    fn q(&self, key: Option<usize>) -> f64 {
+        match key {
+            Some(k) if self.count[k] > 0.0 => self.sum[k] / self.count[k],
+            _ => self.global,
+        }
+    }
 }
 
 impl Indexed {
     fn new(data: &[Logged]) -> Self {
         let mut ids: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        let mut context_ids: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut key_context = Vec::new();
         let chosen_key = data
             .iter()
             .map(|d| {
                 let next = ids.len();
                 *ids.entry((d.context.as_str(), d.actions[d.chosen].as_str()))
-                    .or_insert(next)
+                    .or_insert_with(|| {
+                        let next_context = context_ids.len();
+                        key_context.push(*context_ids.entry(&d.context).or_insert(next_context));
+                        next
+                    })
             })
             .collect();
         let actions = data
@@ -116,33 +129,36 @@ impl Indexed {
                 .map(|d| d.target[d.chosen] / d.propensity)
                 .collect(),
             reward: data.iter().map(|d| d.reward).collect(),
-            keys: ids.len(),
+            key_context,
+            contexts: context_ids.len(),
         }
+    }
+
+    /// Fit the direct-method model on the records `idx` (a resample, with repeats).
+    fn fit(&self, idx: &[usize]) -> Fit {
+        let mut sum = vec![0.0; self.key_context.len()];
+        let mut count = vec![0.0; self.key_context.len()];
+        for &i in idx {
+            sum[self.chosen_key[i]] += self.reward[i];
+            count[self.chosen_key[i]] += 1.0;
+        }
+        let global = idx.iter().map(|&i| self.reward[i]).sum::<f64>() / idx.len().max(1) as f64;
+        Fit { sum, count, global }
     }
 
     /// Per-record terms (w, w*r, DR term) of the records `idx` (a resample, with repeats),
     /// with the direct-method model fitted on those same records: the mean reward per
     /// (context, action), and the overall mean where a pair is absent from `idx`.
     fn terms(&self, idx: &[usize]) -> Vec<Term> {
-        let mut sum = vec![0.0; self.keys];
-        let mut count = vec![0.0; self.keys];
-        for &i in idx {
-            sum[self.chosen_key[i]] += self.reward[i];
-            count[self.chosen_key[i]] += 1.0;
-        }
-        let global = idx.iter().map(|&i| self.reward[i]).sum::<f64>() / idx.len().max(1) as f64;
-        let q = |key: Option<usize>| match key {
-            Some(k) if count[k] > 0.0 => sum[k] / count[k],
-            _ => global,
-        };
+        let model = self.fit(idx);
         idx.iter()
             .map(|&i| {
                 let (w, r) = (self.weight[i], self.reward[i]);
-                let dm: f64 = self.actions[i].iter().map(|&(k, p)| p * q(k)).sum();
+                let dm: f64 = self.actions[i].iter().map(|&(k, p)| p * model.q(k)).sum();
                 Term {
                     w,
                     wr: w * r,
-                    dr: dm + w * (r - q(Some(self.chosen_key[i]))),
+                    dr: dm + w * (r - model.q(Some(self.chosen_key[i]))),
                 }
             })
             .collect()
@@ -286,25 +302,23 @@ pub fn evaluate(data: &[Logged], bootstrap: usize, seed: u64) -> Report {
     let ess = if sw2 > 0.0 { sw * sw / sw2 } else { 0.0 };
     let max_w = t.iter().map(|x| x.w).fold(0.0, f64::max);
     let min_p = data.iter().map(|d| d.propensity).fold(1.0, f64::min);
-    // Support: actions logged per context.
-    let model = reward_model(data);
-    let unsupported =
-        data.iter()
-            .filter(|d| {
-                d.actions.iter().zip(&d.target).any(|(a, p)| {
-                    *p > 0.0 && !model.contains_key(&(d.context.as_str(), a.as_str()))
-                })
-            })
-            .count();
+    // Support: a pair never logged has no model key.
+    let unsupported = indexed
+        .actions
+        .iter()
+        .filter(|actions| actions.iter().any(|&(k, p)| p > 0.0 && k.is_none()))
+        .count();
     let unsupported_share = unsupported as f64 / n.max(1) as f64;
-    // Best in hindsight, per context, weighted by the context's share of records.
-    let mut per_ctx: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
-    for ((ctx, _), (s, c)) in &model {
-        let e = per_ctx.entry(ctx).or_insert((f64::NEG_INFINITY, 0.0));
-        e.0 = e.0.max(s / c);
-        e.1 += c;
+    // Best in hindsight: per context, the best mean logged reward, weighted by the context's
+    // share of records.
+    let model = indexed.fit(&all);
+    let mut per_ctx = vec![(f64::NEG_INFINITY, 0.0); indexed.contexts];
+    for (k, &ctx) in indexed.key_context.iter().enumerate() {
+        let e = &mut per_ctx[ctx];
+        e.0 = e.0.max(model.q(Some(k)));
+        e.1 += model.count[k];
     }
-    let best = per_ctx.values().map(|(b, c)| b * c).sum::<f64>() / n.max(1) as f64;
+    let best = per_ctx.iter().map(|(b, c)| b * c).sum::<f64>() / n.max(1) as f64;
     if n == 0 {
         warnings.push("no logged decisions with feedback in the range".into());
     }
