@@ -225,33 +225,20 @@ async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError
         .map_err(ch_err(store))
 }
 
-/// The facts of one partition at offsets in `(after, upto]`, in chain order.
-async fn rows_between(
+/// The rows `sql` selects from one partition's offsets `(after, upto]`: the facts
+/// ([`ROWS_SQL`], in chain order), the links ([`LINKS_SQL`]) or the unsealed facts.
+async fn partition_rows<T>(
     store: &Store,
+    sql: &str,
     tenant: &str,
     p: &Part,
     after: i64,
     upto: u64,
-) -> Result<Vec<ChainRow>, AuditError> {
-    partition_query(store, ROWS_SQL, tenant, p, after, upto)
-        .fetch_all()
-        .await
-        .map_err(ch_err(store))
-}
-
-async fn links(store: &Store, tenant: &str, p: &Part) -> Result<Vec<Link>, AuditError> {
-    links_between(store, tenant, p, -1, u64::MAX).await
-}
-
-/// The links of one partition at offsets in `(after, upto]`, in offset order.
-async fn links_between(
-    store: &Store,
-    tenant: &str,
-    p: &Part,
-    after: i64,
-    upto: u64,
-) -> Result<Vec<Link>, AuditError> {
-    partition_query(store, LINKS_SQL, tenant, p, after, upto)
+) -> Result<Vec<T>, AuditError>
+where
+    T: clickhouse::RowOwned + clickhouse::RowRead,
+{
+    partition_query(store, sql, tenant, p, after, upto)
         .fetch_all()
         .await
         .map_err(ch_err(store))
@@ -284,12 +271,14 @@ pub async fn seal(
     let mut report = SealReport::default();
     let now = chrono::Utc::now().timestamp_micros();
     for p in partitions(store, tenant).await? {
-        let existing = links(store, tenant, &p).await?;
+        let existing: Vec<Link> =
+            partition_rows(store, LINKS_SQL, tenant, &p, -1, u64::MAX).await?;
         let (after, mut prev, count) = match existing.last() {
             Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
             None => (-1, GENESIS, 0),
         };
-        let rows = rows_between(store, tenant, &p, after, u64::MAX).await?;
+        let rows: Vec<ChainRow> =
+            partition_rows(store, ROWS_SQL, tenant, &p, after, u64::MAX).await?;
         if rows.is_empty() {
             continue;
         }
@@ -457,10 +446,7 @@ async fn unsealed_problems(
     upto: u64,
     copy_window_secs: u64,
 ) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
-    let rows: Vec<Unsealed> = partition_query(store, UNSEALED_SQL, tenant, p, after, upto)
-        .fetch_all()
-        .await
-        .map_err(ch_err(store))?;
+    let rows: Vec<Unsealed> = partition_rows(store, UNSEALED_SQL, tenant, p, after, upto).await?;
     let window_micros = copy_window_secs.saturating_mul(1_000_000);
     let copies = partition_query(store, COPIES_SQL, tenant, p, after, upto)
         .param("w", window_micros)
@@ -705,8 +691,8 @@ pub async fn verify(
         if range.is_some() && after < 0 {
             part_cps.retain(|c| c.offset <= upto);
         }
-        let chain = links_between(store, tenant, &p, after, upto).await?;
-        let rows = rows_between(store, tenant, &p, after, upto).await?;
+        let chain: Vec<Link> = partition_rows(store, LINKS_SQL, tenant, &p, after, upto).await?;
+        let rows: Vec<ChainRow> = partition_rows(store, ROWS_SQL, tenant, &p, after, upto).await?;
         let mut by_offset: BTreeMap<u64, Vec<&ChainRow>> = BTreeMap::new();
         for r in &rows {
             by_offset.entry(r.offset).or_default().push(r);
