@@ -108,11 +108,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Rebuild(a) => block_on(cmd::rebuild::run(a, settings()?)),
         Command::Router(a) => block_on(cmd::router::run(*a, settings()?)),
-        // Exit 1 when --gate is given and not met.
         // Exit 1 on failed checks (see `weft audit --help`).
         Command::Audit(a) => {
             tokio::runtime::Runtime::new()?.block_on(cmd::audit::run(*a, settings()?))
         }
+        // Exit 1 when --gate is given and not met.
         Command::Eval(a) => {
             let pass = tokio::runtime::Runtime::new()?.block_on(cmd::eval::run(*a, settings()?))?;
             Ok(if pass {

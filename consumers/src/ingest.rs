@@ -81,6 +81,9 @@ pub struct IngestConfig {
     pub role: Role,
     /// Partitions for topics this process creates when they are missing.
     pub partitions: i32,
+    /// Replication factor for topics this process creates (1 suits one local broker; use
+    /// the cluster's usual factor, typically 3, in production).
+    pub replication_factor: i32,
     /// Flush when this many records are buffered (over all partitions).
     pub batch_max_rows: usize,
     /// ... or this many payload bytes.
@@ -105,6 +108,7 @@ impl Default for IngestConfig {
             topics: Topics::default(),
             role: Role::All,
             partitions: 4,
+            replication_factor: 1,
             batch_max_rows: 50_000,
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
@@ -1099,16 +1103,21 @@ fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
     c
 }
 
-/// Create the event and dead-letter topics that do not exist yet.
+/// Create the event and dead-letter topics that do not exist yet. The admin client takes the
+/// same librdkafka extras as the consumer, so SASL/TLS settings apply to it too.
 async fn ensure_topics(cfg: &IngestConfig) -> Result<(), IngestError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &cfg.brokers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> = kafka_config(cfg).create()?;
     let mut names = cfg.topics.event_topics();
     names.push(cfg.topics.dead_letter());
     let new: Vec<NewTopic<'_>> = names
         .iter()
-        .map(|n| NewTopic::new(n, cfg.partitions, TopicReplication::Fixed(1)))
+        .map(|n| {
+            NewTopic::new(
+                n,
+                cfg.partitions,
+                TopicReplication::Fixed(cfg.replication_factor),
+            )
+        })
         .collect();
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
     for r in admin.create_topics(&new, &opts).await? {

@@ -5,6 +5,7 @@
 --   for f in deploy/clickhouse-cluster/*.sql; do
 --     clickhouse-client --host NODE --database weft --multiquery < "$f"; done
 --   weft migrate     # every CREATE ... IF NOT EXISTS is then a no-op; it records versions
+--                    # (0007's MATERIALIZE COLUMN: see OPERATIONS.md, "ClickHouse cluster")
 --
 -- Every server needs the macros {cluster}, {shard} and {replica} (config.d/macros.xml) and a
 -- Keeper. Each table X of the default set becomes X_local (Replicated*MergeTree, one per

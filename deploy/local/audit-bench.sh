@@ -5,9 +5,10 @@
 # Needs the local stack (deploy/local/stack.sh up); not part of test.sh (minutes, not seconds).
 #   WEFT=target/debug/weft COPIES=1142 REPS=3 bash deploy/local/audit-bench.sh
 set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 WEFT=${WEFT:-target/debug/weft}
 COPIES=${COPIES:-1142}
-RUN=${WEFT_RUN_DIR:-/tmp/weft-run}
+RUN=${WEFT_RUN_DIR:-$REPO/.weft/run} # the stack's run folder, as in stack.sh
 source "$RUN/env"
 DB=${AUDIT_BENCH_DB:-weft_audit_bench}
 export WEFT_CLICKHOUSE_DATABASE=$DB WEFT_TOPIC_PREFIX=$DB. RUST_LOG=warn

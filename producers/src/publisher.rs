@@ -989,9 +989,13 @@ pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
 /// Create missing topics (one per kind plus dead-letter) with the configured partitions.
 /// Returns the names created now.
 pub async fn ensure_topics(c: &PublisherConfig) -> Result<Vec<String>, PublisherError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &c.brokers)
-        .create()?;
+    // The configured librdkafka extras (SASL/TLS) apply to the admin client too.
+    let mut admin_config = ClientConfig::new();
+    admin_config.set("bootstrap.servers", &c.brokers);
+    for (k, v) in &c.kafka_properties {
+        admin_config.set(k, v);
+    }
+    let admin: AdminClient<DefaultClientContext> = admin_config.create()?;
     let mut names = c.topics.event_topics();
     names.push(c.topics.dead_letter());
     let new: Vec<NewTopic<'_>> = names

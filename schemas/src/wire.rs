@@ -1,6 +1,7 @@
 //! How an [`Envelope`] maps onto a Kafka record, and back.
 //!
-//! - key: the request id (so one request's events stay ordered within a partition);
+//! - key: the request id (or, without one, the event's identity), so one request's events
+//!   stay ordered within a partition;
 //! - value: the bare payload, as JSON text or Avro (single-object or Confluent framing);
 //! - headers: the envelope metadata plus `content-type`.
 //!

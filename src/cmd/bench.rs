@@ -60,6 +60,12 @@ pub struct BenchPublishArgs {
     #[arg(long)]
     pub raw: bool,
 
+    /// With `--raw`: send only the first N of each record's headers (kind, tenant,
+    /// content-type, request id, producer id, seq, emitted-at, in that order), to show what
+    /// each header costs librdkafka. The Publisher run always sends them all.
+    #[arg(long, value_name = "N", requires = "raw")]
+    pub raw_headers: Option<usize>,
+
     #[command(flatten)]
     pub publisher: PublisherArgs,
 }
@@ -136,7 +142,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
 
     let publisher = pargs.connect(&settings).await?;
     if args.raw {
-        raw_floor(&events, &pargs.resolve(&settings), &run).await?;
+        raw_floor(&events, &pargs.resolve(&settings), &run, args.raw_headers).await?;
     }
     // Warm-up: metadata, connections, producer id.
     publisher
@@ -207,8 +213,14 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
 }
 
 /// `--raw`: the events encoded as the Publisher would (stamped, value, headers, key), then
-/// sent through [`weft_producers::floor`], measured the same way as the Publisher run.
-async fn raw_floor(events: &[Envelope], config: &PublisherConfig, run: &str) -> anyhow::Result<()> {
+/// sent through [`weft_producers::floor`], measured the same way as the Publisher run. With
+/// `max_headers`, only that many of each record's headers are sent.
+async fn raw_floor(
+    events: &[Envelope],
+    config: &PublisherConfig,
+    run: &str,
+    max_headers: Option<usize>,
+) -> anyhow::Result<()> {
     let ct = config.content_type.content_type();
     let ids = SchemaIds::default();
     let producer_id = format!("raw-{run}");
@@ -225,6 +237,7 @@ async fn raw_floor(events: &[Envelope], config: &PublisherConfig, run: &str) -> 
             value: wire::encode_value(&e, ct, &ids)?,
             headers: wire::encode_headers(&e, ct)
                 .into_iter()
+                .take(max_headers.unwrap_or(usize::MAX))
                 .map(|(k, v)| (k, v.into_bytes()))
                 .collect(),
         });
@@ -243,9 +256,12 @@ async fn raw_floor(events: &[Envelope], config: &PublisherConfig, run: &str) -> 
     let counts = counts?;
     let nf = events.len() as f64;
     println!(
-        "raw librdkafka    {} acked, {} failed: {wall:.2} s wall = {:.0} events/s; CPU {cpu:.2} s = {:.2} us/event = {:.0} events per CPU-second",
+        "raw librdkafka    {} acked, {} failed{}: {wall:.2} s wall = {:.0} events/s; CPU {cpu:.2} s = {:.2} us/event = {:.0} events per CPU-second",
         counts.acked,
         counts.failed,
+        max_headers
+            .map(|n| format!(" (first {n} headers only)"))
+            .unwrap_or_default(),
         nf / wall,
         cpu / nf * 1e6,
         nf / cpu
