@@ -74,6 +74,8 @@ pub struct IngestConfig {
     /// Kafka bootstrap servers; empty means the `[kafka]` section's.
     pub brokers: String,
     /// Consumer group; offsets are committed there (for lag dashboards and resumption).
+    /// The `narratives` role commits under `<group_id>.narratives` instead: see
+    /// [`IngestConfig::kafka_group`].
     pub group_id: String,
     /// Topic names; the CLI fills them from `[publisher.topics]`, so both sides agree.
     #[serde(skip)]
@@ -266,7 +268,7 @@ impl Ingestor {
         let watch = RebalanceWatch::default();
         let rebalanced = watch.0.clone();
         let consumer: StreamConsumer<RebalanceWatch> = kafka_config(&cfg)
-            .set("group.id", &cfg.group_id)
+            .set("group.id", cfg.kafka_group())
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")
             .set("enable.auto.offset.store", "false")
@@ -319,7 +321,7 @@ impl Ingestor {
         if self.cfg.role == Role::Facts {
             let names: Vec<&str> = topics.iter().map(String::as_str).collect();
             self.consumer.subscribe(&names)?;
-            info!(group = %self.cfg.group_id, "subscribed (facts role, partitions shared with the group)");
+            info!(group = %self.cfg.kafka_group(), "subscribed (facts role, partitions shared with the group)");
             return Ok(());
         }
         let mut attempt = 0;
@@ -1093,6 +1095,20 @@ where
     }
 }
 
+impl IngestConfig {
+    /// The Kafka consumer group this process commits offsets to. A `facts` member that takes
+    /// a partition over starts reading at the group's committed offset, trusting that it
+    /// never passes what is stored in ClickHouse. The `narratives` process commits after
+    /// projecting, not after storing facts, so it must commit under a group of its own, or a
+    /// facts member could start past records nobody stored.
+    pub fn kafka_group(&self) -> String {
+        match self.role {
+            Role::Narratives => format!("{}.narratives", self.group_id),
+            Role::All | Role::Facts => self.group_id.clone(),
+        }
+    }
+}
+
 /// Base client settings: brokers plus the configured librdkafka extras.
 fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
@@ -1139,4 +1155,25 @@ pub fn listen_addr(cfg: &IngestConfig) -> Result<Option<SocketAddr>, IngestError
         .parse()
         .map(Some)
         .map_err(|_| IngestError::Listen(cfg.listen.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_narratives_role_commits_under_a_group_of_its_own() {
+        let mut cfg = IngestConfig {
+            group_id: "g".into(),
+            ..IngestConfig::default()
+        };
+        for (role, group) in [
+            (Role::All, "g"),
+            (Role::Facts, "g"),
+            (Role::Narratives, "g.narratives"),
+        ] {
+            cfg.role = role;
+            assert_eq!(cfg.kafka_group(), group, "{role:?}");
+        }
+    }
 }

@@ -49,5 +49,7 @@ WEFT_KAFKA_STORAGE=sqlite $STACK start kafka
 # reloads the narrative graph); WEFT_FAULT_EVENTS=1000000 runs the full size.
 WEFT_FAULT_EVENTS=${WEFT_FAULT_EVENTS:-200000} cargo test --test fault_ingest -- --test-threads=1
 cargo test --test fault_broker -- --test-threads=1
+# Scale-out: two facts members share the partitions; one leaves, the other takes over.
+cargo test --test ingest_scale_out -- --test-threads=1
 
 step "done"
