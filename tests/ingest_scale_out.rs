@@ -3,8 +3,9 @@
 //! process stops half-way (SIGTERM: it leaves the group); the other takes its partitions
 //! over after the rebalance. The result is exact.
 //!
-//! (A member that dies without leaving is only noticed after the session timeout; the local
-//! broker, tansu 0.6, was seen not to complete that rebalance, so this test stops cleanly.)
+//! A member that dies without leaving is only noticed after the session timeout; the local
+//! broker, tansu 0.6, then gives the dead member its partitions again, so that variant is
+//! ignored here (see its doc).
 //!
 //! The survivor resumes the partitions it takes over from the group's committed offsets, so
 //! this test runs in the sqlite phase of `deploy/local/test.sh` (tansu's memory engine skips
@@ -20,7 +21,29 @@ use common::pipeline::{distinct_facts, truth_membership, Pipeline};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_facts_member_leaves_and_the_survivor_takes_its_partitions_over() {
-    let p = Pipeline::new("it_scale");
+    survivor_takes_over(Stop::Leave, "it_scale").await;
+}
+
+/// Ignored on the local broker: tansu 0.6 keeps a killed member in the group after its
+/// session timeout, so the rebalance hands the dead member's half of the partitions back to
+/// it (the survivor's log shows `rebalanced partitions=16`, never 32) and they stay unread.
+/// Run it with `--ignored` against a broker that evicts dead members (Apache Kafka).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tansu 0.6 keeps a killed member in the group: run against Apache Kafka"]
+async fn fault_facts_member_is_killed_and_the_survivor_takes_its_partitions_over() {
+    survivor_takes_over(Stop::Kill, "it_scale_kill").await;
+}
+
+/// How the first facts member stops half-way.
+enum Stop {
+    /// SIGTERM: it flushes and leaves the group, which rebalances at once.
+    Leave,
+    /// SIGKILL: the group notices after the session timeout (10 s).
+    Kill,
+}
+
+async fn survivor_takes_over(stop: Stop, name: &str) {
+    let p = Pipeline::new(name);
     let truth = p.simulate(&[
         "--events",
         "20000",
@@ -38,7 +61,10 @@ async fn fault_facts_member_leaves_and_the_survivor_takes_its_partitions_over() 
     let b = p.ingest_args(None, &[], &["--role", "facts", "--batch-max-rows", "500"]);
     let narratives = p.ingest_args(None, &[], &["--role", "narratives"]);
     p.wait_for_facts(want / 3, Duration::from_secs(300)).await;
-    assert_eq!(a.terminate().code(), Some(0));
+    match stop {
+        Stop::Leave => assert_eq!(a.terminate().code(), Some(0)),
+        Stop::Kill => a.sigkill(),
+    }
     p.wait_for_facts(want, Duration::from_secs(300)).await;
 
     assert_eq!(
