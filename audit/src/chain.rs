@@ -47,34 +47,63 @@ pub const GENESIS: [u8; 32] = [0; 32];
 /// One fact as the chain sees it: every column of `weft_events`, the payload by its hash.
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
 pub struct ChainRow {
+    /// Source topic; with `partition`, names the chain the row belongs to.
     pub topic: String,
+    /// Source partition; with `topic`, names the chain the row belongs to.
     pub partition: u32,
+    /// Kafka offset: the row's position in its chain.
     pub offset: u64,
+    /// Tenant; every chain is per tenant.
     pub tenant: String,
+    /// Event kind.
     pub kind: String,
+    /// The event's natural identity.
     pub id: String,
+    /// SHA-256 of the canonical payload, lowercase hex.
     pub content_hash: String,
+    /// Event time, microseconds since the epoch.
     pub ts: i64,
+    /// Request id, empty when the event has none.
     pub request_id: String,
+    /// Process that emitted the event.
     pub producer_id: String,
+    /// Per-producer sequence number.
     pub seq: u64,
+    /// When the event entered weft, microseconds since the epoch.
     pub emitted_at: i64,
+    /// When ingest stored it, microseconds since the epoch.
     pub ingested_at: i64,
+    /// Payload `event_type`.
     pub event_type: String,
+    /// Payload `principal`: who acted.
     pub principal: String,
+    /// Payload `capability_id`.
     pub capability_id: String,
+    /// Payload `decision`.
     pub decision: String,
+    /// Payload `outcome`.
     pub outcome: String,
+    /// Payload `token_id`.
     pub token_id: String,
+    /// Authorization decision id (trace events and policy decisions only).
     pub decision_id: String,
+    /// Payload `frame_id`.
     pub frame_id: String,
+    /// Payload `handle_id`.
     pub handle_id: String,
+    /// Payload `handle_refs`.
     pub handle_refs: Vec<String>,
+    /// Routed candidate (execution feedback and routing decisions only).
     pub candidate_id: String,
+    /// Payload `metadata.flow_id`.
     pub flow_id: String,
+    /// Id links of the payload as (via, target kind, target id).
     pub links: Vec<(String, String, String)>,
+    /// 1 when the identity was stored before with different content.
     pub conflict: u8,
+    /// Wire encoding the record arrived in.
     pub content_type: String,
+    /// SHA-256 of the stored payload text, lowercase hex; stands in for the payload.
     pub payload_sha256: String,
 }
 
@@ -167,31 +196,48 @@ fn partition_query(
 /// One link of `weft_audit_chain`.
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
 pub struct Link {
+    /// Tenant of the chain.
     pub tenant: String,
+    /// Source topic of the chain.
     pub topic: String,
+    /// Source partition of the chain.
     pub partition: u32,
+    /// Offset of the sealed fact: its position in the chain.
     pub offset: u64,
+    /// Kind of the sealed fact.
     pub kind: String,
+    /// Identity of the sealed fact.
     pub id: String,
+    /// Event time (micros); tells rows removed by retention from rows deleted behind weft's back.
     pub ts: i64,
+    /// SHA-256 of the fact's [`ChainRow`], hex.
     pub row_hash: String,
+    /// SHA-256 of the previous link's `chain` and this `row_hash`, hex: the chain so far.
     pub chain: String,
+    /// When [`seal`] wrote the link (micros).
     pub sealed_at: i64,
 }
 
 /// One checkpoint: the head of a partition's chain at an offset, maybe signed.
 #[derive(Debug, Clone, PartialEq, Row, Serialize, Deserialize)]
 pub struct Checkpoint {
+    /// Tenant of the chain.
     pub tenant: String,
+    /// Source topic of the chain.
     pub topic: String,
+    /// Source partition of the chain.
     pub partition: u32,
+    /// Last sealed offset the head covers.
     pub offset: u64,
+    /// The chain value at `offset`, hex; what [`verify`] recomputes and compares.
     pub head: String,
     /// Links in the chain up to and including `offset`.
     pub rows: u64,
     /// Empty when unsigned.
     pub kid: String,
+    /// Ed25519 signature of [`Checkpoint::statement`], base64url; empty when unsigned.
     pub sig: String,
+    /// When [`seal`] wrote the checkpoint (micros).
     pub sealed_at: i64,
 }
 
@@ -361,11 +407,17 @@ pub async fn checkpoints(store: &Store, tenant: &str) -> Result<Vec<Checkpoint>,
 pub struct Problem {
     /// `altered`, `deleted`, `inserted`, `chain_broken` or `checkpoint_mismatch`.
     pub what: String,
+    /// Topic of the broken chain.
     pub topic: String,
+    /// Partition of the broken chain.
     pub partition: u32,
+    /// Offset where the problem is (the checkpoint's, for `checkpoint_mismatch`).
     pub offset: u64,
+    /// Kind of the fact concerned; empty for `checkpoint_mismatch`.
     pub kind: String,
+    /// Identity of the fact concerned; empty for `checkpoint_mismatch`.
     pub id: String,
+    /// What differs, in words.
     pub detail: String,
 }
 

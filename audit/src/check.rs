@@ -58,7 +58,9 @@ impl Default for CheckOptions {
 /// The result of a check run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
+    /// Tenant the check ran for.
     pub tenant: String,
+    /// Time range the check covered.
     pub range: Range,
     /// Findings, ordered by invariant, rule, subject.
     pub findings: Vec<Finding>,

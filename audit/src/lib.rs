@@ -1,3 +1,5 @@
+#![warn(missing_docs)]
+
 //! Compliance audit over weft's stored facts (`weft_events`).
 //!
 //! Auditors ask "who did what, when, under which authorization", and want evidence that the

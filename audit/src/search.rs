@@ -17,15 +17,21 @@ pub const MAX_LIMIT: u64 = 10_000;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Filter {
+    /// Event kind, e.g. `policy_decision`.
     pub kind: String,
+    /// Who acted (`principal`).
     pub principal: String,
+    /// Capability id.
     pub capability: String,
+    /// Payload `event_type`.
     pub event_type: String,
     /// `allow` or `deny` (PolicyDecisions).
     pub decision: String,
     /// `success`, `failure`, `partial`, ...
     pub outcome: String,
+    /// Capability token id.
     pub token: String,
+    /// Request id.
     pub request: String,
 }
 
@@ -34,25 +40,40 @@ pub struct Filter {
 pub struct Hit {
     /// Event time, microseconds since the epoch.
     pub ts: i64,
+    /// Event kind.
     pub kind: String,
+    /// The event's identity.
     pub id: String,
+    /// SHA-256 of the canonical payload, lowercase hex; tells conflicting versions apart.
     pub content_hash: String,
+    /// Request id, empty when none.
     pub request_id: String,
+    /// Payload `event_type`.
     pub event_type: String,
+    /// Who acted.
     pub principal: String,
+    /// Capability id.
     pub capability_id: String,
+    /// Payload `decision`.
     pub decision: String,
+    /// Payload `outcome`.
     pub outcome: String,
+    /// Capability token id.
     pub token_id: String,
+    /// Authorization decision id.
     pub decision_id: String,
+    /// 1 when the identity was stored before with different content.
     pub conflict: u8,
+    /// The producer's payload JSON text, as stored.
     pub payload: String,
 }
 
 /// One page of results and the cursor of the next page (`None` at the end).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Page {
+    /// Matching events in (ts, kind, id, content_hash) order.
     pub hits: Vec<Hit>,
+    /// Pass back as `cursor` to get the next page; `None` on the last page.
     pub next_cursor: Option<String>,
 }
 

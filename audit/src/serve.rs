@@ -37,7 +37,9 @@ use crate::{bundle, chain, check, log, search, timeline, AuditError, Range, Stor
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
+    /// ClickHouse: handlers read facts and chains there and log every read.
     pub store: Store,
+    /// API keys mapping callers to tenants.
     pub keys: Arc<ApiKeys>,
     /// Signs exported bundles when set.
     pub sign_key: Option<Arc<Key>>,

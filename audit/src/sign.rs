@@ -39,14 +39,18 @@ struct KeyFile {
 /// One public key of a keyring.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PublicKey {
+    /// Key id that signatures name.
     pub kid: String,
+    /// Signature algorithm; only `ed25519` is accepted.
     pub alg: String,
+    /// The 32-byte public key, base64url without padding.
     pub public_key_b64url: String,
 }
 
 /// Public keys by id (the spec's keyring format).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Keyring {
+    /// The public keys, looked up by `kid`.
     pub keys: Vec<PublicKey>,
 }
 

@@ -12,11 +12,17 @@ use weft_schemas::{identity, time, Envelope, EnvelopeError, Topics};
 /// A record as read from Kafka, borrowed from the consumer's message.
 #[derive(Debug, Clone, Copy)]
 pub struct Record<'a> {
+    /// Source topic; tells which event kind the record should hold.
     pub topic: &'a str,
+    /// Source partition, kept with the fact for exactly-once progress.
     pub partition: i32,
+    /// Offset within the partition, kept with the fact for exactly-once progress.
     pub offset: i64,
+    /// Kafka key: the request id or the identity.
     pub key: Option<&'a [u8]>,
+    /// The encoded envelope, JSON or Avro.
     pub value: Option<&'a [u8]>,
+    /// Kafka headers; the wire decoder reads the content type and kind from them.
     pub headers: &'a [(&'a str, &'a [u8])],
     /// Broker timestamp (ms), used for ingest freshness metrics only.
     pub timestamp_ms: Option<i64>,
@@ -25,7 +31,9 @@ pub struct Record<'a> {
 /// A valid event, with everything the stores need computed once.
 #[derive(Debug, Clone)]
 pub struct Fact {
+    /// The decoded envelope: kind, tenant, request id, producer fields and raw payload.
     pub envelope: Envelope,
+    /// The payload parsed and validated against its kind's schema.
     pub payload: Value,
     /// The natural identity (see `weft_schemas::identity`).
     pub id: String,
@@ -33,8 +41,11 @@ pub struct Fact {
     pub content_hash: [u8; 32],
     /// The event's own time (micros), falling back to emitted_at, then the broker time.
     pub ts_micros: i64,
+    /// When the event entered weft (micros): `emitted_at`, else the broker time, else 0.
     pub emitted_micros: i64,
+    /// The id links of the payload, used for narratives and the `links` column.
     pub links: Vec<Link>,
+    /// Wire encoding the record arrived in, stored as `content_type`.
     pub content_type: ContentType,
 }
 
@@ -44,6 +55,7 @@ pub struct Rejection {
     /// Stable, short: `undecodable`, `undecodable_json`, `undecodable_avro`, `unknown_kind`,
     /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`.
     pub code: &'static str,
+    /// Human-readable detail for the dead-letter headers and telemetry.
     pub message: String,
 }
 

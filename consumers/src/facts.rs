@@ -27,34 +27,63 @@ use crate::store::{Store, StoreError};
 /// describes (and the partition's topic), so building a batch copies no payloads.
 #[derive(Debug, Clone, Row, Serialize)]
 pub struct EventRow<'a> {
+    /// Tenant from the envelope; every audit query is scoped by it.
     pub tenant: &'a str,
+    /// Event kind (`trace_event`, `policy_decision`...); part of the identity and the sort key.
     pub kind: &'static str,
+    /// Natural identity of the event (see `weft_schemas::identity`).
     pub id: &'a str,
+    /// SHA-256 of the canonical payload; tells copies from conflicting content.
     pub content_hash: [u8; 32],
+    /// The event's own time (micros); the time range audit queries filter on.
     pub ts: i64,
+    /// Request the event belongs to, empty when it carries none; groups narratives.
     pub request_id: &'a str,
+    /// Process that emitted the event (the publisher sets it), empty when unknown.
     pub producer_id: &'a str,
+    /// Per-producer sequence number (the publisher sets it), 0 when unknown.
     pub seq: u64,
+    /// When the event entered weft (micros).
     pub emitted_at: i64,
+    /// When ingest stored the batch (micros); one value per batch, so one table partition.
     pub ingested_at: i64,
+    /// Payload `event_type`, empty when absent.
     pub event_type: &'a str,
+    /// Payload `principal`: who acted; searched by audits.
     pub principal: &'a str,
+    /// Payload `capability_id`, empty when absent.
     pub capability_id: &'a str,
+    /// Payload `decision`, empty when absent.
     pub decision: &'a str,
+    /// Payload `outcome`, empty when absent.
     pub outcome: &'a str,
+    /// Payload `token_id`: the capability token used or issued.
     pub token_id: &'a str,
+    /// Authorization decision id, on trace events and policy decisions only (feedback keeps its routing decision in `links`).
     pub decision_id: &'a str,
+    /// Payload `frame_id`, on trace events and frames only.
     pub frame_id: &'a str,
+    /// Payload `handle_id`, on trace events, frames and handles only.
     pub handle_id: &'a str,
+    /// Payload `handle_refs`: handles the event refers to.
     pub handle_refs: Vec<&'a str>,
+    /// Routed candidate, on execution feedback and execution routing decisions only.
     pub candidate_id: &'a str,
+    /// Payload `metadata.flow_id`, empty when absent.
     pub flow_id: &'a str,
+    /// Every id link of the payload as (via, target kind, target id).
     pub links: Vec<(&'static str, &'static str, &'a str)>,
+    /// 1 when this identity was seen before with different content.
     pub conflict: u8,
+    /// Source topic, for exactly-once progress.
     pub topic: &'a str,
+    /// Source partition; the `progress` projection keeps its highest offset.
     pub partition: u32,
+    /// Source offset; ingest resumes after the highest one stored.
     pub offset: u64,
+    /// Wire encoding the record arrived in.
     pub content_type: &'static str,
+    /// The producer's exact payload JSON text.
     pub payload: &'a str,
 }
 
@@ -177,6 +206,7 @@ fn short(hash: &[u8; 32]) -> u64 {
 }
 
 impl DedupCache {
+    /// An empty cache whose entries live between `window / 2` and `window`.
     pub fn new(window: Duration) -> Self {
         Self {
             current: HashMap::new(),
@@ -186,10 +216,12 @@ impl DedupCache {
         }
     }
 
+    /// Identities remembered, summed over both generations.
     pub fn len(&self) -> usize {
         self.current.len() + self.previous.len()
     }
 
+    /// `true` when no identity is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

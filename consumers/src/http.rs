@@ -17,8 +17,11 @@ use crate::store::Store;
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
+    /// Where narratives are read from.
     pub store: Store,
+    /// The ingest metrics rendered at `/metrics`.
     pub metrics: Arc<IngestMetrics>,
+    /// API keys mapping callers to tenants, for the narrative API.
     pub keys: Arc<ApiKeys>,
 }
 

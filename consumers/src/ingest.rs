@@ -80,6 +80,7 @@ pub struct IngestConfig {
     /// Topic names; the CLI fills them from `[publisher.topics]`, so both sides agree.
     #[serde(skip)]
     pub topics: Topics,
+    /// Which parts of the pipeline this process runs.
     pub role: Role,
     /// Partitions for topics this process creates when they are missing.
     pub partitions: i32,
@@ -125,10 +126,13 @@ impl Default for IngestConfig {
 /// Fatal ingest errors (everything transient is retried inside the loop).
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
+    /// A Kafka client or admin call failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// A ClickHouse failure that ingest does not retry.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The status server address `listen` does not parse.
     #[error("invalid listen address `{0}`")]
     Listen(String),
     /// The broker moved a partition's position backwards, below what weft has stored: the
@@ -141,9 +145,13 @@ pub enum IngestError {
          ClickHouse database for the new log"
     )]
     Rewound {
+        /// Topic whose log moved back.
         topic: String,
+        /// Partition whose log moved back.
         partition: i32,
+        /// The offset weft would resume at.
         expected: i64,
+        /// The broker's high watermark, or the offset it delivered.
         got: i64,
     },
 }
@@ -208,9 +216,13 @@ impl PartitionState {
 /// Counts reported when ingest stops, and by tests.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct IngestTotals {
+    /// Records read from Kafka.
     pub consumed: u64,
+    /// Facts inserted into `weft_events`.
     pub inserted: u64,
+    /// Copies of stored events, dropped.
     pub deduplicated: u64,
+    /// Records the dead-letter topic acknowledged.
     pub dead_lettered: u64,
 }
 

@@ -1,3 +1,5 @@
+#![warn(missing_docs)]
+
 //! `weft-consumers`: the storage side of weft.
 //!
 //! - [`decode`]: one Kafka record to a validated [`decode::Fact`] or a dead-letter reason;

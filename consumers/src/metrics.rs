@@ -8,21 +8,37 @@ use prometheus::{
 /// Everything `/metrics` shows for the ingest process.
 pub struct IngestMetrics {
     registry: Registry,
+    /// Records read from Kafka, per topic.
     pub consumed: IntCounterVec,
+    /// Facts stored in `weft_events`, per kind.
     pub inserted: IntCounterVec,
+    /// Copies of an already stored event, dropped.
     pub deduplicated: IntCounter,
+    /// Events stored with an id already used for different content.
     pub conflicts: IntCounter,
+    /// Records sent to the dead-letter topic, per rejection code.
     pub dead_lettered: IntCounterVec,
+    /// Records skipped because their offset is already stored and projected.
     pub replay_skipped: IntCounter,
+    /// Offsets the broker never delivered, per topic.
     pub offset_gaps: IntCounterVec,
+    /// Rows per facts insert.
     pub batch_rows: Histogram,
+    /// Latency of one facts insert.
     pub insert_seconds: Histogram,
+    /// ClickHouse writes retried after an error.
     pub insert_retries: IntCounter,
+    /// 1 when the last ClickHouse insert succeeded, 0 after a failure.
     pub clickhouse_up: IntGauge,
+    /// High watermark minus the next offset to store, per partition; set by the lag monitor.
     pub lag: IntGaugeVec,
+    /// Time from `emitted_at` to queryable in ClickHouse, per kind.
     pub freshness_seconds: HistogramVec,
+    /// Events moved to another narrative by a late anchor.
     pub narratives_moved: IntCounter,
+    /// Nodes held in the projector's in-memory graph.
     pub narrative_graph_nodes: IntGauge,
+    /// Time to project one batch onto the narratives.
     pub projector_seconds: Histogram,
     /// Telemetry rows (migration 0006) dropped: queue full, table missing or insert failed.
     pub telemetry_dropped: IntCounterVec,
@@ -51,6 +67,7 @@ fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogr
 impl IngestMetrics {
     // Metric definitions are constants; a failure here is a programming error caught by the
     // unit test below, not something input can trigger.
+    /// A fresh registry with every ingest metric at zero.
     pub fn new() -> Self {
         let r = Registry::new();
         let gauge = |name: &str, help: &str| {

@@ -19,7 +19,9 @@ pub struct ClickHouseConfig {
     pub url: String,
     /// Database holding weft's tables; created by `weft migrate` when missing.
     pub database: String,
+    /// ClickHouse user.
     pub user: String,
+    /// Password of `user`; empty for none.
     pub password: String,
 }
 
@@ -37,21 +39,36 @@ impl Default for ClickHouseConfig {
 /// Store failures.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A query or insert failed; `is_transient` says whether to retry.
     #[error("clickhouse at {url}: {source}")]
     ClickHouse {
+        /// The ClickHouse endpoint that failed.
         url: String,
+        /// The client's error.
         #[source]
         source: clickhouse::error::Error,
     },
+    /// A table lacks columns this version writes: the schema is older than the code.
     #[error("table {table} lacks columns {missing}: run `weft migrate`")]
-    Schema { table: String, missing: String },
+    Schema {
+        /// The table checked.
+        table: String,
+        /// Its missing columns, comma-separated.
+        missing: String,
+    },
+    /// The configured database name is not 1..=64 characters of `[A-Za-z0-9_]`.
     #[error("database name `{0}` must be 1..=64 characters of [A-Za-z0-9_]")]
     BadDatabase(String),
+    /// An applied migration file was edited since.
     #[error("migration {version} ({name}) was changed after it was applied (checksum {applied} != {now}); add a new migration instead of editing an old one")]
     Edited {
+        /// Version of the edited migration.
         version: u32,
+        /// File name of the edited migration.
         name: String,
+        /// Checksum recorded when it was applied.
         applied: String,
+        /// Checksum of the file now.
         now: String,
     },
 }
@@ -109,7 +126,9 @@ struct AppliedRow<'a> {
 /// What `migrate` did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MigrateReport {
+    /// Versions applied by this run.
     pub applied: Vec<u32>,
+    /// Versions already applied before, skipped.
     pub already: Vec<u32>,
 }
 

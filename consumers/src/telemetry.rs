@@ -36,7 +36,9 @@ const EVERY: Duration = Duration::from_secs(1);
 pub struct BatchRow {
     /// Microseconds since the epoch.
     pub at: i64,
+    /// Source topic.
     pub topic: String,
+    /// Source partition.
     pub partition: i32,
     /// Facts inserted (after deduplication).
     pub rows: u32,
@@ -53,12 +55,17 @@ pub struct BatchRow {
 /// One record the dead-letter topic acknowledged.
 #[derive(Debug, Clone, Row, Serialize)]
 pub struct DeadLetterRow {
+    /// When the broker acknowledged the dead letter (micros since the epoch).
     pub at: i64,
+    /// Source topic of the rejected record.
     pub topic: String,
+    /// Source partition of the rejected record.
     pub partition: i32,
+    /// Source offset; with topic and partition, the row's key.
     pub offset: i64,
     /// The `weft-dlq-reason` code.
     pub reason: &'static str,
+    /// Human-readable rejection detail.
     pub message: String,
     /// The record's `weft-tenant` header, empty when it had none.
     pub tenant: String,
@@ -67,19 +74,28 @@ pub struct DeadLetterRow {
 /// One lag sample of one source partition.
 #[derive(Debug, Clone, Row, Serialize)]
 pub struct LagRow {
+    /// When the sample was taken (micros since the epoch).
     pub at: i64,
+    /// Source topic.
     pub topic: String,
+    /// Source partition.
     pub partition: i32,
+    /// The next offset ingest will read: one past what is both stored and projected.
     pub next_offset: i64,
+    /// The broker's high watermark for the partition.
     pub high_watermark: i64,
+    /// High watermark minus next offset, never negative.
     pub lag: i64,
 }
 
 /// A telemetry sample on its way to ClickHouse.
 #[derive(Debug)]
 pub enum Sample {
+    /// Per-partition flush figures, for `weft_ingest_batches`.
     Batch(BatchRow),
+    /// An acknowledged dead letter, for `weft_dead_letters`.
     DeadLetter(DeadLetterRow),
+    /// A lag sample, for `weft_ingest_lag`.
     Lag(LagRow),
 }
 

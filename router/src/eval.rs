@@ -17,6 +17,7 @@ use crate::rng::Rng;
 /// One logged decision with its observed reward.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logged {
+    /// Context key the decision was made in; the direct-method model is fitted per context.
     pub context: String,
     /// The admissible action set, in the order the target policy sees it.
     pub actions: Vec<String>,
@@ -24,6 +25,7 @@ pub struct Logged {
     pub chosen: usize,
     /// Logging propensity of the chosen action.
     pub propensity: f64,
+    /// Observed reward of the logged action, from its feedback.
     pub reward: f64,
     /// Target policy's probability of each action (filled by the caller).
     pub target: Vec<f64>,
@@ -32,25 +34,35 @@ pub struct Logged {
 /// A point estimate with its 95% interval.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Interval {
+    /// The point estimate.
     pub value: f64,
+    /// Lower bound of the 95% interval (NaN when there is none).
     pub ci_low: f64,
+    /// Upper bound of the 95% interval (NaN when there is none).
     pub ci_high: f64,
 }
 
 /// The evaluation report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
+    /// Logged records evaluated.
     pub n: usize,
     /// How the intervals were made: `bootstrap_t`, `normal` (no resamples) or `none` (fewer
     /// than two records: NaN bounds).
     pub ci_method: &'static str,
+    /// IPS estimate of the target policy's value: mean(w r).
     pub ips: Interval,
+    /// Self-normalised IPS estimate: sum(w r) / sum(w).
     pub snips: Interval,
+    /// Doubly robust estimate, using the mean logged reward per (context, action) as the model.
     pub dr: Interval,
     /// Mean logged reward (the logging policy's on-policy value).
     pub logged_value: f64,
+    /// (sum w)^2 / sum w^2: how many records the estimate is worth; warned below 10% of `n`.
     pub effective_sample_size: f64,
+    /// Largest importance weight; above 50 the estimates are flagged as unstable.
     pub max_importance_weight: f64,
+    /// Smallest logging propensity among the records (1 when there are none).
     pub min_propensity: f64,
     /// Share of records where the target puts mass on an action never logged in that context.
     pub unsupported_share: f64,
@@ -58,7 +70,9 @@ pub struct Report {
     pub best_in_hindsight_value: f64,
     /// best_in_hindsight_value - DR estimate of the target, and the same for the logging policy.
     pub target_regret: f64,
+    /// `best_in_hindsight_value` minus the mean logged reward.
     pub logged_regret: f64,
+    /// Caveats about the estimates (few records, low effective sample size, large weights, no support).
     pub warnings: Vec<String>,
 }
 

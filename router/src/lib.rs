@@ -1,3 +1,5 @@
+#![warn(missing_docs)]
+
 //! `weft-router`: the feedback-aware router.
 //!
 //! - [`model`]: the fitted state (decayed per tenant x context x candidate statistics) and

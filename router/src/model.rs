@@ -15,14 +15,21 @@ pub const SNAPSHOT_VERSION: u32 = 1;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ArmStats {
+    /// Feedback count, decayed.
     pub n: f64,
+    /// Feedback reporting success, decayed.
     pub successes: f64,
+    /// Feedback reporting a latency, decayed; the denominator of the mean latency.
     pub latency_n: f64,
+    /// Sum of reported latencies (ms), decayed.
     pub latency_sum: f64,
     /// Latency quantiles (p50, p90, p99) over the window, undecayed; `None` when unknown.
     pub latency_q: Option<[f64; 3]>,
+    /// Sum of costs (`cost.usd`, else `cost.amount`), decayed; divided by `n` for the mean.
     pub cost_sum: f64,
+    /// Feedback reporting a `quality_score`, decayed.
     pub quality_n: f64,
+    /// Sum of reported quality scores, decayed.
     pub quality_sum: f64,
 }
 
@@ -50,6 +57,7 @@ impl ArmStats {
         }
     }
 
+    /// Mean reported latency (ms); `None` before any latency was reported.
     pub fn mean_latency(&self) -> Option<f64> {
         (self.latency_n > 0.0).then(|| self.latency_sum / self.latency_n)
     }
@@ -62,10 +70,12 @@ impl ArmStats {
         }
     }
 
+    /// Mean cost per feedback; `None` before any feedback.
     pub fn mean_cost(&self) -> Option<f64> {
         (self.n > 0.0).then(|| self.cost_sum / self.n)
     }
 
+    /// Mean quality score; `None` before any score was reported.
     pub fn mean_quality(&self) -> Option<f64> {
         (self.quality_n > 0.0).then(|| self.quality_sum / self.quality_n)
     }
@@ -77,7 +87,9 @@ pub type Arms = BTreeMap<String, ArmStats>;
 /// Everything the router learned, per tenant, then per context key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
+    /// Must be [`SNAPSHOT_FORMAT`]; loading refuses anything else.
     pub format: String,
+    /// Must be [`SNAPSHOT_VERSION`]; loading refuses other versions.
     pub version: u32,
     /// When the statistics were read (RFC 3339).
     pub created_at: String,

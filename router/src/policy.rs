@@ -27,6 +27,7 @@ pub enum PolicyName {
 }
 
 impl PolicyName {
+    /// Every policy, in the order [`PolicyName::parse`] tries them.
     pub const ALL: [PolicyName; 5] = [
         PolicyName::Greedy,
         PolicyName::EpsilonGreedy,
@@ -35,6 +36,7 @@ impl PolicyName {
         PolicyName::Static,
     ];
 
+    /// The name used in configuration, requests and logged decisions.
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyName::Greedy => "greedy",
@@ -45,6 +47,7 @@ impl PolicyName {
         }
     }
 
+    /// The policy named `s`; `None` for an unknown name.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.as_str() == s)
     }
@@ -54,9 +57,13 @@ impl PolicyName {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Weights {
+    /// Weight of the success rate.
     pub success: f64,
+    /// Weight of the quality score.
     pub quality: f64,
+    /// Penalty per unit of cost.
     pub cost: f64,
+    /// Penalty per second of latency.
     pub latency_per_s: f64,
 }
 
@@ -72,6 +79,7 @@ impl Default for Weights {
 }
 
 impl Weights {
+    /// Utility of one candidate from its figures (latency in milliseconds).
     pub fn utility(&self, success: f64, quality: f64, cost: f64, latency_ms: f64) -> f64 {
         self.success * success + self.quality * quality
             - self.cost * cost
@@ -83,20 +91,25 @@ impl Weights {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
+    /// The policy used when a request names none.
     pub policy: PolicyName,
     /// Bumped by operators when settings change; logged with every decision.
     pub version: String,
+    /// Exploration probability of epsilon-greedy, clamped to [0, 1].
     pub epsilon: f64,
+    /// Scale of UCB's exploration bonus.
     pub ucb_c: f64,
     /// Monte-Carlo draws for Thompson propensities and for confidence.
     pub mc_samples: usize,
     /// Beta prior of the success rate.
     pub prior_successes: f64,
+    /// Beta prior failures of the success rate.
     pub prior_failures: f64,
     /// Prior quality when neither feedback nor the candidate says.
     pub prior_quality: f64,
     /// Observations needed before observed latency/cost/quality replace declared ones.
     pub min_obs: f64,
+    /// Utility weights that rank candidates.
     pub weights: Weights,
 }
 
@@ -120,13 +133,18 @@ impl Default for PolicyConfig {
 /// What the router knows about one candidate for one decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Estimate {
+    /// The candidate this estimate is for.
     pub candidate_id: String,
+    /// Observed outcomes, decayed (0 for an unseen candidate).
     pub n: f64,
+    /// Observed successes, decayed.
     pub successes: f64,
     /// Expected latency / cost / quality (observed once `min_obs` is reached, else declared
     /// in the candidate's `metadata.x_weft_latency_ms` / `x_weft_cost` / `x_weft_quality`).
     pub latency_ms: Option<f64>,
+    /// Expected cost (see `latency_ms`).
     pub cost: Option<f64>,
+    /// Expected quality score (see `latency_ms`).
     pub quality: Option<f64>,
 }
 
@@ -194,12 +212,16 @@ impl Estimate {
 /// The request's constraints, as numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Constraints {
+    /// Highest acceptable latency (ms), checked against the estimate's.
     pub max_latency_ms: Option<f64>,
+    /// Highest acceptable cost, checked against the estimate's.
     pub max_cost: Option<f64>,
+    /// Lowest acceptable quality, checked against the estimate's.
     pub min_quality: Option<f64>,
 }
 
 impl Constraints {
+    /// Read the request's `constraints` object; missing or non-numeric entries mean no limit.
     pub fn from_map(m: Option<&Map<String, Value>>) -> Self {
         let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_f64);
         Constraints {

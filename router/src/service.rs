@@ -36,6 +36,7 @@ use crate::rng::Rng;
 /// Service settings.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
+    /// Policy settings used for every decision.
     pub policy: PolicyConfig,
     /// How often the snapshot is re-read from ClickHouse (zero: never).
     pub refresh_period: Duration,
@@ -123,11 +124,15 @@ pub struct Service {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteRequest {
+    /// Request context; `x_weft_context` (else `intent`) picks the statistics, `tenant` must match the key's.
     #[serde(default)]
     pub context: Map<String, Value>,
+    /// Candidates to choose from, in preference order for the static policy.
     pub candidates: Vec<ExecutionCandidate>,
+    /// Limits on expected latency, cost and quality; see [`Constraints`].
     #[serde(default)]
     pub constraints: Option<Map<String, Value>>,
+    /// Policy for this request instead of the configured one.
     #[serde(default)]
     pub policy: Option<String>,
 }

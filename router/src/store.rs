@@ -79,7 +79,9 @@ pub async fn read_stats(
 /// One logged decision joined to its first feedback.
 #[derive(Debug, Clone)]
 pub struct LoggedPair {
+    /// The `execution_routing_decision` payload.
     pub decision: serde_json::Value,
+    /// The first stored `execution_feedback` payload answering it.
     pub feedback: serde_json::Value,
 }
 

@@ -26,12 +26,16 @@ use weft_schemas::Kind;
 /// Identity of a node: the tenant is part of it, so links never cross tenants.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeKey {
+    /// Tenant the node belongs to.
     pub tenant: Arc<str>,
+    /// An event kind, or a flow.
     pub kind: NodeKind,
+    /// The event's identity, or the flow id.
     pub id: Arc<str>,
 }
 
 impl NodeKey {
+    /// The key of an event node.
     pub fn event(tenant: &str, kind: Kind, id: &str) -> Self {
         Self {
             tenant: tenant.into(),
@@ -59,8 +63,11 @@ struct Node {
 /// A narrative assignment that changed: publish `new`, retract `old` if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
+    /// The node whose narrative changed.
     pub node: NodeIdx,
+    /// The narrative it leaves, `None` on its first assignment.
     pub old: Option<Arc<str>>,
+    /// The narrative it now belongs to.
     pub new: Arc<str>,
 }
 
@@ -76,6 +83,7 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph that expands components up to 200,000 nodes.
     pub fn new() -> Self {
         Self {
             max_component: 200_000,
@@ -88,14 +96,17 @@ impl Graph {
         self.nodes.len()
     }
 
+    /// `true` before any node was added.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
 
+    /// The identity of a node.
     pub fn key(&self, n: NodeIdx) -> &NodeKey {
         &self.nodes[n as usize].key
     }
 
+    /// The index of a known node, `None` if it was never added.
     pub fn lookup(&self, key: &NodeKey) -> Option<NodeIdx> {
         self.index.get(key).copied()
     }

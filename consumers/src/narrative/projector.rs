@@ -25,6 +25,7 @@ use crate::store::{Store, StoreError};
 pub struct VersionClock(u64);
 
 impl VersionClock {
+    /// The next version: now in micros, or one past the last if the clock did not advance.
     pub fn tick(&mut self) -> u64 {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -38,15 +39,25 @@ impl VersionClock {
 /// A row of `weft_narratives`.
 #[derive(Debug, Clone, Row, Serialize, Deserialize)]
 pub struct NarrativeRow {
+    /// Tenant; every narrative read is scoped by it.
     pub tenant: String,
+    /// The narrative this member belongs to: a request id, or `adhoc:<kind>:<id>`.
     pub narrative_id: String,
+    /// Event kind of the member.
     pub kind: String,
+    /// Identity of the member event.
     pub id: String,
+    /// Content hash of the member, as in `weft_events`.
     pub content_hash: [u8; 32],
+    /// The event's own time (micros); orders the narrative's entries.
     pub ts: i64,
+    /// The event's own request id, empty when it carries none.
     pub request_id: String,
+    /// Copy of the producer's payload JSON, so a narrative is one range read.
     pub payload: String,
+    /// From [`VersionClock`]; readers take the row with the highest version per member.
     pub version: u64,
+    /// 1 for a tombstone left when the member moved to another narrative.
     pub is_deleted: u8,
 }
 
@@ -84,16 +95,22 @@ type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
 
 /// The facts read from one source partition, up to `last_offset`.
 pub struct ProjectBatch<'a> {
+    /// Source topic of the facts.
     pub topic: &'a str,
+    /// Source partition of the facts.
     pub partition: i32,
+    /// Facts to project, already decoded.
     pub facts: Vec<&'a Fact>,
+    /// Highest offset covered; written to `weft_projector_progress` after the rows.
     pub last_offset: i64,
 }
 
 /// What one [`Projector::apply`] did, for metrics and logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ApplyStats {
+    /// Facts fed to the graph.
     pub facts: usize,
+    /// Events moved to another narrative; feeds `weft_narratives_moved_total`.
     pub moved: usize,
 }
 

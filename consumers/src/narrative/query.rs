@@ -16,34 +16,46 @@ use crate::store::{Store, StoreError};
 /// One event of a narrative.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    /// Event kind.
     pub kind: String,
+    /// The event's identity.
     pub id: String,
+    /// The event's own time, RFC 3339.
     pub timestamp: String,
+    /// The producer's payload.
     pub payload: Value,
 }
 
 /// A node reference in a link.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeRef {
+    /// Event kind, or `flow`.
     pub kind: String,
+    /// The event's identity, or the flow id.
     pub id: String,
 }
 
 /// A link between two members of the narrative.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LinkView {
+    /// The member holding the link.
     pub from: NodeRef,
+    /// The member it points at.
     pub to: NodeRef,
+    /// The payload field the link comes from (decision, frame, token...).
     pub via: String,
 }
 
 /// A narrative as the CLI and the API return it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Narrative {
+    /// The narrative's id: a request id, or `adhoc:<kind>:<id>`.
     pub narrative_id: String,
+    /// The narrative id when a member carries it as its request id; `None` for ad hoc ones.
     pub request_id: Option<String>,
     /// Members in timestamp order (ties by kind, then id).
     pub entries: Vec<Entry>,
+    /// Links whose both ends are members.
     pub links: Vec<LinkView>,
     /// Other narratives that a member links to, or that link to a member.
     pub related: Vec<String>,

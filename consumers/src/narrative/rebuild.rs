@@ -46,8 +46,11 @@ struct FactPayload {
 /// What a rebuild did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct RebuildStats {
+    /// Facts read from `weft_events`.
     pub facts: usize,
+    /// Distinct (tenant, narrative) pairs written.
     pub narratives: usize,
+    /// Rows written to `weft_links`.
     pub links: usize,
 }
 
