@@ -20,17 +20,29 @@ use weft_schemas::envelope::is_valid_tenant;
 /// Why a key set could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
+    /// An entry without `=`; holds where it is (`#n` in a list, `line n` in a file).
     #[error("API key entry {0} is not `key=tenant`")]
     Syntax(String),
+    /// A key shorter than 16 characters or containing whitespace or `,`; holds the entry number.
     #[error("API key entry {0}: a key must be at least 16 characters, without whitespace or `,`")]
     BadKey(usize),
+    /// A tenant name that is not a valid tenant id.
     #[error("API key entry {entry}: tenant `{tenant}` is not 1..=128 of [A-Za-z0-9_.-]")]
-    BadTenant { entry: usize, tenant: String },
+    BadTenant {
+        /// The 1-based entry (list item or file line) it came from.
+        entry: usize,
+        /// The rejected tenant name.
+        tenant: String,
+    },
+    /// One key mapped to two tenants: a key must scope exactly one.
     #[error("an API key is configured twice with different tenants")]
     Conflict,
+    /// The keys file could not be read.
     #[error("reading keys file {path}: {source}")]
     File {
+        /// The keys file, as given.
         path: String,
+        /// The read error.
         source: std::io::Error,
     },
 }
@@ -38,7 +50,9 @@ pub enum AuthError {
 /// Why a request was not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unauthorized {
+    /// No `Authorization: Bearer` header.
     Missing,
+    /// A bearer key that matches no configured key.
     Invalid,
 }
 

@@ -6,6 +6,8 @@
 //! - [`bind`]: listen on an address, refusing non-loopback addresses unless asked, because
 //!   nothing of weft's should be reachable from the network by accident.
 
+#![warn(missing_docs)]
+
 use std::net::SocketAddr;
 
 mod keys;
@@ -37,13 +39,17 @@ pub async fn shutdown_signal() {
 /// Errors binding a listener.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
+    /// A non-loopback address without `allow_remote`.
     #[error(
         "refusing to listen on {0}: not a loopback address (pass --allow-remote to expose it)"
     )]
     NotLoopback(SocketAddr),
+    /// The OS refused the bind (address in use, no permission, ...).
     #[error("cannot listen on {addr}: {source}")]
     Io {
+        /// The address we tried to listen on.
         addr: SocketAddr,
+        /// The bind error.
         #[source]
         source: std::io::Error,
     },

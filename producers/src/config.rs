@@ -62,9 +62,12 @@ impl FromStr for ValueFormat {
 ///   process, not of the machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
+    /// Fsync every group of appends before its receipts resolve (the default).
     #[default]
     Always,
+    /// Fsync at most once per interval; receipts wait for the fsync that covers them.
     Interval(Duration),
+    /// Never fsync: receipts resolve once the OS has the bytes.
     Never,
 }
 
@@ -206,16 +209,22 @@ impl Default for PublisherConfig {
 /// A configuration that cannot work, caught before any connection is made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// `brokers` is empty.
     #[error("publisher: no Kafka brokers configured")]
     NoBrokers,
+    /// `avro-confluent` was chosen without a `schema_registry_url`.
     #[error("publisher: content_type = \"avro-confluent\" needs schema_registry_url")]
     NoRegistry,
+    /// `partitions` is below 1; holds the configured value.
     #[error("publisher: partitions must be >= 1 (got {0})")]
     Partitions(i32),
+    /// `spool_max_bytes` is below `spool_segment_bytes`; holds (max, segment).
     #[error("publisher: spool_max_bytes must be >= spool_segment_bytes ({0} < {1})")]
     SpoolBounds(u64, u64),
+    /// Idempotence is on but `acks` is not `all`; holds the configured acks.
     #[error("publisher: idempotence requires acks = \"all\" (got `{0}`)")]
     Acks(String),
+    /// `replay_batch` or `queue_bound` is 0.
     #[error("publisher: replay_batch and queue_bound must be >= 1")]
     Zero,
 }

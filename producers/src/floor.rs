@@ -20,16 +20,22 @@ use crate::config::PublisherConfig;
 /// One encoded record, as the Publisher would hand it to librdkafka.
 #[derive(Debug, Clone)]
 pub struct RawRecord {
+    /// Kafka topic to send to.
     pub topic: String,
+    /// Record key (the partitioning key).
     pub key: Vec<u8>,
+    /// Encoded record value.
     pub value: Vec<u8>,
+    /// Kafka headers, name and value.
     pub headers: Vec<(&'static str, Vec<u8>)>,
 }
 
 /// Delivery counts of a [`send_all`] run.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RawCounts {
+    /// Records Kafka acknowledged.
     pub acked: u64,
+    /// Records whose delivery failed.
     pub failed: u64,
 }
 

@@ -80,17 +80,23 @@ struct Item {
 /// A reason an item (or request) was refused.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct ApiError {
+    /// Stable reason code, e.g. `schema_invalid` or `malformed_json`.
     pub code: String,
+    /// Human-readable detail.
     pub message: String,
 }
 
 /// The answer for one item.
 #[derive(Debug, Clone, Serialize)]
 pub struct ItemResult {
+    /// Position of the item in the request (0-based).
     pub index: usize,
+    /// `accepted` once the event is durable, else `rejected`.
     pub status: &'static str,
+    /// The event's natural id; absent when the item was refused before publishing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Why the item was rejected; absent when it was accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ApiError>,
 }
@@ -98,8 +104,11 @@ pub struct ItemResult {
 /// The body of a `POST /v1/events` answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchResponse {
+    /// Items that are durable (Kafka ack or spool).
     pub accepted: usize,
+    /// Items refused, at validation or on the way to durability.
     pub rejected: usize,
+    /// One answer per item, in request order.
     pub results: Vec<ItemResult>,
 }
 

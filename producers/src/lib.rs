@@ -7,6 +7,8 @@
 //! - [`config`], [`metrics`], [`registry`]: what those need (API keys live in `weft-http`);
 //! - [`floor`]: the bare-librdkafka baseline `weft bench publish --raw` compares against.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod floor;
 pub mod gateway;

@@ -74,10 +74,20 @@ pub enum PublishError {
     Encode(#[from] WireError),
     /// The encoded record exceeds `max_message_bytes`; Kafka would refuse it forever.
     #[error("event is {size} bytes, over the {max}-byte message limit")]
-    TooLarge { size: usize, max: usize },
+    TooLarge {
+        /// Encoded size of the event, in bytes.
+        size: usize,
+        /// The configured `max_message_bytes`.
+        max: usize,
+    },
     /// Kafka is not taking events and the spool is at its bound: back-pressure, retry later.
     #[error("spool is full ({used} of {max} bytes); the event was NOT accepted, retry later")]
-    SpoolFull { used: u64, max: u64 },
+    SpoolFull {
+        /// Bytes the spool holds now.
+        used: u64,
+        /// The spool's bound (`spool_max_bytes`).
+        max: u64,
+    },
     /// The spool could not be written; the event is not durable.
     #[error("spool write failed: {0}")]
     Spool(String),
@@ -118,16 +128,22 @@ impl PublishError {
 /// Why a publisher could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum PublisherError {
+    /// The configuration failed [`PublisherConfig::check`].
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The Kafka client could not be created or its admin call failed.
     #[error("Kafka client: {0}")]
     Kafka(#[from] KafkaError),
+    /// The spool could not be opened.
     #[error(transparent)]
     Spool(#[from] SpoolError),
+    /// Schema ids could not be obtained from the registry (`avro-confluent` only).
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// Kafka refused to create a topic; holds the topic and Kafka's error code.
     #[error("creating topic `{0}`: {1}")]
     CreateTopic(String, RDKafkaErrorCode),
+    /// The OS would not start a writer or replayer thread.
     #[error("cannot start a publisher thread: {0}")]
     Thread(std::io::Error),
 }
@@ -136,7 +152,12 @@ pub enum PublisherError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delivery {
     /// Acknowledged by Kafka at this partition and offset.
-    Kafka { partition: i32, offset: i64 },
+    Kafka {
+        /// Partition the event was written to.
+        partition: i32,
+        /// Offset of the event in that partition.
+        offset: i64,
+    },
     /// In the spool, fsynced per policy; the replayer will deliver it.
     Spooled,
 }

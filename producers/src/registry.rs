@@ -13,15 +13,22 @@ use weft_schemas::{Kind, Topics};
 /// Why schema ids could not be obtained.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
+    /// The registry could not be reached, or its answer could not be read.
     #[error("schema registry request for subject `{subject}` failed: {source}")]
     Http {
+        /// The subject being registered (`<topic>-value`).
         subject: String,
+        /// The HTTP client error.
         source: reqwest::Error,
     },
+    /// The registry answered with a non-success status.
     #[error("schema registry refused subject `{subject}`: HTTP {status}: {body}")]
     Status {
+        /// The subject being registered (`<topic>-value`).
         subject: String,
+        /// The HTTP status code.
         status: u16,
+        /// The response body, for the registry's own reason.
         body: String,
     },
 }

@@ -35,12 +35,26 @@ const BODY_VERSION: u8 = 1;
 /// Why the spool failed. `Full` is back-pressure; the others are I/O or corruption.
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
+    /// The records would take the spool past `max_bytes`; nothing was written.
     #[error("spool is full ({used} of {max} bytes used); retry later or raise spool_max_bytes")]
-    Full { used: u64, max: u64 },
+    Full {
+        /// Bytes the spool holds now.
+        used: u64,
+        /// The spool's bound (`max_bytes`).
+        max: u64,
+    },
+    /// Another process holds the directory's `LOCK`; holds the directory.
     #[error("spool directory {0} is locked by another process (one spool per process)")]
     Locked(PathBuf),
+    /// A file operation failed.
     #[error("spool I/O on {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A record failed to decode or its CRC did not match; holds what was wrong.
     #[error("spool record is corrupt: {0}")]
     Corrupt(&'static str),
 }
@@ -56,9 +70,13 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SpoolError + '_ {
 /// replay sends the very bytes the caller's event became.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpoolRecord {
+    /// Kafka topic to produce to.
     pub topic: String,
+    /// Record key (the partitioning key), if the record has one.
     pub key: Option<Vec<u8>>,
+    /// Encoded record value.
     pub value: Vec<u8>,
+    /// Kafka headers, name and value.
     pub headers: Vec<(String, Vec<u8>)>,
 }
 
@@ -158,15 +176,20 @@ impl SpoolRecord {
 /// A place in the spool: a segment and a byte offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Position {
+    /// Segment id (the number in its file name).
     pub segment: u64,
+    /// Byte offset within that segment.
     pub offset: u64,
 }
 
 /// Limits and durability of a spool.
 #[derive(Debug, Clone)]
 pub struct SpoolOptions {
+    /// When appends are fsynced.
     pub fsync: FsyncPolicy,
+    /// Bound on the bytes all segments may occupy; past it appends fail with `Full`.
     pub max_bytes: u64,
+    /// Size at which the active segment is closed and a new one started.
     pub segment_bytes: u64,
 }
 
@@ -182,7 +205,9 @@ pub struct OpenReport {
 /// A batch handed to the replayer, and where the cursor goes once it is delivered.
 #[derive(Debug)]
 pub struct ReadBatch {
+    /// The records, in append order.
     pub records: Vec<SpoolRecord>,
+    /// Position just past the last record; the cursor moves here once they are delivered.
     pub end: Position,
 }
 

@@ -27,26 +27,49 @@ pub const EXTRA_FIELD: &str = "weft_extra_json";
 /// Avro encode/decode failures.
 #[derive(Debug, thiserror::Error)]
 pub enum AvroError {
+    /// A kind's embedded Avro schema is unusable; holds the kind and the reason.
     #[error("avro schema for {0} failed to parse: {1}")]
     Schema(Kind, String),
+    /// The payload to encode is not a JSON object.
     #[error("{kind} payload must be a JSON object")]
-    NotObject { kind: Kind },
+    NotObject {
+        /// The kind being encoded.
+        kind: Kind,
+    },
+    /// A non-nullable schema field is absent from the payload or has the wrong type.
     #[error("{kind} payload lacks required field `{field}` (or it has the wrong type)")]
-    Required { kind: Kind, field: String },
+    Required {
+        /// The kind being encoded.
+        kind: Kind,
+        /// The Avro field name.
+        field: String,
+    },
+    /// The Avro library failed to write or read a datum.
     #[error("avro: {0}")]
     Avro(#[from] Box<apache_avro::Error>),
+    /// A decoded datum does not have the shape the kind's schema gives it.
     #[error("avro datum does not match the {kind} schema at `{field}`")]
-    Shape { kind: Kind, field: String },
+    Shape {
+        /// The kind being decoded.
+        kind: Kind,
+        /// The field where the shapes differ (empty for the top-level record).
+        field: String,
+    },
+    /// A field that carries JSON text (such as the extra-keys field) holds invalid JSON.
     #[error("JSON text inside avro field `{field}` is corrupt: {source}")]
     JsonText {
+        /// The Avro field name.
         field: String,
+        /// The JSON parse error.
         source: serde_json::Error,
     },
 }
 
 /// One kind's parsed schema and its single-object header.
 pub struct KindSchema {
+    /// The kind this schema encodes.
     pub kind: Kind,
+    /// The parsed Avro record schema.
     pub schema: Schema,
     /// `C3 01` + 8-byte little-endian CRC-64-AVRO fingerprint of the canonical form.
     pub single_object_header: [u8; 10],

@@ -18,7 +18,9 @@ pub const RAW_OUTPUT_KEYS: [&str; 4] = ["raw_output", "raw", "raw_result", "tool
 pub struct InvariantFinding {
     /// `I-01`, `I-02` or `I-06`.
     pub invariant: &'static str,
+    /// JSON Pointer to the offending part of the document.
     pub pointer: String,
+    /// What is wrong, for a person to read.
     pub message: String,
 }
 

@@ -26,18 +26,31 @@ pub type Metadata = Map<String, Value>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceEventType {
+    /// Policy allowed a capability invocation.
     CapabilityAuthorized,
+    /// Policy refused a capability invocation.
     CapabilityDenied,
+    /// A capability ran.
     CapabilityExecuted,
+    /// The firewall turned a raw tool result into a Frame.
     FirewallApplied,
+    /// A raw artifact was stored behind a Handle.
     HandleCreated,
+    /// A Handle was resolved to its content.
     HandleResolved,
+    /// A CapabilityToken was issued.
     TokenIssued,
+    /// A CapabilityToken was made unusable.
     TokenInvalidated,
+    /// A flow began.
     FlowStarted,
+    /// A step of a flow began.
     FlowStepStarted,
+    /// A step of a flow finished.
     FlowStepCompleted,
+    /// A flow finished.
     FlowCompleted,
+    /// A flow stopped on a failure.
     FlowFailed,
 }
 
@@ -66,23 +79,31 @@ impl TraceEventType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    /// The step did what it was asked.
     Success,
+    /// The step failed.
     Failure,
+    /// The step did part of what it was asked.
     Partial,
 }
 
 /// An immutable audit log entry (Core, produced by agent-kernel).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceEvent {
+    /// The event's natural id (non-empty).
     pub event_id: String,
+    /// What happened.
     pub event_type: TraceEventType,
+    /// When it happened (RFC 3339); narratives are ordered by it.
     pub timestamp: String,
+    /// The capability involved. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub capability_id: Option<Option<String>>,
+    /// Who acted (a principal id). Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -96,28 +117,34 @@ pub struct TraceEvent {
         with = "double_option"
     )]
     pub decision_id: Option<Option<String>>,
+    /// The Frame this event refers to. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub frame_id: Option<Option<String>>,
+    /// The Handle this event refers to. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub handle_id: Option<Option<String>>,
+    /// How the step ended. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
+    /// Error text, when there is one. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub error_message: Option<Option<String>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -126,28 +153,39 @@ pub struct TraceEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
+    /// The invocation may go ahead.
     Allow,
+    /// The invocation is refused.
     Deny,
 }
 
 /// The kernel's authorization verdict for one capability invocation (Core).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicyDecision {
+    /// The decision's natural id; TraceEvents point at it by `decision_id`.
     pub decision_id: String,
+    /// The verdict.
     pub decision: Verdict,
+    /// The capability whose invocation was judged.
     pub capability_id: String,
+    /// Who asked for the capability (a principal id).
     pub principal: String,
+    /// The CapabilityToken the decision links to. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub token_id: Option<Option<String>>,
+    /// Why this verdict, for people. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When the decision was made (RFC 3339).
     pub timestamp: String,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -155,22 +193,31 @@ pub struct PolicyDecision {
 /// A firewall-filtered, LLM-safe view of a tool result (Core). Never raw output (I-01).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Frame {
+    /// The frame's natural id.
     pub frame_id: String,
+    /// The capability whose result this frame shows.
     pub capability_id: String,
+    /// The filtered result as text the LLM may see (non-empty).
     pub summary: String,
+    /// The filtered result as a JSON object. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub structured_data: Option<Option<Map<String, Value>>>,
+    /// Handles holding the raw output behind this frame. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handle_refs: Option<Vec<String>>,
+    /// What was filtered out, and where it went. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redaction_notes: Option<String>,
+    /// When the frame was made (RFC 3339).
     pub created_at: String,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -178,26 +225,35 @@ pub struct Frame {
 /// An opaque, access-controlled reference to a raw artifact (Core).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Handle {
+    /// The handle's natural id; Frames list it in `handle_refs`.
     pub handle_id: String,
+    /// The capability whose execution produced the artifact.
     pub capability_id: String,
+    /// What the artifact is, e.g. a media type such as `application/json`.
     pub artifact_type: String,
+    /// When the handle was made (RFC 3339).
     pub created_at: String,
+    /// When the handle expires (RFC 3339). Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub expires_at: Option<Option<String>>,
+    /// The policy that governs resolving the handle. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_policy: Option<String>,
+    /// Size of the raw artifact in bytes. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub byte_size: Option<Option<u64>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -205,10 +261,15 @@ pub struct Handle {
 /// A scoped authorization credential (Core). Single-use or expiring (I-06).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapabilityToken {
+    /// The token's natural id; PolicyDecisions point at it by `token_id`.
     pub token_id: String,
+    /// Who the token was issued to (a principal id).
     pub principal: String,
+    /// The capability ids the token grants (at least one).
     pub scope: Vec<String>,
+    /// When the token was issued (RFC 3339).
     pub issued_at: String,
+    /// When the token expires (RFC 3339). Optional, nullable; if unset, `single_use` must be true.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -218,10 +279,13 @@ pub struct CapabilityToken {
     /// Absent means `false` (the spec's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub single_use: Option<bool>,
+    /// Who issued the token, e.g. an agent-kernel instance. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issuer: Option<String>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -229,13 +293,19 @@ pub struct CapabilityToken {
 /// One option presented to an LLM inside a ChoiceCard (Core).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelectableItem {
+    /// The item's id; `RoutingDecision.selected_item_id` names it.
     pub id: String,
+    /// Short name presented to the LLM.
     pub label: String,
+    /// What the item does, as presented to the LLM.
     pub description: String,
+    /// The capability the item stands for. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability_id: Option<String>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -243,12 +313,17 @@ pub struct SelectableItem {
 /// A bounded menu of SelectableItems (Core).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChoiceCard {
+    /// The card's id; `RoutingDecision.selected_card_id` names it.
     pub id: String,
+    /// The options on the card, 1 to 20.
     pub items: Vec<SelectableItem>,
+    /// Guidance for the LLM on what to choose. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_hint: Option<String>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -256,25 +331,33 @@ pub struct ChoiceCard {
 /// contextweaver's routing output: the ChoiceCards shown and the selection (Core).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoutingDecision {
+    /// The decision's natural id.
     pub id: String,
+    /// The cards presented to the LLM (at least one).
     pub choice_cards: Vec<ChoiceCard>,
+    /// The item the LLM picked. Optional, nullable. Unset until the LLM has responded.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub selected_item_id: Option<Option<String>>,
+    /// The card the picked item came from. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub selected_card_id: Option<Option<String>>,
+    /// When routing happened (RFC 3339).
     pub timestamp: String,
+    /// Short account of what was being routed. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_summary: Option<String>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -283,61 +366,76 @@ pub struct RoutingDecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Sensitivity {
+    /// The least sensitive level.
     Public,
+    /// Above `public`, below `confidential`.
     Internal,
+    /// Above `internal`, below `restricted`.
     Confidential,
+    /// The most sensitive level.
     Restricted,
 }
 
 /// A compiled flow exposed as a routable item (Extended).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompiledFlow {
+    /// The flow's id (non-empty).
     pub flow_id: String,
+    /// Human-readable name. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub name: Option<Option<String>>,
+    /// The flow's version. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub version: Option<Option<String>>,
+    /// What the flow does. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub description: Option<Option<String>>,
+    /// Reference to the schema of the flow's input. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub input_schema_ref: Option<Option<String>>,
+    /// Reference to the schema of the flow's output. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub output_schema_ref: Option<Option<String>>,
+    /// The tools the flow calls. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_dependencies: Option<Vec<String>>,
+    /// Classification of the data the flow handles. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub sensitivity: Option<Option<Sensitivity>>,
+    /// Effects beyond the flow's output, e.g. `external_email`. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_effects: Option<Vec<String>>,
     /// Absent means `true` (the spec's default: flows never bypass authorization).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requires_authorization: Option<bool>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -346,30 +444,40 @@ pub struct CompiledFlow {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CandidateType {
+    /// The candidate is a tool.
     Tool,
+    /// The candidate is a compiled flow; only these may carry `compiled_flow`.
     Flow,
+    /// The candidate is a capability.
     Capability,
+    /// The candidate is an agent.
     Agent,
+    /// The candidate is a workflow.
     Workflow,
 }
 
 /// Something a router can select for execution (Extended).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionCandidate {
+    /// The candidate's id; ExecutionFeedback refers to it by `candidate_id`.
     pub candidate_id: String,
+    /// What sort of thing would run.
     pub candidate_type: CandidateType,
+    /// Human-readable name. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub name: Option<Option<String>>,
+    /// The candidate's version. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub version: Option<Option<String>>,
+    /// What the candidate does. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -383,8 +491,10 @@ pub struct ExecutionCandidate {
         with = "double_option"
     )]
     pub compiled_flow: Option<Option<CompiledFlow>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -394,45 +504,56 @@ pub struct ExecutionCandidate {
 pub struct ExecutionRoutingDecision {
     /// The *routing* decision id; ExecutionFeedback.decision_id points here.
     pub decision_id: String,
+    /// The recommended candidate.
     pub candidate: ExecutionCandidate,
+    /// The router's confidence in the choice, in [0, 1]. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub confidence: Option<Option<f64>>,
+    /// Machine-readable reasons for the choice. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason_codes: Option<Vec<String>>,
+    /// Why this candidate, for people. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub reason: Option<Option<String>>,
+    /// Alternatives to the recommended candidate. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_candidates: Option<Vec<ExecutionCandidate>>,
+    /// The limits the choice was made under, e.g. `max_latency_ms`. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraints: Option<Map<String, Value>>,
+    /// Reference to the policy context of the decision. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub policy_context_ref: Option<Option<String>>,
+    /// Reference to a trace of the routing. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub trace_ref: Option<Option<String>>,
+    /// When the decision was made (RFC 3339); narratives are ordered by it. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub created_at: Option<Option<String>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -443,45 +564,57 @@ pub struct ExecutionRoutingDecision {
 pub struct ExecutionFeedback {
     /// The *routing* decision id (ExecutionRoutingDecision), not an authorization decision.
     pub decision_id: String,
+    /// The candidate that was run.
     pub candidate_id: String,
+    /// Whether the execution succeeded.
     pub success: bool,
+    /// When the outcome was recorded (RFC 3339).
     pub timestamp: String,
+    /// How long the execution took, in milliseconds. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub latency_ms: Option<Option<u64>>,
+    /// What the execution cost, e.g. tokens or money. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Map<String, Value>>,
+    /// Quality of the result, in [0, 1]. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub quality_score: Option<Option<f64>>,
+    /// Category of the failure. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub error_type: Option<Option<String>>,
+    /// Error text, when there is one. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub error_message: Option<Option<String>>,
+    /// Reference to the execution's trace. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub trace_ref: Option<Option<String>>,
+    /// Implementation-specific account of the run, e.g. its step count. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_summary: Option<Map<String, Value>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -489,18 +622,23 @@ pub struct ExecutionFeedback {
 /// A detached signature (ed25519 or es256) over a JCS-canonicalized document (Extended).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Signature {
+    /// Signing algorithm: `ed25519` or `es256`.
     pub alg: String,
+    /// Id of the signing key, to find it in a keyring.
     pub kid: String,
     /// Base64url, no padding, 86 characters.
     pub sig: String,
+    /// How the document was canonicalised before signing; only `JCS`, the default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canonicalization: Option<String>,
+    /// When it was signed (RFC 3339). Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub signed_at: Option<Option<String>>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -508,24 +646,35 @@ pub struct Signature {
 /// One request's Core artifacts in a single, optionally signed document (Extended).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceBundle {
+    /// The bundle's id.
     pub bundle_id: String,
+    /// The request's RoutingDecision.
     pub routing_decision: RoutingDecision,
+    /// The request's PolicyDecisions.
     pub policy_decisions: Vec<PolicyDecision>,
+    /// The request's Frames.
     pub frames: Vec<Frame>,
+    /// The request's Handles.
     pub handles: Vec<Handle>,
+    /// The request's TraceEvents.
     pub trace_events: Vec<TraceEvent>,
+    /// How the bundle is canonicalised for signing; only `JCS`, the default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canonicalization: Option<String>,
+    /// Signature over the bundle. Optional. Absent means unsigned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
+    /// When the bundle was assembled (RFC 3339). Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub created_at: Option<Option<String>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }
@@ -534,8 +683,11 @@ pub struct TraceBundle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SupportState {
+    /// The data support the estimates.
     Ok,
+    /// Support is limited; read the estimates with care.
     Caution,
+    /// Support is too weak to trust; `deploy` may not be recommended.
     HighRisk,
 }
 
@@ -543,76 +695,101 @@ pub enum SupportState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RecommendationKind {
+    /// Roll the candidate policy out; not allowed with `high_risk` support.
     Deploy,
+    /// Keep the candidate policy out.
     DoNotDeploy,
+    /// Ready for an online experiment, not a rollout.
     ExperimentReady,
+    /// Collect more data before deciding.
     NeedsMoreData,
 }
 
 /// An offline evaluation report with explicit support semantics (Extended).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvaluationArtifact {
+    /// The report's id (non-empty).
     pub artifact_id: String,
+    /// The tool that wrote the report.
     pub producer: String,
+    /// When the report was written (RFC 3339).
     pub created_at: String,
+    /// What sort of evaluation, e.g. `offline_policy_evaluation`. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_type: Option<String>,
+    /// Version of the tool that wrote it. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub producer_version: Option<Option<String>>,
+    /// The quantity being estimated. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub target_estimand: Option<Option<String>>,
+    /// The policy being evaluated. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub candidate_policy: Option<Option<String>>,
+    /// The policy it is compared with. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub baseline_policy: Option<Option<String>>,
+    /// The estimates. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Map<String, Value>>,
+    /// Uncertainty of the estimates, e.g. confidence intervals. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uncertainty: Option<Map<String, Value>>,
+    /// How far the data support the estimates. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub support_state: Option<SupportState>,
+    /// Evidence behind `support_state`, e.g. effective sample size. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub support_diagnostics: Option<Map<String, Value>>,
+    /// Checks on the propensities used, e.g. the largest importance weight. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub propensity_diagnostics: Option<Map<String, Value>>,
+    /// Classification of the report's data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sensitivity: Option<Sensitivity>,
+    /// Caveats for readers. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warnings: Option<Vec<String>>,
+    /// What to do, for people. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub recommendation: Option<Option<String>>,
+    /// What to do, machine-readable. Optional, nullable.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         with = "double_option"
     )]
     pub recommendation_kind: Option<Option<RecommendationKind>>,
+    /// Known limits of the evaluation. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limitations: Option<Vec<String>>,
+    /// Where the inputs came from. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Map<String, Value>>,
+    /// Implementation-specific data. Optional.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
     pub extra: Extra,
 }

@@ -26,10 +26,12 @@ fn default_tenant() -> String {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Envelope {
+    /// Which contract the payload is; picks the schema, the topic and the id field.
     pub kind: Kind,
     /// Groups the events of one agent request into one narrative; also the Kafka key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// Whose event this is; [`DEFAULT_TENANT`] when absent.
     #[serde(default = "default_tenant")]
     pub tenant: String,
     /// Set by the publisher when absent: which process emitted the event.
@@ -41,23 +43,31 @@ pub struct Envelope {
     /// Set by the publisher when absent: RFC 3339 time the event entered weft.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emitted_at: Option<String>,
+    /// The contract document itself, as the producer's exact JSON text.
     pub payload: Box<RawValue>,
 }
 
 /// Why an envelope is not acceptable. Each variant is a distinct, reportable reason.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvelopeError {
+    /// The payload text does not parse as JSON.
     #[error("payload is not valid JSON: {0}")]
     PayloadJson(serde_json::Error),
+    /// The payload parses but is not a JSON object.
     #[error("payload must be a JSON object")]
     PayloadNotObject,
+    /// The payload fails its kind's weaver-spec JSON Schema.
     #[error("payload is not a valid {kind}: {}", first(.violations))]
     Schema {
+        /// The kind whose schema was applied.
         kind: Kind,
+        /// Every schema violation found.
         violations: Vec<Violation>,
     },
+    /// The payload's natural id could not be derived.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// The tenant is not 1..=128 characters of `[A-Za-z0-9_.-]`.
     #[error("tenant must be 1..=128 characters of [A-Za-z0-9_.-]")]
     BadTenant,
 }

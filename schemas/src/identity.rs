@@ -12,8 +12,15 @@ use crate::Kind;
 /// Why an identity could not be derived.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
+    /// The payload lacks its kind's id field, or it is not a string.
     #[error("payload has no string `{field}` (the identity of a {kind})")]
-    MissingId { kind: Kind, field: &'static str },
+    MissingId {
+        /// The payload's kind.
+        kind: Kind,
+        /// The id field that kind needs (see [`Kind::id_field`]).
+        field: &'static str,
+    },
+    /// The payload could not be turned into RFC 8785 canonical JSON for hashing.
     #[error("payload cannot be canonicalized: {0}")]
     Canonical(#[from] serde_json::Error),
 }

@@ -9,13 +9,21 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
+    /// An audit log entry for one step of the execution lifecycle.
     TraceEvent,
+    /// agent-kernel's authorisation verdict on a capability invocation.
     PolicyDecision,
+    /// The observed outcome of running a selected candidate (extended contract).
     ExecutionFeedback,
+    /// A router's advisory recommendation of an execution candidate (extended contract).
     ExecutionRoutingDecision,
+    /// contextweaver's routing output: the choice cards and the LLM's pick.
     RoutingDecision,
+    /// A filtered, safe view of a tool result, as the LLM sees it.
     Frame,
+    /// An access-controlled reference to a raw tool artifact.
     Handle,
+    /// A signed, scoped credential to invoke capabilities.
     CapabilityToken,
 }
 

@@ -11,6 +11,8 @@
 //! No I/O lives here: producers, consumers, the router and the audit tools all depend on
 //! this crate, so it stays small, synchronous and free of network clients.
 
+#![warn(missing_docs)]
+
 pub mod avro;
 pub mod conformance;
 pub mod contracts;

@@ -16,11 +16,14 @@ use crate::Kind;
 /// Serialized as a plain string: the kind's wire name, or `flow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NodeKind {
+    /// An event of this kind.
     Event(Kind),
+    /// The flow named by `metadata.flow_id`.
     Flow,
 }
 
 impl NodeKind {
+    /// Wire name: the kind's name, or `flow`.
     pub fn as_str(self) -> &'static str {
         match self {
             NodeKind::Event(k) => k.as_str(),
@@ -82,6 +85,7 @@ impl Via {
         serde_json::from_value(Value::String(s.to_owned())).ok()
     }
 
+    /// Wire name, e.g. `decision_id`; [`Via::parse`] reads it back.
     pub fn as_str(self) -> &'static str {
         match self {
             Via::DecisionId => "decision_id",
@@ -100,8 +104,11 @@ impl Via {
 /// One outgoing link of a payload.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Link {
+    /// The field the link was read from.
     pub via: Via,
+    /// What kind of node the link points at.
     pub to_kind: NodeKind,
+    /// The target's id (an event's natural id, or the flow id).
     pub to_id: String,
 }
 

@@ -12,7 +12,9 @@ use crate::Kind;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Topics {
+    /// Put before each kind's topic suffix, e.g. `weaver.`.
     pub prefix: String,
+    /// Full topic names that replace the prefixed default for single kinds.
     pub overrides: BTreeMap<Kind, String>,
     /// Where consumers send records they cannot ingest, with the reason in headers.
     pub dead_letter: Option<String>,

@@ -41,10 +41,17 @@ impl fmt::Display for Violation {
 /// Errors building the validator set (a packaging bug, never user input).
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The embedded schemas could not be put in one reference registry.
     #[error("schema registry: {0}")]
     Registry(String),
+    /// One embedded schema failed to compile.
     #[error("schema `{name}` does not compile: {message}")]
-    Compile { name: String, message: String },
+    Compile {
+        /// The schema's name (file stem).
+        name: String,
+        /// The compiler's message.
+        message: String,
+    },
 }
 
 /// Why a payload could not be validated at all.

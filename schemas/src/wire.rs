@@ -18,12 +18,19 @@ use crate::{Envelope, Kind};
 
 /// Kafka header names. Lower-case, `weft-` prefixed, stable: dashboards and DLQ tools read them.
 pub mod header {
+    /// The envelope's kind (always sent).
     pub const KIND: &str = "weft-kind";
+    /// The envelope's tenant (always sent).
     pub const TENANT: &str = "weft-tenant";
+    /// The envelope's request id; absent when it has none.
     pub const REQUEST_ID: &str = "weft-request-id";
+    /// The emitting process; absent when unset.
     pub const PRODUCER_ID: &str = "weft-producer-id";
+    /// The per-producer sequence number, in decimal; absent when unset.
     pub const SEQ: &str = "weft-seq";
+    /// RFC 3339 time the event entered weft; absent when unset.
     pub const EMITTED_AT: &str = "weft-emitted-at";
+    /// How the value is encoded ([`ContentType::as_str`](super::ContentType::as_str)).
     pub const CONTENT_TYPE: &str = "content-type";
 }
 
@@ -40,6 +47,7 @@ pub enum ContentType {
 }
 
 impl ContentType {
+    /// The `content-type` header value for this encoding.
     pub fn as_str(self) -> &'static str {
         match self {
             ContentType::Json => "application/json",
@@ -48,6 +56,7 @@ impl ContentType {
         }
     }
 
+    /// Read a `content-type` header value back; `None` for one weft does not write.
     pub fn parse(s: &str) -> Option<Self> {
         [
             ContentType::Json,
@@ -77,13 +86,16 @@ pub struct SchemaIds {
 }
 
 impl SchemaIds {
+    /// Record the id the registry gave `kind`'s schema.
     pub fn insert(&mut self, kind: Kind, id: u32) {
         self.by_kind.insert(kind, id);
         self.by_id.insert(id, kind);
     }
+    /// The schema id to frame `kind`'s records with, if registered.
     pub fn id_of(&self, kind: Kind) -> Option<u32> {
         self.by_kind.get(&kind).copied()
     }
+    /// The kind a framed record's schema id stands for, if known.
     pub fn kind_of(&self, id: u32) -> Option<Kind> {
         self.by_id.get(&id).copied()
     }
@@ -92,36 +104,50 @@ impl SchemaIds {
 /// Why a record cannot be turned into an envelope (each is a dead-letter reason).
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
+    /// No `weft-kind` header, and neither the topic nor the value reveals the kind.
     #[error("record has no weft-kind header and its kind cannot be inferred")]
     MissingKind,
+    /// The `weft-kind` header names no kind weft knows.
     #[error(transparent)]
     UnknownKind(#[from] crate::kind::UnknownKind),
+    /// A header is not UTF-8 or its value does not parse; holds the header name.
     #[error("header `{0}` is not valid UTF-8 or has a bad value")]
     BadHeader(&'static str),
+    /// The `content-type` header is not one weft writes.
     #[error("unknown content-type `{0}`")]
     UnknownContentType(String),
+    /// The record has no value bytes.
     #[error("empty record value")]
     Empty,
+    /// Without a `content-type` header, the value's first bytes match no encoding.
     #[error("value is neither JSON nor a known Avro framing")]
     Unrecognized,
+    /// A JSON value does not parse.
     #[error("value is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// An Avro single-object record names a schema fingerprint weft does not have.
     #[error("single-object fingerprint matches no known schema")]
     UnknownFingerprint,
+    /// A Confluent-framed record names a schema id this process does not know.
     #[error("confluent schema id {0} is not registered")]
     UnknownSchemaId(u32),
+    /// Schema and `weft-kind` header disagree; holds (schema id or 0, schema kind, header kind).
     #[error("confluent schema id {0} is for {1}, but the record says {2}")]
     KindMismatch(u32, Kind, Kind),
+    /// The Avro framing is shorter than its header.
     #[error("avro framing is truncated")]
     Truncated,
+    /// Encoding with Confluent framing, but no schema id is known for the kind.
     #[error("no confluent schema id is known for {0}; configure a schema registry")]
     NoSchemaId(Kind),
+    /// The Avro datum could not be encoded or decoded.
     #[error(transparent)]
     Avro(#[from] AvroError),
 }
 
 /// The short, stable code of a wire error, used as the DLQ `weft-dlq-reason` and a metric label.
 impl WireError {
+    /// This error's reason code, e.g. `unknown_kind`.
     pub fn code(&self) -> &'static str {
         match self {
             WireError::MissingKind | WireError::UnknownKind(_) => "unknown_kind",
