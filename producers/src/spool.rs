@@ -81,7 +81,7 @@ pub struct SpoolRecord {
 }
 
 impl SpoolRecord {
-    /// Encoded body length (what the spool bound counts, plus [`FRAME`]).
+    /// Encoded body length (what the spool bound counts, plus the `FRAME` header).
     pub fn encoded_len(&self) -> usize {
         1 + 2
             + self.topic.len()
