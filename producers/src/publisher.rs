@@ -1001,6 +1001,12 @@ pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
             "client.id",
             format!("weft-publisher-{}", std::process::id()),
         );
+    with_extras(k, c)
+}
+
+/// The configured librdkafka extras (SASL/TLS and the like), applied last so they win, on
+/// every client the publisher makes: producer and admin alike.
+fn with_extras(mut k: ClientConfig, c: &PublisherConfig) -> ClientConfig {
     for (name, value) in &c.kafka_properties {
         k.set(name, value);
     }
@@ -1010,13 +1016,9 @@ pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
 /// Create missing topics (one per kind plus dead-letter) with the configured partitions.
 /// Returns the names created now.
 pub async fn ensure_topics(c: &PublisherConfig) -> Result<Vec<String>, PublisherError> {
-    // The configured librdkafka extras (SASL/TLS) apply to the admin client too.
-    let mut admin_config = ClientConfig::new();
-    admin_config.set("bootstrap.servers", &c.brokers);
-    for (k, v) in &c.kafka_properties {
-        admin_config.set(k, v);
-    }
-    let admin: AdminClient<DefaultClientContext> = admin_config.create()?;
+    let mut base = ClientConfig::new();
+    base.set("bootstrap.servers", &c.brokers);
+    let admin: AdminClient<DefaultClientContext> = with_extras(base, c).create()?;
     let mut names = c.topics.event_topics();
     names.push(c.topics.dead_letter());
     let new: Vec<NewTopic<'_>> = names
