@@ -9,7 +9,9 @@
 //!    the ClickHouse server's and the broker's CPU from `/proc/<pid>/stat`;
 //! 3. for each requested variant, a `Kafka` engine table plus a materialized view into a
 //!    MergeTree table drains the same topics under a fresh consumer group, measured the same way;
-//! 4. offline, the per-event CPU of each ingest step on a sample (where the time goes).
+//! 4. with `--floor`, bare consumers that each add one required duty drain them too
+//!    (see [`super::bench_ingest_floor`]);
+//! 5. offline, the per-event CPU of each ingest step on a sample (where the time goes).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +32,7 @@ use weft_producers::{Delivery, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{identity, links, Envelope, Topics};
 
+use crate::cmd::bench_ingest_floor::FloorPhase;
 use crate::cmd::ingest::RoleArg;
 use crate::cmd::publish::PublisherArgs;
 use crate::config::Settings;
@@ -84,6 +87,12 @@ pub struct BenchIngestArgs {
     /// `kafka_max_block_size` of the Kafka engine table (default: ClickHouse's).
     #[arg(long, value_name = "ROWS")]
     pub kafka_engine_block_size: Option<u64>,
+
+    /// Also drain the topics with three bare consumers that each add one required duty
+    /// (consume; + parse and JSON Schema; + RowBinary insert): the floor that librdkafka,
+    /// serde_json, jsonschema and the clickhouse crate set before any weft code runs.
+    #[arg(long)]
+    pub floor: bool,
 
     /// Simulation seed.
     #[arg(long, default_value_t = 1)]
@@ -397,6 +406,8 @@ pub struct IngestReport {
     pub weft_spans: Spans,
     pub kafka_engine: Vec<Phase>,
     pub kafka_engine_block_size: Option<u64>,
+    /// The bare consumers of `--floor`, cheapest first.
+    pub floors: Vec<FloorPhase>,
     pub steps: Vec<Step>,
     pub target_events_per_consumer_cpu_s: f64,
     pub meets_cpu_target: bool,
@@ -770,7 +781,14 @@ async fn measure(
         );
     }
 
-    // --- 4. Where the time goes (offline, one thread) ---------------------------------
+    // --- 4. The floor under any consumer of these topics -----------------------------
+    let floors = if args.floor {
+        crate::cmd::bench_ingest_floor::run(store, brokers, topics, envelopes, timeout).await?
+    } else {
+        Vec::new()
+    };
+
+    // --- 5. Where the time goes (offline, one thread) ---------------------------------
     let steps = if args.sample > 0 {
         let cfg = SimConfig {
             min_events: Some(args.sample as u64),
@@ -811,6 +829,7 @@ async fn measure(
         weft_spans: spans,
         kafka_engine: engines,
         kafka_engine_block_size: args.kafka_engine_block_size,
+        floors,
         steps,
         target_events_per_consumer_cpu_s: TARGET_EVENTS_PER_CPU_S,
     })
@@ -1203,6 +1222,19 @@ fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
                 if x >= 1.0 { "MET" } else { "MISSED" }
             ))
     )?;
+    for f in &r.floors {
+        writeln!(
+            w,
+            "{:<48} {:>8.2} s {:>9.2} CPU-s {:>10.0} events/CPU-s {:>6.2} us/event ({} invalid, {} stored)",
+            f.name,
+            f.wall_s,
+            f.consumer_cpu_s,
+            f.events_per_consumer_cpu_s,
+            f.consumer_cpu_s / f.events.max(1) as f64 * 1e6,
+            f.invalid,
+            f.stored
+        )?;
+    }
     let t = &r.weft_totals;
     writeln!(
         w,

@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod bench;
 pub mod bench_ingest;
+pub mod bench_ingest_floor;
 pub mod bench_lookup;
 pub mod eval;
 pub mod gateway;
