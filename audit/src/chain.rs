@@ -529,7 +529,7 @@ async fn unsealed_problems(
             Err(e) => wrong.push(format!("payload is not JSON ({e})")),
             Ok(v) => {
                 let mut canon = Vec::new();
-                let hash = weft_consumers::decode::canonical_json(&v, &mut canon)
+                let hash = weft_schemas::identity::write_canonical(&v, &mut canon)
                     .map(|()| hex::encode(Sha256::digest(&canon)));
                 if hash.as_deref().ok() != Some(r.content_hash.as_str()) {
                     wrong.push("content_hash is not its payload's".into());

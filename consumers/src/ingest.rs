@@ -205,6 +205,8 @@ struct PartitionState {
     /// the broker never delivered; it is counted and logged, never silent.
     expected: Option<i64>,
     oldest: Option<Instant>,
+    /// `weft_ingest_consumed_total` for this partition's topic, looked up once.
+    consumed: prometheus::IntCounter,
 }
 
 impl PartitionState {
@@ -231,7 +233,8 @@ pub struct Ingestor {
     cfg: IngestConfig,
     store: Store,
     ids: SchemaIds,
-    consumer: StreamConsumer<RebalanceWatch>,
+    /// Shared so the run loop can hold a received message while it borrows `self`.
+    consumer: Arc<StreamConsumer<RebalanceWatch>>,
     rebalanced: Arc<std::sync::atomic::AtomicBool>,
     dlq: FutureProducer,
     metrics: Arc<IngestMetrics>,
@@ -310,7 +313,7 @@ impl Ingestor {
             cfg,
             store,
             ids: SchemaIds::default(),
-            consumer,
+            consumer: Arc::new(consumer),
             rebalanced,
             dlq,
             metrics,
@@ -445,6 +448,7 @@ impl Ingestor {
             last_offset: -1,
             expected: None,
             oldest: None,
+            consumed: self.metrics.consumed.with_label_values(&[topic]),
         })
     }
 
@@ -459,6 +463,7 @@ impl Ingestor {
         let flush_every = Duration::from_millis(self.cfg.flush_interval_ms);
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         let mut since_check = 0u32;
+        let consumer = self.consumer.clone();
         spawn_lag_monitor(
             kafka_config(&self.cfg),
             self.positions.clone(),
@@ -476,13 +481,13 @@ impl Ingestor {
                     let _ = self.flush().await;
                     return Ok(self.totals);
                 }
-                msg = self.consumer.recv() => {
+                msg = consumer.recv() => {
                     match msg {
                         Ok(m) => {
-                            let owned = OwnedRecord::from(&m);
+                            let rec = self.decode_record(&m);
                             drop(m);
                             self.after_rebalance().await?;
-                            let full = self.accept(owned).await?;
+                            let full = self.accept(rec).await?;
                             // Under constant load `recv` always wins the biased select, so the
                             // timer branch may never run: check the flush deadline here too.
                             since_check += 1;
@@ -542,17 +547,53 @@ impl Ingestor {
         Ok(())
     }
 
-    /// Buffer one record; returns true when a batch is full.
-    async fn accept(&mut self, rec: OwnedRecord) -> Result<bool, IngestError> {
+    /// Decode a record while it is still borrowed from librdkafka: a valid one is copied
+    /// once, into its fact; only a rejected one is copied whole, for the dead-letter topic.
+    fn decode_record(&self, m: &BorrowedMessage<'_>) -> DecodedRecord {
+        let borrowed = m.headers();
+        let headers: Vec<(&str, &[u8])> = borrowed
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(|h| (h.key, h.value.unwrap_or_default()))
+            .collect();
+        let r = Record {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            value: m.payload(),
+            headers: &headers,
+            timestamp_ms: m.timestamp().to_millis(),
+        };
+        let decoded = decode::decode(&r, &self.cfg.topics, &self.ids).map_err(|reason| {
+            Box::new(DeadLetter {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().unwrap_or_default().to_vec(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+                    .collect(),
+                offset: m.offset(),
+                reason,
+            })
+        });
+        DecodedRecord {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            decoded,
+        }
+    }
+
+    /// Buffer one decoded record; returns true when a batch is full.
+    async fn accept(&mut self, rec: DecodedRecord) -> Result<bool, IngestError> {
         self.totals.consumed += 1;
-        self.metrics.consumed.with_label_values(&[&rec.topic]).inc();
-        let topics = self.cfg.topics.clone();
-        let ids = self.ids.clone();
         let (max_rows, max_bytes) = (self.cfg.batch_max_rows, self.cfg.batch_max_bytes);
         let role = self.cfg.role;
         let metrics = self.metrics.clone();
         let buffered = self.buffered;
         let st = self.partition_state(&rec.topic, rec.partition).await?;
+        st.consumed.inc();
         if let Some(expected) = st.expected.filter(|e| rec.offset > *e) {
             warn!(
                 topic = %rec.topic,
@@ -588,41 +629,20 @@ impl Ingestor {
             self.metrics.replay_skipped.inc();
             return Ok(false);
         }
-        let headers: Vec<(&str, &[u8])> = rec
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        let r = Record {
-            topic: &rec.topic,
-            partition: rec.partition,
-            offset: rec.offset,
-            key: rec.key.as_deref(),
-            value: rec.value.as_deref(),
-            headers: &headers,
-            timestamp_ms: rec.timestamp_ms,
-        };
-        let decoded = decode::decode(&r, &topics, &ids);
         st.oldest.get_or_insert_with(Instant::now);
         let (mut rows, mut bytes) = buffered;
-        match decoded {
+        match rec.decoded {
             Ok(fact) => {
                 let n = fact.envelope.payload.get().len();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.facts.push((rec.offset, fact));
             }
-            Err(reason) if need_fact => {
-                let n = rec.value.as_ref().map_or(0, Vec::len);
+            Err(dead) if need_fact => {
+                let n = dead.value.len();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
-                st.dead.push(DeadLetter {
-                    key: rec.key,
-                    value: rec.value.unwrap_or_default(),
-                    headers: rec.headers,
-                    offset: rec.offset,
-                    reason,
-                });
+                st.dead.push(*dead);
             }
             // The facts role owns dead-lettering; a projector-only pass just skips.
             Err(_) => {}
@@ -1036,36 +1056,14 @@ fn spawn_lag_monitor(
     });
 }
 
-/// A consumed record, owned so the consumer can be polled again while it is buffered.
-struct OwnedRecord {
+/// A consumed record, decoded, and owned so the consumer can be polled again while it is
+/// buffered.
+struct DecodedRecord {
     topic: String,
     partition: i32,
     offset: i64,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    headers: Vec<(String, Vec<u8>)>,
-    timestamp_ms: Option<i64>,
-}
-
-impl From<&BorrowedMessage<'_>> for OwnedRecord {
-    fn from(m: &BorrowedMessage<'_>) -> Self {
-        Self {
-            topic: m.topic().to_owned(),
-            partition: m.partition(),
-            offset: m.offset(),
-            key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
-            headers: m
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            timestamp_ms: m.timestamp().to_millis(),
-        }
-    }
+    /// The fact, or the whole record and the reason, for the dead-letter topic.
+    decoded: Result<Fact, Box<DeadLetter>>,
 }
 
 fn now_micros() -> i64 {

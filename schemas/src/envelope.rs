@@ -121,6 +121,15 @@ impl Envelope {
     /// Check the tenant and the payload against its schema; on success return the parsed
     /// payload and its natural identity, which every later stage needs.
     pub fn validate(&self) -> Result<(Value, String), EnvelopeError> {
+        let payload = self.check()?;
+        let id = identity::identity(self.kind, &payload)?;
+        Ok((payload, id))
+    }
+
+    /// [`Envelope::validate`] without the identity, for a caller that derives it from a
+    /// canonical form it computes anyway (ingest hashes every payload), so an
+    /// ExecutionFeedback's payload is not canonicalized twice.
+    pub fn check(&self) -> Result<Value, EnvelopeError> {
         if !is_valid_tenant(&self.tenant) {
             return Err(EnvelopeError::BadTenant);
         }
@@ -137,8 +146,7 @@ impl Envelope {
                 violations: validator.check(schema, &payload).unwrap_or_default(),
             });
         }
-        let id = identity::identity(self.kind, &payload)?;
-        Ok((payload, id))
+        Ok(payload)
     }
 }
 
