@@ -692,15 +692,15 @@ impl Ingestor {
             .iter_mut()
             .map(|st| std::mem::take(&mut st.facts))
             .collect();
-        // 2. Facts: dedup per partition, then one atomic insert for every partition: one
-        //    part in ClickHouse, however many partitions the batch spans.
+        // 2. Facts: dedup per partition, into the rows of one atomic insert for every
+        //    partition: one part in ClickHouse, however many partitions the batch spans.
+        let ingested_at = now_micros();
+        let mut rows = Vec::new();
+        // Per partition: (topic, partition, its rows in `rows`, last offset among them).
+        let mut spans: Vec<Span> = Vec::new();
+        // The rows borrow their topic names from here, so `parts` stays free to change.
+        let topics: Vec<String> = parts.iter().map(|st| st.topic.clone()).collect();
         if self.cfg.role != Role::Narratives {
-            let ingested_at = now_micros();
-            let mut rows = Vec::new();
-            // Per partition: (topic, partition, its rows in `rows`, last offset among them).
-            let mut spans: Vec<Span> = Vec::new();
-            // The rows borrow their topic names from here, so `parts` stays free to change.
-            let topics: Vec<String> = parts.iter().map(|st| st.topic.clone()).collect();
             for ((st, facts), topic) in parts.iter_mut().zip(&facts).zip(&topics) {
                 let start = rows.len();
                 self.fact_rows(st, topic, facts, ingested_at, &mut rows);
@@ -708,11 +708,48 @@ impl Ingestor {
                     spans.push((st.topic.clone(), st.partition, start..rows.len(), last));
                 }
             }
-            let insert_ms = if rows.is_empty() {
-                0.0
-            } else {
-                self.insert_facts(&rows, &spans).await?
+        }
+        // 3. The facts insert and the narrative pass run concurrently: while ClickHouse
+        //    writes the facts, weft computes the narratives. Neither reads what the other
+        //    writes (the projector reads only narrative tables), and each keeps its own
+        //    resume point, so either may land first or alone.
+        let batches: Vec<ProjectBatch<'_>> = parts
+            .iter()
+            .zip(&facts)
+            .filter(|(st, _)| st.last_offset > st.projected)
+            .map(|(st, facts)| ProjectBatch {
+                topic: &st.topic,
+                partition: st.partition,
+                facts: facts
+                    .iter()
+                    .filter(|(o, _)| *o > st.projected)
+                    .map(|(_, f)| f)
+                    .collect(),
+                last_offset: st.last_offset,
+            })
+            .collect();
+        let mut projector = self.projector.take();
+        let (inserted, projected) = {
+            let this = &*self;
+            let insert = async {
+                if rows.is_empty() {
+                    Ok(0.0)
+                } else {
+                    this.insert_facts(&rows, &spans).await
+                }
             };
+            let project = async {
+                match projector.as_mut() {
+                    Some(p) if !batches.is_empty() => this.project(p, &batches).await,
+                    _ => Ok(()),
+                }
+            };
+            tokio::join!(insert, project)
+        };
+        drop(batches);
+        self.projector = projector;
+        let insert_ms = inserted?;
+        if self.cfg.role != Role::Narratives {
             // Telemetry: one row per partition that had records, after the insert landed.
             let at = now_micros();
             let role = self.cfg.role.as_str();
@@ -747,58 +784,8 @@ impl Ingestor {
                 st.stored = st.stored.max(st.last_offset);
             }
         }
-        // 3. Narratives: one pass over every partition's facts.
-        if let Some(projector) = self.projector.as_mut() {
-            let batches: Vec<ProjectBatch<'_>> = parts
-                .iter()
-                .zip(&facts)
-                .filter(|(st, _)| st.last_offset > st.projected)
-                .map(|(st, facts)| ProjectBatch {
-                    topic: &st.topic,
-                    partition: st.partition,
-                    facts: facts
-                        .iter()
-                        .filter(|(o, _)| *o > st.projected)
-                        .map(|(_, f)| f)
-                        .collect(),
-                    last_offset: st.last_offset,
-                })
-                .collect();
-            if !batches.is_empty() {
-                let started = Instant::now();
-                let mut attempt = 0;
-                loop {
-                    match projector.apply(&batches).await {
-                        Ok(stats) => {
-                            self.metrics.narratives_moved.inc_by(stats.moved as u64);
-                            break;
-                        }
-                        Err(e) => {
-                            attempt += 1;
-                            self.metrics.insert_retries.inc();
-                            warn!(error = %e, attempt, "narrative projection failed; retrying");
-                            if *self.stop.borrow() {
-                                return Err(Stopped);
-                            }
-                            tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
-                            // The failed pass already moved the in-memory graph ahead of what
-                            // ClickHouse holds; replaying onto it would find nothing to change
-                            // and lose the pass's moves. Rebuild it from ClickHouse first, as
-                            // a restart would (the progress row, written last, was not).
-                            match Projector::load(self.store.clone()).await {
-                                Ok(fresh) => *projector = fresh,
-                                Err(e) => {
-                                    warn!(error = %e, "reloading the narrative graph failed; retrying");
-                                    continue;
-                                }
-                            }
-                        }
-                    }
-                }
-                self.metrics
-                    .projector_seconds
-                    .observe(started.elapsed().as_secs_f64());
-            }
+        projected?;
+        if self.projector.is_some() {
             for st in parts.iter_mut() {
                 st.projected = st.projected.max(st.last_offset);
             }
@@ -814,6 +801,48 @@ impl Ingestor {
             st.bytes = 0;
             st.oldest = None;
         }
+        Ok(())
+    }
+
+    /// One narrative pass over a flush's facts, retried until it lands. A failed pass may have
+    /// moved the in-memory graph ahead of ClickHouse, so before a retry the graph is rebuilt
+    /// from ClickHouse, as a restart would.
+    async fn project(
+        &self,
+        projector: &mut Projector,
+        batches: &[ProjectBatch<'_>],
+    ) -> Result<(), Stopped> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            match projector.apply(batches).await {
+                Ok(stats) => {
+                    self.metrics.narratives_moved.inc_by(stats.moved as u64);
+                    break;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    self.metrics.insert_retries.inc();
+                    warn!(error = %e, attempt, "narrative projection failed; retrying");
+                    if *self.stop.borrow() {
+                        return Err(Stopped);
+                    }
+                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    // Replaying onto the moved-ahead graph would find nothing to change and
+                    // lose the pass's moves (the progress row, written last, was not).
+                    match Projector::load(self.store.clone()).await {
+                        Ok(fresh) => *projector = fresh,
+                        Err(e) => {
+                            warn!(error = %e, "reloading the narrative graph failed; retrying");
+                            continue;
+                        }
+                    }
+                }
+            }
+        }
+        self.metrics
+            .projector_seconds
+            .observe(started.elapsed().as_secs_f64());
         Ok(())
     }
 
