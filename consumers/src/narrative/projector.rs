@@ -183,6 +183,33 @@ impl Projector {
             .fetch_all()
             .await
             .map_err(store.err())?;
+        // A pass killed after its narrative rows but before its node rows leaves members
+        // whose place only `weft_narratives` records. Restore it from there, so that when
+        // the replayed pass puts such a member elsewhere (its batch now holds more events),
+        // it moves the member and tombstones the row the killed pass wrote.
+        let completed = progress.iter().map(|p| p.version).max().unwrap_or(0);
+        let mut placed = c
+            .query(
+                "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) \
+                 FROM weft_narratives WHERE version > {completed:UInt64} \
+                 GROUP BY tenant, kind, id HAVING countIf(is_deleted = 0) > 0",
+            )
+            .param("completed", completed)
+            .fetch::<(String, String, String, String)>()
+            .map_err(store.err())?;
+        let mut n_unfinished = 0usize;
+        while let Some((tenant, kind, id, narrative)) = placed.next().await.map_err(store.err())? {
+            let Ok(kind) = kind.parse::<Kind>() else {
+                continue;
+            };
+            let key = NodeKey::event(&tenant, kind, &id);
+            let n = match graph.lookup(&key) {
+                Some(n) => n,
+                None => graph.add_node(key, ""),
+            };
+            graph.restore_assignment(n, &narrative);
+            n_unfinished += 1;
+        }
         let progress = progress
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
@@ -190,6 +217,7 @@ impl Projector {
         info!(
             nodes = n_nodes,
             graph = graph.len(),
+            unfinished_pass = n_unfinished,
             "narrative projector loaded"
         );
         Ok(Self {

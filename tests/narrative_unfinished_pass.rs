@@ -1,0 +1,114 @@
+//! A narrative pass killed after its narrative rows but before its node rows, on the real
+//! ClickHouse: the replayed pass must finish its work, whatever it decides this time.
+//!
+//! The case that `fault_ingest_survives_repeated_sigkill` once hit at random: a feedback
+//! without a request id, projected before its routing decision arrived, lands in a narrative
+//! of its own. The process dies before that pass records where it put the feedback (node rows,
+//! progress). After the restart the replayed batch also holds the routing decision, so the
+//! feedback now belongs to the request's narrative, and the row the killed pass wrote must be
+//! tombstoned, not left behind as a second, stray narrative.
+
+mod common;
+
+use common::pipeline::Pipeline;
+use weft_consumers::decode::{decode, Fact, Record};
+use weft_consumers::narrative::projector::{ProjectBatch, Projector};
+use weft_consumers::narrative::query;
+use weft_consumers::store::{ClickHouseConfig, Store};
+use weft_schemas::wire::SchemaIds;
+use weft_schemas::Topics;
+
+const ROUTING: &str = r#"{"decision_id":"erd-1","candidate":{"candidate_id":"flow-a","candidate_type":"flow"},"confidence":0.8,"reason_codes":["capability_match"],"created_at":"2026-05-25T07:59:00Z"}"#;
+const FEEDBACK: &str = r#"{"decision_id":"erd-1","candidate_id":"flow-a","success":true,"timestamp":"2026-05-25T08:00:00Z"}"#;
+
+fn fact(topic: &str, payload: &str, request_id: Option<&str>) -> Fact {
+    let headers: Vec<(&str, &[u8])> = request_id
+        .map(|r| ("weft-request-id", r.as_bytes()))
+        .into_iter()
+        .collect();
+    let rec = Record {
+        topic,
+        partition: 0,
+        offset: 0,
+        key: None,
+        value: Some(payload.as_bytes()),
+        headers: &headers,
+        timestamp_ms: Some(1_700_000_000_000),
+    };
+    decode(&rec, &Topics::default(), &SchemaIds::default())
+        .unwrap_or_else(|r| panic!("{topic}: {}", r.message))
+}
+
+fn batch<'a>(topic: &'a str, f: &'a Fact) -> ProjectBatch<'a> {
+    ProjectBatch {
+        topic,
+        partition: 0,
+        facts: vec![f],
+        last_offset: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
+    let p = Pipeline::new("it_unfinished");
+    let store = Store::new(ClickHouseConfig {
+        url: common::clickhouse_url(),
+        database: p.db.clone(),
+        ..ClickHouseConfig::default()
+    })
+    .unwrap();
+    let (fb_topic, erd_topic) = (
+        "weaver.execution_feedback",
+        "weaver.execution_routing_decisions",
+    );
+    let feedback = fact(fb_topic, FEEDBACK, None);
+    let routing = fact(erd_topic, ROUTING, Some("req-1"));
+
+    // The pass that dies: the feedback alone, in a narrative of its own.
+    let mut projector = Projector::load(store.clone()).await.unwrap();
+    projector
+        .apply(&[batch(fb_topic, &feedback)])
+        .await
+        .unwrap();
+    let alone = query::lookup(&store, "default", &feedback.id)
+        .await
+        .unwrap()
+        .expect("the feedback has a narrative");
+    assert_ne!(alone.narrative_id, "req-1");
+    // Its node rows and progress never landed (the order of a pass's writes puts them last).
+    for table in ["weft_narrative_nodes", "weft_projector_progress"] {
+        store
+            .client()
+            .query(&format!("TRUNCATE TABLE {table}"))
+            .execute()
+            .await
+            .unwrap();
+    }
+
+    // The restart: the replayed batch now holds the routing decision too.
+    let mut projector = Projector::load(store.clone()).await.unwrap();
+    projector
+        .apply(&[batch(fb_topic, &feedback), batch(erd_topic, &routing)])
+        .await
+        .unwrap();
+
+    let joined = query::lookup(&store, "default", &feedback.id)
+        .await
+        .unwrap()
+        .expect("the feedback has a narrative");
+    assert_eq!(joined.narrative_id, "req-1");
+    let mut members: Vec<&str> = joined.entries.iter().map(|e| e.kind.as_str()).collect();
+    members.sort_unstable();
+    assert_eq!(
+        members,
+        ["execution_feedback", "execution_routing_decision"]
+    );
+    // The killed pass's narrative holds nothing any more.
+    let left = query::lookup(&store, "default", &alone.narrative_id)
+        .await
+        .unwrap();
+    assert!(
+        left.as_ref().is_none_or(|n| n.narrative_id == "req-1"),
+        "the killed pass's narrative still has members: {left:?}"
+    );
+}
