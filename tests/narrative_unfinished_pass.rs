@@ -64,25 +64,23 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
     let feedback = fact(fb_topic, FEEDBACK, None);
     let routing = fact(erd_topic, ROUTING, Some("req-1"));
 
-    // The pass that dies: the feedback alone, in a narrative of its own.
+    // A pass that completes, so the killed one is not the first.
+    let earlier = fact(erd_topic, &ROUTING.replace("erd-1", "erd-0"), Some("req-0"));
     let mut projector = Projector::load(store.clone()).await.unwrap();
-    projector
-        .apply(&[batch(fb_topic, &feedback)])
-        .await
-        .unwrap();
+    projector.apply(&[batch(erd_topic, &earlier)]).await.unwrap();
+    // The pass that dies: the feedback alone, in a narrative of its own.
+    projector.apply(&[batch(fb_topic, &feedback)]).await.unwrap();
     let alone = query::lookup(&store, "default", &feedback.id)
         .await
         .unwrap()
         .expect("the feedback has a narrative");
     assert_ne!(alone.narrative_id, "req-1");
     // Its node rows and progress never landed (the order of a pass's writes puts them last).
-    for table in ["weft_narrative_nodes", "weft_projector_progress"] {
-        store
-            .client()
-            .query(&format!("TRUNCATE TABLE {table}"))
-            .execute()
-            .await
-            .unwrap();
+    for sql in [
+        "DELETE FROM weft_narrative_nodes WHERE kind = 'execution_feedback'",
+        "DELETE FROM weft_projector_progress WHERE topic = 'weaver.execution_feedback'",
+    ] {
+        store.client().query(sql).execute().await.unwrap();
     }
 
     // The restart: the replayed batch now holds the routing decision too.
