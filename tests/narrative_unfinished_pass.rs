@@ -67,9 +67,15 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
     // A pass that completes, so the killed one is not the first.
     let earlier = fact(erd_topic, &ROUTING.replace("erd-1", "erd-0"), Some("req-0"));
     let mut projector = Projector::load(store.clone()).await.unwrap();
-    projector.apply(&[batch(erd_topic, &earlier)]).await.unwrap();
+    projector
+        .apply(&[batch(erd_topic, &earlier)])
+        .await
+        .unwrap();
     // The pass that dies: the feedback alone, in a narrative of its own.
-    projector.apply(&[batch(fb_topic, &feedback)]).await.unwrap();
+    projector
+        .apply(&[batch(fb_topic, &feedback)])
+        .await
+        .unwrap();
     let alone = query::lookup(&store, "default", &feedback.id)
         .await
         .unwrap()

@@ -280,6 +280,14 @@ impl Ingestor {
             })
             .await?;
         }
+        if cfg.role == Role::All {
+            // The only writer of weft_events in this role: an insert running now is a killed
+            // predecessor's, and the resume points must be read after it lands.
+            retry_store(&cfg, &metrics, "wait for earlier inserts", || {
+                store.wait_for_running_inserts(&["weft_events"], Duration::from_secs(60))
+            })
+            .await?;
+        }
         let watch = RebalanceWatch::default();
         let rebalanced = watch.0.clone();
         let consumer: StreamConsumer<RebalanceWatch> = kafka_config(&cfg)

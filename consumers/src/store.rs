@@ -187,6 +187,45 @@ impl Store {
             .map_err(self.err())
     }
 
+    /// Wait (at most `limit`) until no insert into `tables` of this database is running on
+    /// the server. A process killed while its insert was under way leaves that insert to
+    /// land on its own, possibly after its successor has read where things stand; a process
+    /// that owns these tables alone calls this before reading its resume points. Returns
+    /// whether the server went quiet within `limit` (it logs a warning if not).
+    pub async fn wait_for_running_inserts(
+        &self,
+        tables: &[&str],
+        limit: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let started = std::time::Instant::now();
+        loop {
+            let running: u64 = self
+                .client
+                .query(
+                    "SELECT count() FROM system.processes WHERE query_kind = 'Insert' \
+                     AND current_database = currentDatabase() \
+                     AND multiSearchAny(query, {tables:Array(String)})",
+                )
+                .param("tables", tables)
+                .fetch_one()
+                .await
+                .map_err(self.err())?;
+            if running == 0 {
+                return Ok(true);
+            }
+            if started.elapsed() >= limit {
+                tracing::warn!(running, ?tables, "inserts still running; going on");
+                return Ok(false);
+            }
+            info!(
+                running,
+                ?tables,
+                "waiting for an earlier process's inserts to land"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Apply every pending migration, in order. Safe to run concurrently and repeatedly:
     /// all DDL is `IF NOT EXISTS`, and applied versions are skipped.
     #[instrument(skip(self), fields(database = %self.cfg.database))]

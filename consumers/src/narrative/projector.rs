@@ -20,6 +20,14 @@ use super::graph::{Change, Graph, NodeIdx, NodeKey};
 use crate::decode::Fact;
 use crate::store::{Store, StoreError};
 
+/// The tables the projector writes, and only it.
+const NARRATIVE_TABLES: &[&str] = &[
+    "weft_narratives",
+    "weft_narrative_nodes",
+    "weft_links",
+    "weft_projector_progress",
+];
+
 /// A monotonic version: wall-clock micros, never repeating or going back.
 #[derive(Debug, Default)]
 pub struct VersionClock(u64);
@@ -133,6 +141,11 @@ impl Projector {
         check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
         check_columns::<LinkRow>(&store, "weft_links").await?;
         check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
+        // The projector is the only writer of these tables: an insert running now is a dead
+        // predecessor's, and reading before it lands would place its members wrongly.
+        store
+            .wait_for_running_inserts(NARRATIVE_TABLES, std::time::Duration::from_secs(60))
+            .await?;
         let mut graph = Graph::new();
         let mut node_ts = Vec::new();
         let c = store.client();
