@@ -233,12 +233,13 @@ pub struct Ingestor {
     cfg: IngestConfig,
     store: Store,
     ids: SchemaIds,
-    /// Shared so the run loop can hold a received message while it borrows `self`.
+    /// Shared so the run loop can hold a received message while it borrows `self`, and
+    /// the flush task can store offsets.
     consumer: Arc<StreamConsumer<RebalanceWatch>>,
     rebalanced: Arc<std::sync::atomic::AtomicBool>,
-    dlq: FutureProducer,
     metrics: Arc<IngestMetrics>,
-    projector: Option<Projector>,
+    /// What flushes need besides the records: idle here, or inside the flush in flight.
+    flusher: FlusherSlot,
     parts: BTreeMap<(String, i32), PartitionState>,
     /// Records and payload bytes buffered over all partitions: the batch thresholds apply
     /// to these, so one flush makes one large insert whatever the partition count.
@@ -252,6 +253,52 @@ pub struct Ingestor {
     telemetry: Telemetry,
 }
 
+/// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
+/// decodes the next batch while it runs, and waits for it before starting another.
+enum FlusherSlot {
+    Idle(Box<Flusher>),
+    Busy(tokio::task::JoinHandle<(Box<Flusher>, Result<FlushDone, Stopped>)>),
+    /// Lost with a flush task that panicked; the process stops.
+    Gone,
+}
+
+/// Everything a flush needs besides its records, moved into the flush task and back, so the
+/// flush (dead letters, the facts insert, the narrative pass) runs on another thread while
+/// the loop goes on decoding.
+struct Flusher {
+    cfg: IngestConfig,
+    store: Store,
+    consumer: Arc<StreamConsumer<RebalanceWatch>>,
+    dlq: FutureProducer,
+    metrics: Arc<IngestMetrics>,
+    projector: Option<Projector>,
+    stop: watch::Receiver<bool>,
+    telemetry: Telemetry,
+}
+
+/// One partition's share of a flush, taken out of its [`PartitionState`].
+struct FlushPart {
+    topic: String,
+    partition: i32,
+    facts: Vec<(i64, Fact)>,
+    /// Per fact: `None` for a copy of a stored event (dropped by the dedup cache, or at or
+    /// below the stored offset), else `Some(conflict)`.
+    keep: Vec<Option<bool>>,
+    dead: Vec<DeadLetter>,
+    bytes: usize,
+    last_offset: i64,
+    /// Facts at or below this offset are projected already.
+    projected: i64,
+}
+
+/// What a landed flush did, applied to the partitions' resume points and the totals.
+struct FlushDone {
+    /// (topic, partition, last offset) of each partition flushed.
+    parts: Vec<(String, i32, i64)>,
+    inserted: u64,
+    dead_lettered: u64,
+}
+
 /// Where one partition's rows sit in a batch insert: topic, partition, the rows' index
 /// range, and the highest offset among them.
 type Span = (String, i32, std::ops::Range<usize>, i64);
@@ -259,6 +306,8 @@ type Span = (String, i32, std::ops::Range<usize>, i64);
 /// A flush abandoned because the process is stopping; its records are replayed next time.
 #[derive(Debug)]
 struct Stopped;
+
+type FlushResult = Result<FlushDone, Stopped>;
 
 fn backoff(attempt: u32, max_ms: u64) -> Duration {
     Duration::from_millis((100u64 << attempt.min(10)).min(max_ms))
@@ -317,15 +366,25 @@ impl Ingestor {
             ),
         };
         let telemetry = Telemetry::start(store.clone(), metrics.clone()).await;
+        let consumer = Arc::new(consumer);
+        let flusher = Flusher {
+            cfg: cfg.clone(),
+            store: store.clone(),
+            consumer: consumer.clone(),
+            dlq,
+            metrics: metrics.clone(),
+            projector,
+            stop: stop.clone(),
+            telemetry: telemetry.clone(),
+        };
         let mut me = Self {
             cfg,
             store,
             ids: SchemaIds::default(),
-            consumer: Arc::new(consumer),
+            consumer,
             rebalanced,
-            dlq,
             metrics,
-            projector,
+            flusher: FlusherSlot::Idle(Box::new(flusher)),
             parts: BTreeMap::new(),
             buffered: (0, 0),
             totals: IngestTotals::default(),
@@ -431,11 +490,18 @@ impl Ingestor {
         } else {
             (i64::MAX, DedupCache::new(Duration::ZERO))
         };
-        let projected = self
-            .projector
-            .as_ref()
-            .map(|p| p.projected(topic, partition))
-            .unwrap_or(i64::MAX);
+        let projected = match &self.flusher {
+            FlusherSlot::Idle(f) => f
+                .projector
+                .as_ref()
+                .map_or(i64::MAX, |p| p.projected(topic, partition)),
+            // Unreachable in practice: the single-process roles load every partition before
+            // the first flush, and the facts role (no projector) never leaves a flush in
+            // flight. Should it happen, projecting the partition again is safe (every
+            // projector write is idempotent).
+            _ if self.cfg.role == Role::Facts => i64::MAX,
+            _ => -1,
+        };
         debug!(
             topic,
             partition,
@@ -486,7 +552,9 @@ impl Ingestor {
                     info!("shutting down: flushing buffered records");
                     // One last attempt; if ClickHouse or Kafka is down it gives up, and the
                     // records are replayed from the stored offsets next time.
-                    let _ = self.flush().await;
+                    if self.flush().await.is_ok() {
+                        let _ = self.settle_flush().await;
+                    }
                     return Ok(self.totals);
                 }
                 msg = consumer.recv() => {
@@ -510,6 +578,10 @@ impl Ingestor {
                 }
                 _ = tick.tick() => {
                     self.after_rebalance().await?;
+                    // A flush that landed while the stream went quiet: take its resume points
+                    // now, not at the next flush, so lag and totals do not wait for traffic.
+                    let landed = matches!(&self.flusher, FlusherSlot::Busy(t) if t.is_finished());
+                    if landed && self.settle_flush().await.is_err() { return Ok(self.totals); }
                     let due = self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every));
                     if due && self.flush().await.is_err() { return Ok(self.totals); }
                 }
@@ -659,62 +731,167 @@ impl Ingestor {
         Ok(rows >= max_rows || bytes >= max_bytes)
     }
 
-    /// Flush every partition that has buffered records, all in one round: dead letters,
-    /// then one facts insert for all partitions, then one projector pass for all.
+    /// Start a flush of every partition that has buffered records (dead letters, then one
+    /// facts insert for all partitions alongside one projector pass for all), after the one
+    /// in flight has landed. In the facts role the flush is waited for at once: a rebalance
+    /// may hand a partition to another member, which must find its rows stored.
     async fn flush(&mut self) -> Result<(), Stopped> {
-        let keys: Vec<(String, i32)> = self
-            .parts
-            .iter()
-            .filter(|(_, p)| !p.is_empty() || p.last_offset > p.stored.min(p.projected))
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut batch: Vec<PartitionState> =
-            keys.iter().filter_map(|k| self.parts.remove(k)).collect();
+        self.settle_flush().await?;
+        let batch = self.take_batch();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let FlusherSlot::Idle(flusher) = std::mem::replace(&mut self.flusher, FlusherSlot::Gone)
+        else {
+            return Err(Stopped);
+        };
         let rows: usize = batch.iter().map(|p| p.facts.len() + p.dead.len()).sum();
         let span = info_span!("flush", partitions = batch.len(), rows);
-        let result = self.flush_batch(&mut batch).instrument(span).await;
-        if result.is_ok() {
-            self.buffered = (0, 0);
+        self.flusher = FlusherSlot::Busy(tokio::spawn(flusher.run(batch).instrument(span)));
+        if self.cfg.role == Role::Facts {
+            self.settle_flush().await?;
         }
-        for st in batch {
-            self.parts.insert((st.topic.clone(), st.partition), st);
-        }
-        if let Some(p) = &self.projector {
-            self.metrics.narrative_graph_nodes.set(p.graph_len() as i64);
-        }
-        self.publish_positions();
-        result
+        Ok(())
     }
 
-    async fn flush_batch(&mut self, parts: &mut [PartitionState]) -> Result<(), Stopped> {
-        // 1. Dead letters first: once their offsets are committed they must be safe elsewhere.
-        let mut dead_n = Vec::with_capacity(parts.len());
-        for st in parts.iter_mut() {
-            let dead = std::mem::take(&mut st.dead);
-            dead_n.push(dead.len());
-            if !dead.is_empty() {
-                self.dead_letter(&st.topic, st.partition, &dead).await?;
+    /// Wait for the flush in flight, if any, and move the partitions' resume points past it.
+    async fn settle_flush(&mut self) -> Result<(), Stopped> {
+        let FlusherSlot::Busy(task) = &mut self.flusher else {
+            return match self.flusher {
+                FlusherSlot::Gone => Err(Stopped),
+                _ => Ok(()),
+            };
+        };
+        let (flusher, result) = match task.await {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing of the batch is committed: a restart replays it.
+                error!(error = %e, "the flush task failed; stopping");
+                self.flusher = FlusherSlot::Gone;
+                return Err(Stopped);
+            }
+        };
+        if let Some(p) = &flusher.projector {
+            self.metrics.narrative_graph_nodes.set(p.graph_len() as i64);
+        }
+        let has_facts = self.cfg.role != Role::Narratives;
+        let has_projector = flusher.projector.is_some();
+        self.flusher = FlusherSlot::Idle(flusher);
+        let done = result?;
+        self.totals.inserted += done.inserted;
+        self.totals.dead_lettered += done.dead_lettered;
+        for (topic, partition, last) in done.parts {
+            if let Some(st) = self.parts.get_mut(&(topic, partition)) {
+                if has_facts {
+                    st.stored = st.stored.max(last);
+                }
+                if has_projector {
+                    st.projected = st.projected.max(last);
+                }
             }
         }
-        let facts: Vec<Vec<(i64, Fact)>> = parts
-            .iter_mut()
-            .map(|st| std::mem::take(&mut st.facts))
-            .collect();
-        // 2. Facts: dedup per partition, into the rows of one atomic insert for every
-        //    partition: one part in ClickHouse, however many partitions the batch spans.
+        self.publish_positions();
+        Ok(())
+    }
+
+    /// Take every partition's buffered records out for a flush, deciding here, in order,
+    /// which facts are copies of stored events (the dedup cache lives with the partition).
+    fn take_batch(&mut self) -> Vec<FlushPart> {
+        let role = self.cfg.role;
+        let mut batch = Vec::new();
+        for st in self.parts.values_mut() {
+            if st.is_empty() && st.last_offset <= st.stored.min(st.projected) {
+                continue;
+            }
+            let facts = std::mem::take(&mut st.facts);
+            let keep = facts
+                .iter()
+                .map(|(offset, f)| {
+                    if role == Role::Narratives || *offset <= st.stored {
+                        return None;
+                    }
+                    let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
+                    match st.dedup.observe(key, &f.content_hash) {
+                        Seen::Duplicate => {
+                            self.totals.deduplicated += 1;
+                            self.metrics.deduplicated.inc();
+                            None
+                        }
+                        Seen::Conflict => {
+                            self.metrics.conflicts.inc();
+                            Some(true)
+                        }
+                        Seen::New => Some(false),
+                    }
+                })
+                .collect();
+            batch.push(FlushPart {
+                topic: st.topic.clone(),
+                partition: st.partition,
+                facts,
+                keep,
+                dead: std::mem::take(&mut st.dead),
+                bytes: std::mem::take(&mut st.bytes),
+                last_offset: st.last_offset,
+                projected: st.projected,
+            });
+            st.oldest = None;
+        }
+        self.buffered = (0, 0);
+        batch
+    }
+
+    /// Publish where each partition stands, for the lag monitor.
+    fn publish_positions(&self) {
+        if let Ok(mut pos) = self.positions.lock() {
+            for st in self.parts.values() {
+                pos.insert(
+                    (st.topic.clone(), st.partition),
+                    st.stored.min(st.projected).max(-1) + 1,
+                );
+            }
+        }
+    }
+}
+
+impl Flusher {
+    /// Flush `parts`, retrying until it lands or the process stops; hands itself back.
+    async fn run(mut self: Box<Self>, mut parts: Vec<FlushPart>) -> (Box<Self>, FlushResult) {
+        let result = self.flush_batch(&mut parts).await;
+        (self, result)
+    }
+
+    async fn flush_batch(&mut self, parts: &mut [FlushPart]) -> FlushResult {
+        // 1. Dead letters first: once their offsets are committed they must be safe elsewhere.
+        let mut dead_lettered = 0;
+        for p in parts.iter() {
+            if !p.dead.is_empty() {
+                self.dead_letter(&p.topic, p.partition, &p.dead).await?;
+                dead_lettered += p.dead.len() as u64;
+            }
+        }
+        // 2. Facts: the rows of one atomic insert for every partition: one part in
+        //    ClickHouse, however many partitions the batch spans.
         let ingested_at = now_micros();
         let mut rows = Vec::new();
         // Per partition: (topic, partition, its rows in `rows`, last offset among them).
         let mut spans: Vec<Span> = Vec::new();
-        // The rows borrow their topic names from here, so `parts` stays free to change.
-        let topics: Vec<String> = parts.iter().map(|st| st.topic.clone()).collect();
-        if self.cfg.role != Role::Narratives {
-            for ((st, facts), topic) in parts.iter_mut().zip(&facts).zip(&topics) {
-                let start = rows.len();
-                self.fact_rows(st, topic, facts, ingested_at, &mut rows);
-                if let Some(last) = rows[start..].iter().map(|r| r.offset as i64).max() {
-                    spans.push((st.topic.clone(), st.partition, start..rows.len(), last));
+        for p in parts.iter() {
+            let start = rows.len();
+            for ((offset, f), keep) in p.facts.iter().zip(&p.keep) {
+                if let Some(conflict) = *keep {
+                    rows.push(EventRow::new(
+                        f,
+                        &p.topic,
+                        p.partition,
+                        *offset,
+                        ingested_at,
+                        conflict,
+                    ));
                 }
+            }
+            if let Some(last) = rows[start..].iter().map(|r| r.offset as i64).max() {
+                spans.push((p.topic.clone(), p.partition, start..rows.len(), last));
             }
         }
         // 3. The facts insert and the narrative pass run concurrently: while ClickHouse
@@ -723,17 +900,17 @@ impl Ingestor {
         //    resume point, so either may land first or alone.
         let batches: Vec<ProjectBatch<'_>> = parts
             .iter()
-            .zip(&facts)
-            .filter(|(st, _)| st.last_offset > st.projected)
-            .map(|(st, facts)| ProjectBatch {
-                topic: &st.topic,
-                partition: st.partition,
-                facts: facts
+            .filter(|p| p.last_offset > p.projected)
+            .map(|p| ProjectBatch {
+                topic: &p.topic,
+                partition: p.partition,
+                facts: p
+                    .facts
                     .iter()
-                    .filter(|(o, _)| *o > st.projected)
+                    .filter(|(o, _)| *o > p.projected)
                     .map(|(_, f)| f)
                     .collect(),
-                last_offset: st.last_offset,
+                last_offset: p.last_offset,
             })
             .collect();
         let mut projector = self.projector.take();
@@ -754,27 +931,26 @@ impl Ingestor {
             };
             tokio::join!(insert, project)
         };
-        drop(batches);
         self.projector = projector;
         let insert_ms = inserted?;
         if self.cfg.role != Role::Narratives {
             // Telemetry: one row per partition that had records, after the insert landed.
             let at = now_micros();
             let role = self.cfg.role.as_str();
-            for (i, st) in parts.iter().enumerate() {
+            for p in parts.iter() {
                 let ins = spans
                     .iter()
-                    .find(|(t, p, _, _)| *t == st.topic && *p == st.partition);
-                if ins.is_none() && dead_n[i] == 0 {
+                    .find(|(t, n, _, _)| *t == p.topic && *n == p.partition);
+                if ins.is_none() && p.dead.is_empty() {
                     continue;
                 }
                 self.telemetry.record(Sample::Batch(BatchRow {
                     at,
-                    topic: st.topic.clone(),
-                    partition: st.partition,
+                    topic: p.topic.clone(),
+                    partition: p.partition,
                     rows: ins.map_or(0, |(_, _, r, _)| r.len() as u32),
-                    dead: dead_n[i] as u32,
-                    bytes: st.bytes as u64,
+                    dead: p.dead.len() as u32,
+                    bytes: p.bytes as u64,
                     insert_ms: if ins.is_some() { insert_ms } else { 0.0 },
                     role,
                 }));
@@ -787,29 +963,25 @@ impl Ingestor {
                     .with_label_values(&[r.kind])
                     .observe(age.max(0.0));
             }
-            self.totals.inserted += rows.len() as u64;
-            for st in parts.iter_mut() {
-                st.stored = st.stored.max(st.last_offset);
-            }
         }
         projected?;
-        if self.projector.is_some() {
-            for st in parts.iter_mut() {
-                st.projected = st.projected.max(st.last_offset);
-            }
-        }
         // 4. Let rdkafka commit the next offsets.
-        for st in parts.iter_mut() {
+        for p in parts.iter() {
             if let Err(e) = self
                 .consumer
-                .store_offset(&st.topic, st.partition, st.last_offset)
+                .store_offset(&p.topic, p.partition, p.last_offset)
             {
                 debug!(error = %e, "store_offset failed (the offset is still safe in ClickHouse)");
             }
-            st.bytes = 0;
-            st.oldest = None;
         }
-        Ok(())
+        Ok(FlushDone {
+            parts: parts
+                .iter()
+                .map(|p| (p.topic.clone(), p.partition, p.last_offset))
+                .collect(),
+            inserted: rows.len() as u64,
+            dead_lettered,
+        })
     }
 
     /// One narrative pass over a flush's facts, retried until it lands. A failed pass may have
@@ -852,41 +1024,6 @@ impl Ingestor {
             .projector_seconds
             .observe(started.elapsed().as_secs_f64());
         Ok(())
-    }
-
-    /// The rows to store for one partition's facts: copies of stored events are dropped,
-    /// reuses of an id with other content are flagged.
-    fn fact_rows<'f>(
-        &mut self,
-        st: &mut PartitionState,
-        topic: &'f str,
-        facts: &'f [(i64, Fact)],
-        ingested_at: i64,
-        rows: &mut Vec<EventRow<'f>>,
-    ) {
-        for (offset, f) in facts.iter().filter(|(o, _)| *o > st.stored) {
-            let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
-            let conflict = match st.dedup.observe(key, &f.content_hash) {
-                Seen::Duplicate => {
-                    self.totals.deduplicated += 1;
-                    self.metrics.deduplicated.inc();
-                    continue;
-                }
-                Seen::Conflict => {
-                    self.metrics.conflicts.inc();
-                    true
-                }
-                Seen::New => false,
-            };
-            rows.push(EventRow::new(
-                f,
-                topic,
-                st.partition,
-                *offset,
-                ingested_at,
-                conflict,
-            ));
-        }
     }
 
     /// Insert the batch's facts (`spans` says which rows came from which partition) as one
@@ -1013,7 +1150,6 @@ impl Ingestor {
                     }
                 }
             }
-            self.totals.dead_lettered += 1;
             // Acknowledged by the broker: now (and only now) it is a dead letter to report.
             self.telemetry.record(Sample::DeadLetter(DeadLetterRow {
                 at: now_micros(),
@@ -1036,18 +1172,6 @@ impl Ingestor {
                 .inc();
         }
         Ok(())
-    }
-
-    /// Publish where each partition stands, for the lag monitor.
-    fn publish_positions(&self) {
-        if let Ok(mut pos) = self.positions.lock() {
-            for st in self.parts.values() {
-                pos.insert(
-                    (st.topic.clone(), st.partition),
-                    st.stored.min(st.projected).max(-1) + 1,
-                );
-            }
-        }
     }
 }
 
