@@ -48,6 +48,11 @@ fn batch<'a>(topic: &'a str, f: &'a Fact) -> ProjectBatch<'a> {
     }
 }
 
+/// The narrative that `id` (a member's id or a narrative id) resolves to, for tenant `default`.
+async fn narrative_of(store: &Store, id: &str) -> Option<query::Narrative> {
+    query::lookup(store, "default", id).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
     let p = Pipeline::new("it_unfinished");
@@ -76,9 +81,8 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
         .apply(&[batch(fb_topic, &feedback)])
         .await
         .unwrap();
-    let alone = query::lookup(&store, "default", &feedback.id)
+    let alone = narrative_of(&store, &feedback.id)
         .await
-        .unwrap()
         .expect("the feedback has a narrative");
     assert_ne!(alone.narrative_id, "req-1");
     // Its node rows and progress never landed (the order of a pass's writes puts them last).
@@ -96,9 +100,8 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
         .await
         .unwrap();
 
-    let joined = query::lookup(&store, "default", &feedback.id)
+    let joined = narrative_of(&store, &feedback.id)
         .await
-        .unwrap()
         .expect("the feedback has a narrative");
     assert_eq!(joined.narrative_id, "req-1");
     let mut members: Vec<&str> = joined.entries.iter().map(|e| e.kind.as_str()).collect();
@@ -108,9 +111,7 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
         ["execution_feedback", "execution_routing_decision"]
     );
     // The killed pass's narrative holds nothing any more.
-    let left = query::lookup(&store, "default", &alone.narrative_id)
-        .await
-        .unwrap();
+    let left = narrative_of(&store, &alone.narrative_id).await;
     assert!(
         left.as_ref().is_none_or(|n| n.narrative_id == "req-1"),
         "the killed pass's narrative still has members: {left:?}"

@@ -257,7 +257,7 @@ pub struct Ingestor {
 /// decodes the next batch while it runs, and waits for it before starting another.
 enum FlusherSlot {
     Idle(Box<Flusher>),
-    Busy(tokio::task::JoinHandle<(Box<Flusher>, Result<FlushDone, Stopped>)>),
+    Busy(tokio::task::JoinHandle<(Box<Flusher>, FlushResult)>),
     /// Lost with a flush task that panicked; the process stops.
     Gone,
 }
