@@ -25,7 +25,7 @@ pub enum BenchWhat {
     Publish(BenchPublishArgs),
     Ingest(crate::cmd::bench_ingest::BenchIngestArgs),
     Lookup(crate::cmd::bench_lookup::BenchLookupArgs),
-    Route(crate::cmd::router::BenchRouteArgs),
+    Route(weft_bench::route::BenchRouteArgs),
 }
 
 /// Publish N TraceEvents through the Publisher into the broker and report events/s and
@@ -104,7 +104,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
         BenchWhat::Publish(a) => a,
         BenchWhat::Ingest(a) => return crate::cmd::bench_ingest::run(a, settings).await,
         BenchWhat::Lookup(a) => return crate::cmd::bench_lookup::run(a, settings).await,
-        BenchWhat::Route(a) => return crate::cmd::router::bench(a, settings).await,
+        BenchWhat::Route(a) => return weft_bench::route::run(a).await,
     };
     let mut pargs = args.publisher.clone();
     let run = format!(
