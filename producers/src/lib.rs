@@ -20,5 +20,3 @@ pub mod spool;
 pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};
 pub use metrics::Metrics;
 pub use publisher::{Delivery, PublishError, Publisher, PublisherError, Receipt};
-
-pub mod simulate;

@@ -27,10 +27,10 @@ use weft_consumers::facts::{identity_key, DedupCache, EventRow};
 use weft_consumers::ingest::{IngestTotals, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
 use weft_consumers::store::Store;
-use weft_producers::simulate::{Mix, SimConfig, Simulation};
 use weft_producers::{Delivery, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{identity, links, Envelope, Topics};
+use weft_sim::{Mix, SimConfig, Simulation};
 
 use crate::cmd::bench_ingest_floor::FloorPhase;
 use crate::cmd::ingest::RoleArg;

@@ -25,9 +25,9 @@ use weft_consumers::facts::EventRow;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
 use weft_consumers::narrative::query;
 use weft_consumers::store::Store;
-use weft_producers::simulate::{SimConfig, Simulation};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Topics;
+use weft_sim::{SimConfig, Simulation};
 
 use crate::config::Settings;
 
