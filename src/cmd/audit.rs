@@ -57,8 +57,8 @@ pub enum Action {
 /// `weft audit serve --seal-every-secs N` do it).
 #[derive(Debug, Args)]
 pub struct SealArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     /// Checkpoint signing key from `weft audit keygen`.
     #[arg(long, env = "WEFT_AUDIT_SEAL_KEY")]
     pub sign_key: Option<PathBuf>,
@@ -74,8 +74,8 @@ pub struct SealArgs {
 /// consistent in every column at a free offset cannot be told from a new fact (docs/AUDIT.md).
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     /// Also check these exported checkpoints (from `weft audit checkpoints`).
     #[arg(long)]
     pub checkpoints: Option<PathBuf>,
@@ -112,8 +112,8 @@ impl VerifyArgs {
 /// Export the tenant's checkpoints as JSON, to keep outside ClickHouse for offline checks.
 #[derive(Debug, Args)]
 pub struct CheckpointsArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
 }
 
 /// Per-tenant retention (no TTL by default) and legal hold.
@@ -129,18 +129,25 @@ pub enum RetentionAction {
     Apply(TenantArg),
 }
 
-/// Just a tenant.
-#[derive(Debug, Args)]
+/// The tenant every audit command is scoped to (`--tenant`, `WEFT_TENANT`).
+#[derive(Debug, Clone, Args)]
 pub struct TenantArg {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    /// Tenant to audit (only its rows are ever read).
+    #[arg(
+        id = "tenant",
+        long = "tenant",
+        env = "WEFT_TENANT",
+        default_value = "default",
+        value_name = "TENANT"
+    )]
+    pub name: String,
 }
 
 /// `retention set`.
 #[derive(Debug, Args)]
 pub struct RetentionSetArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     #[arg(long)]
     pub days: u32,
 }
@@ -148,8 +155,8 @@ pub struct RetentionSetArgs {
 /// `retention hold`.
 #[derive(Debug, Args)]
 pub struct HoldArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     #[arg(long, conflicts_with = "off", required_unless_present = "off")]
     pub on: bool,
     #[arg(long)]
@@ -184,9 +191,8 @@ pub struct ServeArgs {
 /// The tenant and time bounds every query takes.
 #[derive(Debug, Clone, Args)]
 pub struct Scope {
-    /// Tenant to audit (only its rows are ever read).
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     /// Start of the range (event time, inclusive): RFC 3339 or `30d`/`12h`/`15m` ago.
     #[arg(long, default_value = "90d")]
     pub from: String,
@@ -267,8 +273,8 @@ pub enum TextJson {
 /// Print the narrative timeline of one request (or of the narrative holding any event id).
 #[derive(Debug, Args)]
 pub struct TimelineArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     /// A request id, or any event id (event_id, decision_id, frame_id, ...).
     #[arg(long)]
     pub request: String,
@@ -326,8 +332,8 @@ pub enum SearchFormat {
 /// signed (JCS + ed25519). Exit 1 when the bundle does not pass (it is still printed).
 #[derive(Debug, Args)]
 pub struct BundleArgs {
-    #[arg(long, env = "WEFT_TENANT", default_value = "default")]
-    pub tenant: String,
+    #[command(flatten)]
+    pub tenant: TenantArg,
     /// The request id (or any event id of its narrative).
     #[arg(long)]
     pub request: String,
@@ -369,307 +375,324 @@ async fn logged(store: &Store, tenant: &str, action: &str, q: serde_json::Value,
 }
 
 pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
-    match a.action {
+    let action = match a.action {
         Action::BundleCheck(b) => return bundle_check(b),
-        Action::Keygen(k) => {
-            let key = Key::generate(&k.kid)?;
-            write_secret(&k.out, &key.to_json())?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&Keyring {
-                    keys: vec![key.public()]
-                })?
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        _ => {}
-    }
+        Action::Keygen(k) => return keygen(k),
+        other => other,
+    };
     let copy_window = weft_audit::chain::copy_window_secs(settings.ingest.dedup_window_secs);
     let store = Store::new(settings.clickhouse)?;
-    match a.action {
-        Action::Check(c) => {
-            let range = c.scope.range()?;
-            let opt = CheckOptions {
-                grace_secs: c.grace_secs,
-                lookaround_secs: c.lookaround_secs,
-            };
-            let r = check::run(&store, &c.scope.tenant, range, opt).await?;
-            logged(
-                &store,
-                &c.scope.tenant,
-                "check",
-                json!({"range": range, "grace_secs": c.grace_secs}),
-                r.findings.len() as u64,
-            )
-            .await;
-            match c.format {
-                TextJson::Json => {
-                    // Streamed: a 10M-event check can report 200k findings (about 100 MB).
-                    use std::io::Write;
-                    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-                    serde_json::to_writer_pretty(&mut w, &r)?;
-                    writeln!(w)?;
-                    w.flush()?;
-                }
-                TextJson::Text => {
-                    let mut out = format!(
-                        "audit check, tenant {}, {} .. {}: {} findings {:?} ({} ms)\n",
-                        r.tenant,
-                        weft_schemas::time::micros_to_rfc3339(range.from),
-                        weft_schemas::time::micros_to_rfc3339(range.to),
-                        r.findings.len(),
-                        r.counts,
-                        r.elapsed_ms
-                    );
-                    for f in r.findings.iter().filter(|_| !c.summary) {
-                        out.push_str(&format!(
-                            "  {:<11} {:<26} {}\n",
-                            f.invariant, f.rule, f.detail
-                        ));
-                        let ev: Vec<String> = f.events.iter().map(|e| e.to_string()).collect();
-                        out.push_str(&format!("              proof: {}\n", ev.join(", ")));
-                    }
-                    print_text(&out)?;
-                }
-            }
-            Ok(if c.fail_on_findings && !r.findings.is_empty() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
-        }
-        Action::Timeline(t) => {
-            let n = match timeline::get(&store, &t.tenant, &t.request).await {
-                Ok(n) => n,
-                Err(weft_audit::AuditError::NotFound(m)) => {
-                    logged(&store, &t.tenant, "timeline", json!({"id": t.request}), 0).await;
-                    eprintln!("{m} (tenant {})", t.tenant);
-                    return Ok(ExitCode::FAILURE);
-                }
-                Err(e) => return Err(e.into()),
-            };
-            logged(
-                &store,
-                &t.tenant,
-                "timeline",
-                json!({"id": t.request}),
-                n.entries.len() as u64,
-            )
-            .await;
-            match t.format {
-                TextJson::Json => println!("{}", serde_json::to_string_pretty(&n)?),
-                TextJson::Text => print_text(&timeline::render_text(&n))?,
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Action::Search(s) => {
-            let range = s.scope.range()?;
-            let filter = Filter {
-                kind: s.kind.clone(),
-                principal: s.principal.clone(),
-                capability: s.capability.clone(),
-                event_type: s.event_type.clone(),
-                decision: s.decision.clone(),
-                outcome: s.outcome.clone(),
-                token: s.token.clone(),
-                request: s.request.clone(),
-            };
-            let mut cursor = s.cursor.clone();
-            let mut total = 0u64;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            use std::io::Write;
-            match s.format {
-                SearchFormat::Csv => writeln!(out, "{}", search::CSV_HEADER)?,
-                SearchFormat::Table => writeln!(
-                    out,
-                    "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
-                    "ts", "kind", "id", "event_type", "capability", "verdict", "outcome"
-                )?,
-                SearchFormat::Jsonl => {}
-            }
-            loop {
-                let page = search::page(
-                    &store,
-                    &s.scope.tenant,
-                    range,
-                    &filter,
-                    cursor.as_deref(),
-                    s.limit,
-                )
-                .await?;
-                total += page.hits.len() as u64;
-                for h in &page.hits {
-                    match s.format {
-                        SearchFormat::Csv => writeln!(out, "{}", search::csv_line(h))?,
-                        SearchFormat::Jsonl => writeln!(out, "{}", search::json_line(h))?,
-                        SearchFormat::Table => writeln!(
-                            out,
-                            "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
-                            weft_schemas::time::micros_to_rfc3339(h.ts),
-                            h.kind,
-                            h.id,
-                            h.event_type,
-                            h.capability_id,
-                            h.decision,
-                            h.outcome
-                        )?,
-                    }
-                }
-                cursor = page.next_cursor;
-                if !s.all || cursor.is_none() {
-                    break;
-                }
-            }
-            out.flush()?;
-            if let Some(c) = &cursor {
-                eprintln!("next cursor: {c}");
-            }
-            logged(
-                &store,
-                &s.scope.tenant,
-                "search",
-                json!({"range": range, "filter": filter, "cursor": s.cursor}),
-                total,
-            )
-            .await;
-            Ok(ExitCode::SUCCESS)
-        }
-        Action::Bundle(b) => {
-            let key = b.sign_key.as_deref().map(read_key).transpose()?;
-            let doc = bundle::export(&store, &b.tenant, &b.request, key.as_ref()).await?;
-            logged(&store, &b.tenant, "bundle", json!({"id": b.request}), 1).await;
-            let ring = key.as_ref().map(|k| Keyring {
-                keys: vec![k.public()],
-            });
-            let c = bundle::check_document(&doc, ring.as_ref());
-            println!("{}", serde_json::to_string_pretty(&doc)?);
-            report_bundle_check(&c);
-            Ok(if c.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-        Action::Seal(a) => {
-            let key = a.sign_key.as_deref().map(read_key).transpose()?;
-            let r = weft_audit::chain::seal(&store, &a.tenant, key.as_ref()).await?;
-            println!(
-                "sealed {} new facts of tenant {} in {} partitions{}",
-                r.sealed,
-                a.tenant,
-                r.checkpoints.len(),
-                if key.is_some() {
-                    " (checkpoints signed)"
-                } else {
-                    " (checkpoints unsigned: pass --sign-key)"
-                }
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Action::Verify(a) => {
-            let extra: Vec<weft_audit::chain::Checkpoint> = match &a.checkpoints {
-                Some(p) => serde_json::from_str(
-                    &std::fs::read_to_string(p)
-                        .with_context(|| format!("reading {}", p.display()))?,
-                )
-                .with_context(|| format!("parsing {}", p.display()))?,
-                None => Vec::new(),
-            };
-            let ring = match &a.keyring {
-                Some(p) => Some(Keyring::from_json(
-                    &std::fs::read_to_string(p)
-                        .with_context(|| format!("reading {}", p.display()))?,
-                )?),
-                None => None,
-            };
-            let range = a.range()?;
-            let r = weft_audit::chain::verify(
-                &store,
-                &a.tenant,
-                &extra,
-                ring.as_ref(),
-                range,
-                copy_window,
-            )
-            .await?;
-            logged(
-                &store,
-                &a.tenant,
-                "verify",
-                json!({ "range": range }),
-                r.problems.len() as u64,
-            )
-            .await;
-            match a.format {
-                TextJson::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-                TextJson::Text => {
-                    println!(
-                        "chain of tenant {}: {} — {} rows verified, {} checkpoints ok, {} unsealed, {} pruned by retention, {} problems",
-                        a.tenant,
-                        if r.ok() { "INTACT" } else { "BROKEN" },
-                        r.verified,
-                        r.checkpoints_ok,
-                        r.unsealed,
-                        r.pruned,
-                        r.problems.len()
-                    );
-                    for (i, p) in r.problems.iter().enumerate() {
-                        println!(
-                            "  {}{:<19} {}/{}@{} {}",
-                            if i == 0 { "first: " } else { "       " },
-                            p.what,
-                            p.topic,
-                            p.partition,
-                            p.offset,
-                            p.detail
-                        );
-                    }
-                }
-            }
-            Ok(if r.ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
+    match action {
+        Action::Check(c) => run_check(&store, c).await,
+        Action::Timeline(t) => run_timeline(&store, t).await,
+        Action::Search(s) => run_search(&store, s).await,
+        Action::Bundle(b) => run_bundle(&store, b).await,
+        Action::Seal(a) => run_seal(&store, a).await,
+        Action::Verify(a) => run_verify(&store, a, copy_window).await,
         Action::Checkpoints(a) => {
-            let c = weft_audit::chain::checkpoints(&store, &a.tenant).await?;
-            logged(&store, &a.tenant, "checkpoints", json!({}), c.len() as u64).await;
+            let tenant = &a.tenant.name;
+            let c = weft_audit::chain::checkpoints(&store, tenant).await?;
+            logged(&store, tenant, "checkpoints", json!({}), c.len() as u64).await;
             println!("{}", serde_json::to_string_pretty(&c)?);
             Ok(ExitCode::SUCCESS)
         }
-        Action::Retention(r) => {
-            use weft_audit::retention;
-            let (tenant, out) = match r {
-                RetentionAction::Show(t) => {
-                    let v = retention::get(&store, &t.tenant).await?;
-                    (t.tenant, serde_json::to_value(v)?)
-                }
-                RetentionAction::Set(s) => {
-                    let v = retention::set_days(&store, &s.tenant, s.days).await?;
-                    (s.tenant, serde_json::to_value(v)?)
-                }
-                RetentionAction::Hold(h) => {
-                    let v = retention::set_hold(&store, &h.tenant, h.on).await?;
-                    (h.tenant, serde_json::to_value(v)?)
-                }
-                RetentionAction::Apply(t) => match retention::apply(&store, &t.tenant).await {
-                    Ok(v) => (t.tenant, serde_json::to_value(v)?),
-                    Err(weft_audit::AuditError::Refused(m)) => {
-                        eprintln!("refused: {m}");
-                        return Ok(ExitCode::FAILURE);
-                    }
-                    Err(e) => return Err(e.into()),
-                },
-            };
-            println!("{}", json!({"tenant": tenant, "retention": out}));
-            Ok(ExitCode::SUCCESS)
-        }
+        Action::Retention(r) => run_retention(&store, r).await,
         Action::Serve(a) => serve(a, store, copy_window)
             .await
             .map(|()| ExitCode::SUCCESS),
         Action::BundleCheck(_) | Action::Keygen(_) => unreachable!("handled above"),
     }
+}
+
+/// `weft audit keygen`.
+fn keygen(k: KeygenArgs) -> anyhow::Result<ExitCode> {
+    let key = Key::generate(&k.kid)?;
+    write_secret(&k.out, &key.to_json())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&Keyring {
+            keys: vec![key.public()]
+        })?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `weft audit check`.
+async fn run_check(store: &Store, c: CheckArgs) -> anyhow::Result<ExitCode> {
+    let range = c.scope.range()?;
+    let tenant = &c.scope.tenant.name;
+    let opt = CheckOptions {
+        grace_secs: c.grace_secs,
+        lookaround_secs: c.lookaround_secs,
+    };
+    let r = check::run(store, tenant, range, opt).await?;
+    logged(
+        store,
+        tenant,
+        "check",
+        json!({"range": range, "grace_secs": c.grace_secs}),
+        r.findings.len() as u64,
+    )
+    .await;
+    match c.format {
+        TextJson::Json => {
+            // Streamed: a 10M-event check can report 200k findings (about 100 MB).
+            use std::io::Write;
+            let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+            serde_json::to_writer_pretty(&mut w, &r)?;
+            writeln!(w)?;
+            w.flush()?;
+        }
+        TextJson::Text => {
+            let mut out = format!(
+                "audit check, tenant {}, {} .. {}: {} findings {:?} ({} ms)\n",
+                r.tenant,
+                weft_schemas::time::micros_to_rfc3339(range.from),
+                weft_schemas::time::micros_to_rfc3339(range.to),
+                r.findings.len(),
+                r.counts,
+                r.elapsed_ms
+            );
+            for f in r.findings.iter().filter(|_| !c.summary) {
+                out.push_str(&format!(
+                    "  {:<11} {:<26} {}\n",
+                    f.invariant, f.rule, f.detail
+                ));
+                let ev: Vec<String> = f.events.iter().map(|e| e.to_string()).collect();
+                out.push_str(&format!("              proof: {}\n", ev.join(", ")));
+            }
+            print_text(&out)?;
+        }
+    }
+    Ok(if c.fail_on_findings && !r.findings.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `weft audit timeline`.
+async fn run_timeline(store: &Store, t: TimelineArgs) -> anyhow::Result<ExitCode> {
+    let tenant = &t.tenant.name;
+    let n = match timeline::get(store, tenant, &t.request).await {
+        Ok(n) => n,
+        Err(weft_audit::AuditError::NotFound(m)) => {
+            logged(store, tenant, "timeline", json!({"id": t.request}), 0).await;
+            eprintln!("{m} (tenant {tenant})");
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    logged(
+        store,
+        tenant,
+        "timeline",
+        json!({"id": t.request}),
+        n.entries.len() as u64,
+    )
+    .await;
+    match t.format {
+        TextJson::Json => println!("{}", serde_json::to_string_pretty(&n)?),
+        TextJson::Text => print_text(&timeline::render_text(&n))?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `weft audit search`: every page when --all, else one; the next cursor on stderr.
+async fn run_search(store: &Store, s: SearchArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let range = s.scope.range()?;
+    let tenant = &s.scope.tenant.name;
+    let filter = Filter {
+        kind: s.kind.clone(),
+        principal: s.principal.clone(),
+        capability: s.capability.clone(),
+        event_type: s.event_type.clone(),
+        decision: s.decision.clone(),
+        outcome: s.outcome.clone(),
+        token: s.token.clone(),
+        request: s.request.clone(),
+    };
+    let mut cursor = s.cursor.clone();
+    let mut total = 0u64;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    match s.format {
+        SearchFormat::Csv => writeln!(out, "{}", search::CSV_HEADER)?,
+        SearchFormat::Table => writeln!(
+            out,
+            "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
+            "ts", "kind", "id", "event_type", "capability", "verdict", "outcome"
+        )?,
+        SearchFormat::Jsonl => {}
+    }
+    loop {
+        let page = search::page(store, tenant, range, &filter, cursor.as_deref(), s.limit).await?;
+        total += page.hits.len() as u64;
+        for h in &page.hits {
+            match s.format {
+                SearchFormat::Csv => writeln!(out, "{}", search::csv_line(h))?,
+                SearchFormat::Jsonl => writeln!(out, "{}", search::json_line(h))?,
+                SearchFormat::Table => writeln!(
+                    out,
+                    "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
+                    weft_schemas::time::micros_to_rfc3339(h.ts),
+                    h.kind,
+                    h.id,
+                    h.event_type,
+                    h.capability_id,
+                    h.decision,
+                    h.outcome
+                )?,
+            }
+        }
+        cursor = page.next_cursor;
+        if !s.all || cursor.is_none() {
+            break;
+        }
+    }
+    out.flush()?;
+    if let Some(c) = &cursor {
+        eprintln!("next cursor: {c}");
+    }
+    logged(
+        store,
+        tenant,
+        "search",
+        json!({"range": range, "filter": filter, "cursor": s.cursor}),
+        total,
+    )
+    .await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `weft audit bundle`.
+async fn run_bundle(store: &Store, b: BundleArgs) -> anyhow::Result<ExitCode> {
+    let tenant = &b.tenant.name;
+    let key = b.sign_key.as_deref().map(read_key).transpose()?;
+    let doc = bundle::export(store, tenant, &b.request, key.as_ref()).await?;
+    logged(store, tenant, "bundle", json!({"id": b.request}), 1).await;
+    let ring = key.as_ref().map(|k| Keyring {
+        keys: vec![k.public()],
+    });
+    let c = bundle::check_document(&doc, ring.as_ref());
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    report_bundle_check(&c);
+    Ok(if c.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `weft audit seal`.
+async fn run_seal(store: &Store, a: SealArgs) -> anyhow::Result<ExitCode> {
+    let key = a.sign_key.as_deref().map(read_key).transpose()?;
+    let r = weft_audit::chain::seal(store, &a.tenant.name, key.as_ref()).await?;
+    println!(
+        "sealed {} new facts of tenant {} in {} partitions{}",
+        r.sealed,
+        a.tenant.name,
+        r.checkpoints.len(),
+        if key.is_some() {
+            " (checkpoints signed)"
+        } else {
+            " (checkpoints unsigned: pass --sign-key)"
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A keyring file (spec keyring format), when given.
+fn read_keyring(path: Option<&std::path::Path>) -> anyhow::Result<Option<Keyring>> {
+    let Some(p) = path else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(Some(Keyring::from_json(&text)?))
+}
+
+/// `weft audit verify`.
+async fn run_verify(store: &Store, a: VerifyArgs, copy_window: u64) -> anyhow::Result<ExitCode> {
+    let tenant = &a.tenant.name;
+    let extra: Vec<weft_audit::chain::Checkpoint> = match &a.checkpoints {
+        Some(p) => serde_json::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| format!("parsing {}", p.display()))?,
+        None => Vec::new(),
+    };
+    let ring = read_keyring(a.keyring.as_deref())?;
+    let range = a.range()?;
+    let r =
+        weft_audit::chain::verify(store, tenant, &extra, ring.as_ref(), range, copy_window).await?;
+    logged(
+        store,
+        tenant,
+        "verify",
+        json!({ "range": range }),
+        r.problems.len() as u64,
+    )
+    .await;
+    match a.format {
+        TextJson::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        TextJson::Text => {
+            println!(
+                "chain of tenant {}: {} — {} rows verified, {} checkpoints ok, {} unsealed, {} pruned by retention, {} problems",
+                tenant,
+                if r.ok() { "INTACT" } else { "BROKEN" },
+                r.verified,
+                r.checkpoints_ok,
+                r.unsealed,
+                r.pruned,
+                r.problems.len()
+            );
+            for (i, p) in r.problems.iter().enumerate() {
+                println!(
+                    "  {}{:<19} {}/{}@{} {}",
+                    if i == 0 { "first: " } else { "       " },
+                    p.what,
+                    p.topic,
+                    p.partition,
+                    p.offset,
+                    p.detail
+                );
+            }
+        }
+    }
+    Ok(if r.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `weft audit retention ...`.
+async fn run_retention(store: &Store, r: RetentionAction) -> anyhow::Result<ExitCode> {
+    use weft_audit::retention;
+    let (tenant, out) = match r {
+        RetentionAction::Show(t) => {
+            let v = retention::get(store, &t.name).await?;
+            (t.name, serde_json::to_value(v)?)
+        }
+        RetentionAction::Set(s) => {
+            let v = retention::set_days(store, &s.tenant.name, s.days).await?;
+            (s.tenant.name, serde_json::to_value(v)?)
+        }
+        RetentionAction::Hold(h) => {
+            let v = retention::set_hold(store, &h.tenant.name, h.on).await?;
+            (h.tenant.name, serde_json::to_value(v)?)
+        }
+        RetentionAction::Apply(t) => match retention::apply(store, &t.name).await {
+            Ok(v) => (t.name, serde_json::to_value(v)?),
+            Err(weft_audit::AuditError::Refused(m)) => {
+                eprintln!("refused: {m}");
+                return Ok(ExitCode::FAILURE);
+            }
+            Err(e) => return Err(e.into()),
+        },
+    };
+    println!("{}", json!({"tenant": tenant, "retention": out}));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn report_bundle_check(c: &bundle::BundleCheck) {
@@ -692,12 +715,7 @@ fn bundle_check(b: BundleCheckArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("reading {}", b.file.display()))?;
     let doc: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", b.file.display()))?;
-    let ring = match &b.keyring {
-        Some(p) => Some(Keyring::from_json(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        )?),
-        None => None,
-    };
+    let ring = read_keyring(b.keyring.as_deref())?;
     let c = bundle::check_document(&doc, ring.as_ref());
     report_bundle_check(&c);
     Ok(if c.passed() {
@@ -735,12 +753,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         .map(read_key)
         .transpose()?
         .map(Arc::new);
-    let keyring = match &a.keyring {
-        Some(p) => Some(Arc::new(Keyring::from_json(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        )?)),
-        None => None,
-    };
+    let keyring = read_keyring(a.keyring.as_deref())?.map(Arc::new);
     if a.seal_every_secs > 0 {
         tokio::spawn(weft_audit::serve::seal_loop(
             store.clone(),
