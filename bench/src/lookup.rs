@@ -24,12 +24,12 @@ use weft_consumers::decode::{self, Fact, Record};
 use weft_consumers::facts::EventRow;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
 use weft_consumers::narrative::query;
-use weft_consumers::store::Store;
+use weft_consumers::store::{ClickHouseConfig, Store};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Topics;
 use weft_sim::{SimConfig, Simulation};
 
-use crate::config::Settings;
+use crate::ch::{count, exec, settle_merges};
 
 /// Measure narrative lookups (p50/p95/p99) with ~N events stored.
 ///
@@ -143,20 +143,8 @@ pub struct LookupReport {
     pub target_p99_ms: f64,
 }
 
-async fn exec(store: &Store, sql: &str) -> anyhow::Result<()> {
-    store
-        .client()
-        .query(sql)
-        .execute()
-        .await
-        .with_context(|| format!("ClickHouse: {}", &sql[..sql.len().min(200)]))
-}
-
-async fn count(store: &Store, sql: &str) -> anyhow::Result<u64> {
-    Ok(store.client().query(sql).fetch_one::<u64>().await?)
-}
-
-pub async fn run(args: BenchLookupArgs, settings: Settings) -> anyhow::Result<()> {
+/// Run `weft bench lookup` against `clickhouse` (in a database of its own) and print its report.
+pub async fn run(args: BenchLookupArgs, clickhouse: ClickHouseConfig) -> anyhow::Result<()> {
     let fresh = args.database.is_none();
     let database = args.database.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()
@@ -165,14 +153,14 @@ pub async fn run(args: BenchLookupArgs, settings: Settings) -> anyhow::Result<()
             .unwrap_or(0);
         format!("weft_bench_lookup_{}_{secs}", std::process::id())
     });
-    let mut ch = settings.clickhouse.clone();
+    let mut ch = clickhouse.clone();
     ch.database = database.clone();
     let store = Store::new(ch)?;
     store
         .migrate()
         .await
         .context("migrating the bench database")?;
-    let result = measure(&args, &store, &database, &settings.clickhouse.url).await;
+    let result = measure(&args, &store, &database, &clickhouse.url).await;
     if fresh && !args.keep {
         exec(&store, &format!("DROP DATABASE IF EXISTS `{database}`")).await?;
     }
@@ -347,29 +335,6 @@ fn fxhash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
-}
-
-/// Wait (at most `limit`) until no merge has run in this database for two seconds.
-async fn settle_merges(store: &Store, limit: Duration) -> f64 {
-    let started = Instant::now();
-    let mut quiet_since: Option<Instant> = None;
-    while started.elapsed() < limit {
-        let running = count(
-            store,
-            "SELECT toUInt64(count()) FROM system.merges WHERE database = currentDatabase()",
-        )
-        .await
-        .unwrap_or(1);
-        if running == 0 {
-            if quiet_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_secs(2) {
-                break;
-            }
-        } else {
-            quiet_since = None;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    started.elapsed().as_secs_f64()
 }
 
 /// Step 1: the template through the real decoder, `EventRow` and projector. Returns the
