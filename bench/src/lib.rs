@@ -2,7 +2,7 @@
 //! product crates depends on this crate; the `weft` binary parses the flags, resolves the
 //! configuration and calls in.
 //!
-//! - [`publish`]: the Publisher, and librdkafka's floor under it;
+//! - [`publish`]: the Publisher, and librdkafka's floor under it ([`publish_floor`]);
 //! - [`ingest`]: `weft ingest` against ClickHouse's Kafka engine, and bare consumers' floors;
 //! - [`lookup`]: narrative lookups with ~10M events stored;
 //! - [`route`]: a running router over loopback HTTP;
@@ -16,12 +16,26 @@ pub mod cpu;
 pub mod ingest;
 pub mod lookup;
 pub mod publish;
+pub mod publish_floor;
 pub mod route;
 
 use std::time::Duration;
 
 use anyhow::Context;
+use serde::Serialize;
 use weft_producers::{Publisher, PublisherConfig};
+
+/// Print a benchmark's report: the table on stdout, or with `json` the table on stderr and
+/// the report as JSON on stdout (for tools, and for the tests that check its counts).
+pub(crate) fn print_report(table: &str, report: &impl Serialize, json: bool) -> anyhow::Result<()> {
+    if json {
+        eprint!("{table}");
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{table}");
+    }
+    Ok(())
+}
 
 /// Start a Publisher for a benchmark and, with `create_topics`, create its missing topics
 /// (a failure there is logged, not fatal: the first sends report it).

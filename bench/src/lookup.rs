@@ -31,6 +31,14 @@ use weft_sim::{SimConfig, Simulation};
 
 use crate::ch::{count, exec, settle_merges};
 
+/// The tables a narrative lookup reads, which the load fills and copies.
+const TABLES: [&str; 4] = [
+    "weft_events",
+    "weft_narratives",
+    "weft_narrative_nodes",
+    "weft_links",
+];
+
 /// Measure narrative lookups (p50/p95/p99) with ~N events stored.
 ///
 /// Builds a template of simulated flows through the real decoder and narrative projector,
@@ -198,12 +206,7 @@ async fn measure(
     eprintln!("waiting for merges to settle ...");
     let merges_settle_s = settle_merges(store, Duration::from_secs(900)).await;
     let mut tables = Vec::new();
-    for t in [
-        "weft_events",
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-    ] {
+    for t in TABLES {
         let row: (u64, u64, u64) = store
             .client()
             .query(
@@ -454,12 +457,7 @@ async fn amplify(
     span_us: i64,
     copies: u64,
 ) -> anyhow::Result<()> {
-    for t in [
-        "weft_events",
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-    ] {
+    for t in TABLES {
         exec(store, &format!("DROP TABLE IF EXISTS tpl_{t}")).await?;
         exec(
             store,
@@ -540,12 +538,7 @@ async fn amplify(
             t0.elapsed().as_secs_f64()
         );
     }
-    for t in [
-        "weft_events",
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-    ] {
+    for t in TABLES {
         exec(store, &format!("DROP TABLE IF EXISTS tpl_{t}")).await?;
     }
     Ok(())
@@ -618,13 +611,7 @@ fn print_report(r: &LookupReport, json: bool) -> anyhow::Result<()> {
             String::new()
         }
     )?;
-    if json {
-        eprint!("{out}");
-        println!("{}", serde_json::to_string_pretty(r)?);
-    } else {
-        print!("{out}");
-    }
-    Ok(())
+    crate::print_report(&out, r, json)
 }
 
 #[cfg(test)]

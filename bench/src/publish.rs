@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use weft_producers::floor::{self, RawRecord};
 use weft_producers::{Delivery, PublisherConfig, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Envelope;
 
 use crate::cpu::{self, Who};
+use crate::publish_floor::{self as floor, RawRecord};
 
 /// Where a publish benchmark goes unless told: topics `bench<pid>.*` and a spool of its
 /// own in the temporary directory, so it never mixes with real traffic.
@@ -177,7 +177,7 @@ pub async fn run(
 }
 
 /// `--raw`: the events encoded as the Publisher would (stamped, value, headers, key), then
-/// sent through [`weft_producers::floor`], measured the same way as the Publisher run. With
+/// sent through [`crate::publish_floor`], measured the same way as the Publisher run. With
 /// `max_headers`, only that many of each record's headers are sent.
 async fn raw_floor(
     events: &[Envelope],

@@ -1071,11 +1071,5 @@ fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
             writeln!(w, "  {:<58} {:>7.2} us/event", st.step, st.us_per_event)?;
         }
     }
-    if json {
-        eprint!("{out}");
-        println!("{}", serde_json::to_string_pretty(r)?);
-    } else {
-        print!("{out}");
-    }
-    Ok(())
+    crate::print_report(&out, r, json)
 }
