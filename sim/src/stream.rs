@@ -322,3 +322,76 @@ fn log_totals(sim: &Simulation, elapsed: Duration) {
         "simulation done"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GroundTruth, SimConfig};
+
+    fn no_publisher() -> Option<fn() -> Result<Publishing, ConnectError>> {
+        None
+    }
+
+    #[test]
+    fn a_closed_reader_is_recognised_through_the_wrapping() {
+        let pipe = || StreamError::Io(io::Error::from(io::ErrorKind::BrokenPipe));
+        assert!(pipe().is_broken_pipe());
+        assert!(StreamError::Envelopes(Box::new(pipe())).is_broken_pipe());
+        let create = StreamError::Create {
+            path: "x".into(),
+            source: io::Error::from(io::ErrorKind::BrokenPipe),
+        };
+        assert!(create.is_broken_pipe());
+        assert!(
+            !StreamError::Io(io::Error::from(io::ErrorKind::PermissionDenied)).is_broken_pipe()
+        );
+    }
+
+    #[test]
+    fn a_negative_rate_is_refused_before_any_file_is_made() {
+        let dir = std::env::temp_dir().join(format!("weft-sim-rate-{}", std::process::id()));
+        let out = dir.join("never.jsonl");
+        let sim = Simulation::new(SimConfig::default()).unwrap();
+        let output = Output {
+            out: Some(out.clone()),
+            rate: -1.0,
+            ..Output::default()
+        };
+        let r = run(sim, &output, no_publisher());
+        assert!(matches!(r, Err(StreamError::Rate)), "{r:?}");
+        assert!(!out.exists());
+    }
+
+    #[test]
+    fn the_held_back_tail_and_the_truth_go_to_their_own_files() {
+        let dir = std::env::temp_dir().join(format!("weft-sim-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (out, late, truth) = (
+            dir.join("a.jsonl"),
+            dir.join("late.jsonl"),
+            dir.join("t.json"),
+        );
+        let cfg = SimConfig {
+            flows: 30,
+            delay: 0.2,
+            record_truth: true,
+            ..SimConfig::default()
+        };
+        let output = Output {
+            out: Some(out.clone()),
+            held_back_out: Some(late.clone()),
+            truth: Some(truth.clone()),
+            rate: 0.0,
+        };
+        let published = run(Simulation::new(cfg).unwrap(), &output, no_publisher()).unwrap();
+        assert_eq!(published, None, "nothing published without a publisher");
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+        let t: GroundTruth = serde_json::from_str(&read(&truth)).unwrap();
+        let (main, tail) = (read(&out).lines().count(), read(&late).lines().count());
+        assert!(t.totals.held_back > 0);
+        assert_eq!(tail as u64, t.totals.held_back);
+        assert_eq!((main + tail) as u64, t.totals.envelopes);
+        assert_eq!(t.requests.len(), 30);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
