@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use weft_consumers::store::Store;
+use weft_consumers::store::{ClickHouseConfig, Store};
 
 /// How long no merge may run in the database before merges count as settled.
 ///
@@ -52,4 +52,25 @@ pub async fn settle_merges(store: &Store, limit: Duration) -> f64 {
         tokio::time::sleep(MERGES_POLL).await;
     }
     started.elapsed().as_secs_f64()
+}
+
+/// `<pid>_<unix seconds>`: names a run's database (and topics) so runs never meet.
+pub fn run_id() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{}_{secs}", std::process::id())
+}
+
+/// A store on `database` (created and migrated if new) of the ClickHouse `config` names.
+pub async fn fresh_database(config: &ClickHouseConfig, database: &str) -> anyhow::Result<Store> {
+    let mut ch = config.clone();
+    ch.database = database.to_owned();
+    let store = Store::new(ch)?;
+    store
+        .migrate()
+        .await
+        .context("migrating the bench database")?;
+    Ok(store)
 }

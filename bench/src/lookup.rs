@@ -154,20 +154,11 @@ pub struct LookupReport {
 /// Run `weft bench lookup` against `clickhouse` (in a database of its own) and print its report.
 pub async fn run(args: BenchLookupArgs, clickhouse: ClickHouseConfig) -> anyhow::Result<()> {
     let fresh = args.database.is_none();
-    let database = args.database.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        format!("weft_bench_lookup_{}_{secs}", std::process::id())
-    });
-    let mut ch = clickhouse.clone();
-    ch.database = database.clone();
-    let store = Store::new(ch)?;
-    store
-        .migrate()
-        .await
-        .context("migrating the bench database")?;
+    let database = args
+        .database
+        .clone()
+        .unwrap_or_else(|| format!("weft_bench_lookup_{}", crate::ch::run_id()));
+    let store = crate::ch::fresh_database(&clickhouse, &database).await?;
     let result = measure(&args, &store, &database, &clickhouse.url).await;
     if fresh && !args.keep {
         exec(&store, &format!("DROP DATABASE IF EXISTS `{database}`")).await?;

@@ -266,14 +266,6 @@ pub struct IngestReport {
 // ---------------------------------------------------------------------------------------
 // The run
 
-fn run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("{}_{secs}", std::process::id())
-}
-
 /// Poll `sql` (a count) until it reaches `target`; returns (first non-zero, done) instants
 /// and the count at the first non-zero poll.
 async fn drain(
@@ -320,7 +312,7 @@ fn stamp(mut env: Envelope, seq: u64, now: &str) -> Envelope {
 
 /// Run `weft bench ingest` on `stack` and print its report.
 pub async fn run(args: BenchIngestArgs, stack: Stack) -> anyhow::Result<()> {
-    let run = run_id();
+    let run = crate::ch::run_id();
     let database = format!("weft_bench_{run}");
     let prefix = format!("bench-ingest-{run}.");
     let topics = Topics::with_prefix(prefix.clone());
@@ -363,13 +355,7 @@ pub async fn run(args: BenchIngestArgs, stack: Stack) -> anyhow::Result<()> {
     );
 
     // --- Setup: database and topics --------------------------------------------------
-    let mut ch = stack.clickhouse.clone();
-    ch.database = database.clone();
-    let store = Store::new(ch)?;
-    store
-        .migrate()
-        .await
-        .context("migrating the bench database")?;
+    let store = crate::ch::fresh_database(&stack.clickhouse, &database).await?;
 
     let sim_cfg = SimConfig {
         seed: args.seed,
