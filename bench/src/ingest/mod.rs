@@ -390,19 +390,22 @@ pub async fn run(args: BenchIngestArgs, stack: Stack) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn measure(
+/// What the publish step sent.
+struct Published {
+    envelopes: u64,
+    distinct: u64,
+    bytes: u64,
+    wall_s: f64,
+}
+
+/// Step 1: publish the simulation through the Publisher into the run's fresh topics, and
+/// wait until every event is in Kafka (the spool drained too).
+async fn publish(
     args: &BenchIngestArgs,
     stack: &Stack,
-    store: &Store,
-    pids: &Pids,
-    brokers: &str,
     topics: &Topics,
     sim_cfg: &SimConfig,
-) -> anyhow::Result<IngestReport> {
-    let timeout = Duration::from_secs(args.timeout_secs);
-
-    // --- 1. Publish -------------------------------------------------------------------
+) -> anyhow::Result<Published> {
     let mut pconfig = stack.publisher.clone();
     pconfig.spool_dir =
         std::env::temp_dir().join(format!("weft-bench-ingest-spool-{}", std::process::id()));
@@ -459,8 +462,36 @@ async fn measure(
     eprintln!(
         "published {envelopes} envelopes ({distinct} distinct, {kafka} acked by Kafka, {spooled} via the spool) in {publish_wall:.1} s"
     );
+    Ok(Published {
+        envelopes,
+        distinct,
+        bytes,
+        wall_s: publish_wall,
+    })
+}
 
-    // --- 2. weft ingest ---------------------------------------------------------------
+/// weft's own drain of the topics: the phase, its totals, threads and spans.
+struct WeftRun {
+    role: Role,
+    phase: Phase,
+    totals: IngestTotals,
+    threads: Vec<ThreadCpu>,
+    spans: Spans,
+}
+
+/// Step 2: the real [`Ingestor`] in this process until every fact is stored (and, role
+/// `all`, projected), measured from the outside.
+async fn weft_ingest(
+    args: &BenchIngestArgs,
+    stack: &Stack,
+    store: &Store,
+    pids: &Pids,
+    brokers: &str,
+    topics: &Topics,
+    published: &Published,
+) -> anyhow::Result<WeftRun> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let (envelopes, distinct) = (published.envelopes, published.distinct);
     let role = match args.role {
         RoleArg::All => Role::All,
         RoleArg::Facts => Role::Facts,
@@ -555,6 +586,44 @@ async fn measure(
         projector_passes: metrics.projector_seconds.get_sample_count(),
         projector_wall_s: metrics.projector_seconds.get_sample_sum(),
     };
+    Ok(WeftRun {
+        role,
+        phase: weft,
+        totals,
+        threads: cpu::thread_breakdown(&threads0, &threads1),
+        spans,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    args: &BenchIngestArgs,
+    stack: &Stack,
+    store: &Store,
+    pids: &Pids,
+    brokers: &str,
+    topics: &Topics,
+    sim_cfg: &SimConfig,
+) -> anyhow::Result<IngestReport> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+
+    // --- 1. Publish -------------------------------------------------------------------
+    let published = publish(args, stack, topics, sim_cfg).await?;
+    let Published {
+        envelopes,
+        distinct,
+        bytes,
+        wall_s: publish_wall,
+    } = published;
+
+    // --- 2. weft ingest ---------------------------------------------------------------
+    let WeftRun {
+        role,
+        phase: weft,
+        totals,
+        threads,
+        spans,
+    } = weft_ingest(args, stack, store, pids, brokers, topics, &published).await?;
 
     // --- 3. ClickHouse's Kafka engine ------------------------------------------------
     let mut engines = Vec::new();
@@ -621,7 +690,7 @@ async fn measure(
         meets_cpu_target: per_cpu >= TARGET_EVENTS_PER_CPU_S,
         weft,
         weft_totals: totals,
-        weft_threads: cpu::thread_breakdown(&threads0, &threads1),
+        weft_threads: threads,
         weft_spans: spans,
         kafka_engine: engines,
         kafka_engine_block_size: args.kafka_engine_block_size,
