@@ -80,46 +80,12 @@ impl Flusher {
         // 2. Facts: the rows of one atomic insert for every partition: one part in
         //    ClickHouse, however many partitions the batch spans.
         let ingested_at = now_micros();
-        let mut rows = Vec::new();
-        // Per partition: (topic, partition, its rows in `rows`, last offset among them).
-        let mut spans: Vec<Span> = Vec::new();
-        for p in parts.iter() {
-            let start = rows.len();
-            for ((offset, f), keep) in p.facts.iter().zip(&p.keep) {
-                if let Some(conflict) = *keep {
-                    rows.push(EventRow::new(
-                        f,
-                        &p.topic,
-                        p.partition,
-                        *offset,
-                        ingested_at,
-                        conflict,
-                    ));
-                }
-            }
-            if let Some(last) = rows[start..].iter().map(|r| r.offset as i64).max() {
-                spans.push((p.topic.clone(), p.partition, start..rows.len(), last));
-            }
-        }
+        let (rows, spans) = fact_rows(parts, ingested_at);
         // 3. The facts insert and the narrative pass run concurrently: while ClickHouse
         //    writes the facts, weft computes the narratives. Neither reads what the other
         //    writes (the projector reads only narrative tables), and each keeps its own
         //    resume point, so either may land first or alone.
-        let batches: Vec<ProjectBatch<'_>> = parts
-            .iter()
-            .filter(|p| p.last_offset > p.projected)
-            .map(|p| ProjectBatch {
-                topic: &p.topic,
-                partition: p.partition,
-                facts: p
-                    .facts
-                    .iter()
-                    .filter(|(o, _)| *o > p.projected)
-                    .map(|(_, f)| f)
-                    .collect(),
-                last_offset: p.last_offset,
-            })
-            .collect();
+        let batches = project_batches(parts);
         let mut projector = self.projector.take();
         let (inserted, projected) = {
             let this = &*self;
@@ -141,35 +107,7 @@ impl Flusher {
         self.projector = projector;
         let insert_ms = inserted?;
         if self.cfg.role != Role::Narratives {
-            // Telemetry: one row per partition that had records, after the insert landed.
-            let at = now_micros();
-            let role = self.cfg.role.as_str();
-            for p in parts.iter() {
-                let ins = spans
-                    .iter()
-                    .find(|(t, n, _, _)| *t == p.topic && *n == p.partition);
-                if ins.is_none() && p.dead.is_empty() {
-                    continue;
-                }
-                self.telemetry.record(Sample::Batch(BatchRow {
-                    at,
-                    topic: p.topic.clone(),
-                    partition: p.partition,
-                    rows: ins.map_or(0, |(_, _, r, _)| r.len() as u32),
-                    dead: p.dead.len() as u32,
-                    bytes: p.bytes as u64,
-                    insert_ms: if ins.is_some() { insert_ms } else { 0.0 },
-                    role,
-                }));
-            }
-            for r in &rows {
-                self.metrics.inserted.with_label_values(&[r.kind]).inc();
-                let age = (ingested_at - r.emitted_at) as f64 / 1e6;
-                self.metrics
-                    .freshness_seconds
-                    .with_label_values(&[r.kind])
-                    .observe(age.max(0.0));
-            }
+            self.report(parts, &spans, &rows, insert_ms, ingested_at);
         }
         projected?;
         // 4. Let rdkafka commit the next offsets.
@@ -296,18 +234,224 @@ impl Flusher {
         rows: &[EventRow<'r>],
         spans: &[Span],
     ) -> Result<Vec<EventRow<'r>>, StoreError> {
-        let mut left = Vec::new();
-        for (topic, partition, range, last) in spans {
-            let stored = facts::stored_max_offset(&self.store, topic, *partition).await?;
-            if stored < *last {
-                left.extend(
-                    rows[range.clone()]
-                        .iter()
-                        .filter(|r| r.offset as i64 > stored)
-                        .cloned(),
-                );
+        let mut stored = Vec::with_capacity(spans.len());
+        for (topic, partition, _, _) in spans {
+            stored.push(facts::stored_max_offset(&self.store, topic, *partition).await?);
+        }
+        Ok(rows_beyond(rows, spans, &stored))
+    }
+
+    /// After the insert landed: one telemetry row per partition that had records, and the
+    /// per-kind insert and freshness metrics.
+    fn report(
+        &self,
+        parts: &[FlushPart],
+        spans: &[Span],
+        rows: &[EventRow<'_>],
+        insert_ms: f64,
+        ingested_at: i64,
+    ) {
+        // Telemetry: one row per partition that had records, after the insert landed.
+        let at = now_micros();
+        let role = self.cfg.role.as_str();
+        for p in parts.iter() {
+            let ins = spans
+                .iter()
+                .find(|(t, n, _, _)| *t == p.topic && *n == p.partition);
+            if ins.is_none() && p.dead.is_empty() {
+                continue;
+            }
+            self.telemetry.record(Sample::Batch(BatchRow {
+                at,
+                topic: p.topic.clone(),
+                partition: p.partition,
+                rows: ins.map_or(0, |(_, _, r, _)| r.len() as u32),
+                dead: p.dead.len() as u32,
+                bytes: p.bytes as u64,
+                insert_ms: if ins.is_some() { insert_ms } else { 0.0 },
+                role,
+            }));
+        }
+        for r in rows {
+            self.metrics.inserted.with_label_values(&[r.kind]).inc();
+            let age = (ingested_at - r.emitted_at) as f64 / 1e6;
+            self.metrics
+                .freshness_seconds
+                .with_label_values(&[r.kind])
+                .observe(age.max(0.0));
+        }
+    }
+}
+
+/// The rows of one atomic insert for every partition of a batch (one part in ClickHouse,
+/// however many partitions the batch spans): every fact the dedup decisions keep, in offset
+/// order per partition. Per partition with rows, a [`Span`]: where its rows sit in the insert,
+/// and the highest offset among them.
+pub(super) fn fact_rows(parts: &[FlushPart], ingested_at: i64) -> (Vec<EventRow<'_>>, Vec<Span>) {
+    let mut rows = Vec::new();
+    let mut spans: Vec<Span> = Vec::new();
+    for p in parts {
+        let start = rows.len();
+        for ((offset, f), keep) in p.facts.iter().zip(&p.keep) {
+            if let Some(conflict) = *keep {
+                rows.push(EventRow::new(
+                    f,
+                    &p.topic,
+                    p.partition,
+                    *offset,
+                    ingested_at,
+                    conflict,
+                ));
             }
         }
-        Ok(left)
+        if let Some(last) = rows[start..].iter().map(|r| r.offset as i64).max() {
+            spans.push((p.topic.clone(), p.partition, start..rows.len(), last));
+        }
+    }
+    (rows, spans)
+}
+
+/// The narrative pass's share of a batch: per partition, the facts beyond its projected
+/// offset (copies of stored events included: the projector links them idempotently).
+pub(super) fn project_batches(parts: &[FlushPart]) -> Vec<ProjectBatch<'_>> {
+    parts
+        .iter()
+        .filter(|p| p.last_offset > p.projected)
+        .map(|p| ProjectBatch {
+            topic: &p.topic,
+            partition: p.partition,
+            facts: p
+                .facts
+                .iter()
+                .filter(|(o, _)| *o > p.projected)
+                .map(|(_, f)| f)
+                .collect(),
+            last_offset: p.last_offset,
+        })
+        .collect()
+}
+
+/// What to resend after an insert whose answer was lost: per span, the rows above the offset
+/// ClickHouse has stored for its partition (`stored[i]` for `spans[i]`); nothing of a span
+/// stored up to its last row.
+pub(super) fn rows_beyond<'r>(
+    rows: &[EventRow<'r>],
+    spans: &[Span],
+    stored: &[i64],
+) -> Vec<EventRow<'r>> {
+    let mut left = Vec::new();
+    for ((_, _, range, last), &stored) in spans.iter().zip(stored) {
+        if stored < *last {
+            left.extend(
+                rows[range.clone()]
+                    .iter()
+                    .filter(|r| r.offset as i64 > stored)
+                    .cloned(),
+            );
+        }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Fact;
+    use crate::ingest::batch::tests::fact;
+
+    fn part(partition: i32, facts: Vec<(i64, Fact)>, keep: Vec<Option<bool>>) -> FlushPart {
+        let last_offset = facts.iter().map(|(o, _)| *o).max().unwrap_or(-1);
+        FlushPart {
+            topic: "t".into(),
+            partition,
+            facts,
+            keep,
+            dead: Vec::new(),
+            bytes: 0,
+            last_offset,
+            projected: -1,
+        }
+    }
+
+    fn parts() -> Vec<FlushPart> {
+        vec![
+            part(
+                0,
+                vec![
+                    (4, fact("a", "flow_started")),
+                    (5, fact("b", "flow_started")),
+                    (6, fact("c", "flow_started")),
+                    (7, fact("a", "flow_started")),
+                ],
+                vec![Some(false), Some(true), Some(false), None],
+            ),
+            part(1, vec![(2, fact("d", "flow_started"))], vec![None]),
+            part(
+                2,
+                vec![
+                    (0, fact("e", "flow_started")),
+                    (1, fact("f", "flow_started")),
+                ],
+                vec![Some(false), Some(false)],
+            ),
+        ]
+    }
+
+    #[test]
+    fn one_insert_for_every_partition_with_a_span_each() {
+        let parts = parts();
+        let (rows, spans) = fact_rows(&parts, 42);
+        let ids: Vec<(u32, u64, bool)> = rows
+            .iter()
+            .map(|r| (r.partition, r.offset, r.conflict == 1))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (0, 4, false),
+                (0, 5, true),
+                (0, 6, false),
+                (2, 0, false),
+                (2, 1, false)
+            ]
+        );
+        // Partition 0's last kept row is offset 6 (7 was a copy); partition 1 kept nothing.
+        assert_eq!(spans, [("t".into(), 0, 0..3, 6), ("t".into(), 2, 3..5, 1)]);
+        assert!(rows.iter().all(|r| r.ingested_at == 42));
+    }
+
+    #[test]
+    fn after_a_lost_answer_only_the_rows_beyond_what_is_stored_are_resent() {
+        let parts = parts();
+        let (rows, spans) = fact_rows(&parts, 0);
+        let offsets = |left: Vec<EventRow<'_>>| -> Vec<(u32, u64)> {
+            left.iter().map(|r| (r.partition, r.offset)).collect()
+        };
+        // Nothing stored: everything again.
+        assert_eq!(offsets(rows_beyond(&rows, &spans, &[-1, -1])).len(), 5);
+        // Partition 0 stored up to 4, partition 2 wholly: resend 5 and 6 only.
+        assert_eq!(
+            offsets(rows_beyond(&rows, &spans, &[4, 1])),
+            [(0, 5), (0, 6)]
+        );
+        // The whole insert landed.
+        assert!(rows_beyond(&rows, &spans, &[6, 9]).is_empty());
+    }
+
+    #[test]
+    fn the_narrative_pass_takes_every_fact_beyond_the_projected_offset() {
+        let mut parts = parts();
+        parts[0].projected = 5;
+        parts[2].projected = 1;
+        let batches = project_batches(&parts);
+        let got: Vec<(i32, Vec<&str>, i64)> = batches
+            .iter()
+            .map(|b| {
+                let ids = b.facts.iter().map(|f| f.id.as_str()).collect();
+                (b.partition, ids, b.last_offset)
+            })
+            .collect();
+        // Copies (offset 7, partition 1's) are projected too; partition 2 is projected already.
+        assert_eq!(got, [(0, vec!["c", "a"], 7), (1, vec!["d"], 2)]);
     }
 }
