@@ -45,6 +45,50 @@ pub(super) struct State {
     pub(super) closed: bool,
 }
 
+impl State {
+    /// Spool-mode routing of a new event: held in memory while older messages are in flight
+    /// (they may yet fail and must be spooled first) or a handover is under way; otherwise
+    /// handed back, to be appended now.
+    pub(super) fn hold(&mut self, job: Job) -> Option<Job> {
+        if self.in_flight > 0 || self.handover {
+            self.held_bytes += job.size;
+            self.held.push_back(job);
+            None
+        } else {
+            Some(job)
+        }
+    }
+
+    /// The oldest held event, once it may follow the failed ones into the spool: nothing in
+    /// flight and no handover.
+    pub(super) fn next_releasable(&mut self) -> Option<Job> {
+        if self.in_flight > 0 || self.handover {
+            return None;
+        }
+        let job = self.held.pop_front()?;
+        self.held_bytes -= job.size;
+        Some(job)
+    }
+
+    /// Whether spool mode may end: everything sent towards the spool is settled, nothing is
+    /// in flight, and nothing is held (or it is held for the end of a handover).
+    pub(super) fn drained(&self) -> bool {
+        self.spooling
+            && self.in_flight == 0
+            && (self.held.is_empty() || self.handover)
+            && self.settled == self.to_spool
+    }
+
+    /// Bound check for a new spool-bound event, given what the spool holds on disk.
+    pub(super) fn room(&self, size: u64, on_disk: u64, max: u64) -> Result<(), PublishError> {
+        let used = on_disk + self.queued_bytes + self.held_bytes;
+        if used + size > max {
+            return Err(PublishError::SpoolFull { used, max });
+        }
+        Ok(())
+    }
+}
+
 /// Everything the delivery callback, the writer and the replayer share.
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
@@ -95,22 +139,14 @@ impl Shared {
 
     /// Once nothing is in flight, held events may follow the failed ones into the spool.
     pub(super) fn release_held(&self, st: &mut State) {
-        if st.in_flight == 0 && !st.handover {
-            while let Some(job) = st.held.pop_front() {
-                st.held_bytes -= job.size;
-                self.to_writer(st, job);
-            }
+        while let Some(job) = st.next_releasable() {
+            self.to_writer(st, job);
         }
     }
 
     /// Leave spool mode when everything spooled is delivered and nothing is pending.
     pub(super) fn maybe_resume_direct(&self, st: &mut State) {
-        if st.spooling
-            && st.in_flight == 0
-            && (st.held.is_empty() || st.handover)
-            && st.settled == st.to_spool
-            && !self.producer_tainted()
-        {
+        if st.drained() && !self.producer_tainted() {
             st.spooling = false;
             st.handover = false;
             info!(
@@ -172,23 +208,115 @@ impl Shared {
 
     /// Spool-mode routing: hold while older messages are in flight, else append.
     pub(super) fn held_or_write(&self, st: &mut State, job: Job) {
-        if st.in_flight > 0 || st.handover {
-            st.held_bytes += job.size;
-            st.held.push_back(job);
-        } else {
+        if let Some(job) = st.hold(job) {
             self.to_writer(st, job);
         }
     }
 
     /// Bound check for a new spool-bound event.
     pub(super) fn check_room(&self, st: &State, size: u64) -> Result<(), PublishError> {
-        let used = self.spool_bytes.load(Ordering::Relaxed) + st.queued_bytes + st.held_bytes;
-        if used + size > self.max_bytes {
-            return Err(PublishError::SpoolFull {
-                used,
-                max: self.max_bytes,
-            });
+        st.room(
+            size,
+            self.spool_bytes.load(Ordering::Relaxed),
+            self.max_bytes,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(n: u8) -> Job {
+        Job {
+            record: SpoolRecord {
+                topic: "t".into(),
+                key: None,
+                value: vec![n; 10],
+                headers: Vec::new(),
+            },
+            size: 10,
+            reply: None,
+            started: Instant::now(),
         }
-        Ok(())
+    }
+
+    fn ids(jobs: impl IntoIterator<Item = Job>) -> Vec<u8> {
+        jobs.into_iter().map(|j| j.record.value[0]).collect()
+    }
+
+    fn release_all(st: &mut State) -> Vec<Job> {
+        std::iter::from_fn(|| st.next_releasable()).collect()
+    }
+
+    #[test]
+    fn spool_mode_holds_new_events_behind_the_in_flight_ones_and_releases_them_in_order() {
+        let mut st = State {
+            spooling: true,
+            in_flight: 2,
+            ..State::default()
+        };
+        assert!(st.hold(job(1)).is_none() && st.hold(job(2)).is_none());
+        assert_eq!(st.held_bytes, 20);
+        assert!(st.next_releasable().is_none(), "two still in flight");
+        st.in_flight = 1;
+        assert!(st.next_releasable().is_none(), "one still in flight");
+        st.in_flight = 0;
+        assert_eq!(ids(release_all(&mut st)), [1, 2]);
+        assert_eq!(st.held_bytes, 0);
+        // With nothing in flight, a new event goes straight to the spool.
+        assert_eq!(st.hold(job(3)).map(|j| j.record.value[0]), Some(3));
+    }
+
+    #[test]
+    fn a_handover_holds_events_even_with_nothing_in_flight() {
+        let mut st = State {
+            spooling: true,
+            handover: true,
+            ..State::default()
+        };
+        assert!(st.hold(job(1)).is_none());
+        assert!(st.next_releasable().is_none(), "held for the direct path");
+        // Held events wait for the handover's end: they do not block the drain.
+        assert!(st.drained());
+        // A failed last batch ends the handover: they follow into the spool.
+        st.handover = false;
+        assert!(!st.drained(), "held events still to be spooled");
+        assert_eq!(ids(release_all(&mut st)), [1]);
+    }
+
+    #[test]
+    fn spool_mode_ends_only_when_every_spooled_record_is_settled() {
+        let mut st = State {
+            spooling: true,
+            to_spool: 3,
+            settled: 2,
+            ..State::default()
+        };
+        assert!(!st.drained(), "one record not yet replayed");
+        st.settled = 3;
+        assert!(st.drained());
+        st.in_flight = 1;
+        assert!(!st.drained(), "a live message may still fail");
+        st.in_flight = 0;
+        st.spooling = false;
+        assert!(!st.drained(), "not in spool mode at all");
+    }
+
+    #[test]
+    fn the_bound_counts_disk_queue_and_held_bytes() {
+        let mut st = State {
+            queued_bytes: 30,
+            ..State::default()
+        };
+        assert!(st.hold(job(1)).is_some(), "nothing in flight: not held");
+        st.in_flight = 1;
+        assert!(st.hold(job(2)).is_none());
+        // 50 on disk + 30 queued + 10 held = 90 used.
+        assert!(st.room(10, 50, 100).is_ok());
+        match st.room(11, 50, 100) {
+            Err(PublishError::SpoolFull { used, max }) => assert_eq!((used, max), (90, 100)),
+            other => panic!("expected SpoolFull, got {other:?}"),
+        }
     }
 }
