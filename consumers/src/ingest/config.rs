@@ -2,14 +2,10 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
-use weft_schemas::Topics;
+use weft_kafka::{ClientSettings, TopicLayout, Topics};
 
 use super::IngestError;
 
@@ -110,38 +106,22 @@ impl IngestConfig {
 
 /// Base client settings: brokers plus the configured librdkafka extras.
 pub(super) fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.brokers);
-    for (k, v) in &cfg.kafka_properties {
-        c.set(k, v);
-    }
-    c
+    client_settings(cfg).client_config()
 }
 
-/// Create the event and dead-letter topics that do not exist yet. The admin client takes the
-/// same librdkafka extras as the consumer, so SASL/TLS settings apply to it too.
+fn client_settings(cfg: &IngestConfig) -> ClientSettings {
+    ClientSettings::new(&cfg.brokers, &cfg.kafka_properties)
+}
+
+/// Create the event and dead-letter topics that do not exist yet ([`weft_kafka::ensure_topics`]).
+/// The admin client takes the same librdkafka extras as the consumer, so SASL/TLS settings
+/// apply to it too.
 pub(super) async fn ensure_topics(cfg: &IngestConfig) -> Result<(), IngestError> {
-    let admin: AdminClient<DefaultClientContext> = kafka_config(cfg).create()?;
-    let mut names = cfg.topics.event_topics();
-    names.push(cfg.topics.dead_letter());
-    let new: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|n| {
-            NewTopic::new(
-                n,
-                cfg.partitions,
-                TopicReplication::Fixed(cfg.replication_factor),
-            )
-        })
-        .collect();
-    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
-    for r in admin.create_topics(&new, &opts).await? {
-        match r {
-            Ok(t) => info!(topic = %t, "created topic"),
-            Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => warn!(topic = %t, error = %e, "could not create topic"),
-        }
-    }
+    let layout = TopicLayout {
+        partitions: cfg.partitions,
+        replication_factor: cfg.replication_factor,
+    };
+    weft_kafka::ensure_topics(&client_settings(cfg), &cfg.topics, layout).await?;
     Ok(())
 }
 

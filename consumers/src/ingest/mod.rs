@@ -54,6 +54,9 @@ pub enum IngestError {
     /// A Kafka client or admin call failed.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// The event or dead-letter topics do not exist and could not be created.
+    #[error(transparent)]
+    Topics(#[from] weft_kafka::TopicError),
     /// A ClickHouse failure that ingest does not retry.
     #[error(transparent)]
     Store(#[from] StoreError),

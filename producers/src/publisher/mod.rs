@@ -44,12 +44,11 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
+use weft_kafka::{ClientSettings, TopicError, TopicLayout};
 use weft_schemas::contracts::{
     CapabilityToken, ExecutionFeedback, ExecutionRoutingDecision, Frame, Handle, PolicyDecision,
     RoutingDecision, TraceEvent,
@@ -499,46 +498,29 @@ pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
             "client.id",
             format!("weft-publisher-{}", std::process::id()),
         );
-    with_extras(k, c)
-}
-
-/// The configured librdkafka extras (SASL/TLS and the like), applied last so they win, on
-/// every client the publisher makes: producer and admin alike.
-fn with_extras(mut k: ClientConfig, c: &PublisherConfig) -> ClientConfig {
-    for (name, value) in &c.kafka_properties {
-        k.set(name, value);
-    }
+    client_settings(c).apply(&mut k);
     k
 }
 
-/// Create missing topics (one per kind plus dead-letter) with the configured partitions.
-/// Returns the names created now.
+/// The brokers and the configured librdkafka extras (SASL/TLS and the like), for every client
+/// the publisher makes: producer and admin alike.
+fn client_settings(c: &PublisherConfig) -> ClientSettings {
+    ClientSettings::new(&c.brokers, &c.kafka_properties)
+}
+
+/// Create missing topics (one per kind plus dead-letter) with the configured partitions
+/// ([`weft_kafka::ensure_topics`]). Returns the names created now.
 pub async fn ensure_topics(c: &PublisherConfig) -> Result<Vec<String>, PublisherError> {
-    let mut base = ClientConfig::new();
-    base.set("bootstrap.servers", &c.brokers);
-    let admin: AdminClient<DefaultClientContext> = with_extras(base, c).create()?;
-    let mut names = c.topics.event_topics();
-    names.push(c.topics.dead_letter());
-    let new: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|n| {
-            NewTopic::new(
-                n,
-                c.partitions,
-                TopicReplication::Fixed(c.replication_factor),
-            )
+    let layout = TopicLayout {
+        partitions: c.partitions,
+        replication_factor: c.replication_factor,
+    };
+    weft_kafka::ensure_topics(&client_settings(c), &c.topics, layout)
+        .await
+        .map_err(|e| match e {
+            TopicError::Kafka(e) => PublisherError::Kafka(e),
+            TopicError::Create(name, code) => PublisherError::CreateTopic(name, code),
         })
-        .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let mut created = Vec::new();
-    for r in admin.create_topics(new.iter(), &opts).await? {
-        match r {
-            Ok(name) => created.push(name),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => return Err(PublisherError::CreateTopic(name, code)),
-        }
-    }
-    Ok(created)
 }
 
 #[cfg(test)]
