@@ -83,7 +83,7 @@ impl Default for IngestConfig {
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
             dedup_window_secs: 7 * 24 * 3600,
-            listen: "127.0.0.1:8788".into(),
+            listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
             max_backoff_ms: 10_000,
             kafka_properties: BTreeMap::new(),
         }
