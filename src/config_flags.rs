@@ -157,6 +157,59 @@ mod tests {
     use super::*;
     use clap::{Args, Parser, Subcommand};
 
+    /// The table of every key of the flag sections, for docs/CONFIG.md (a test keeps the two
+    /// equal): table, key, environment variable, default, and the flag's first help line.
+    fn key_table(cli: &Command) -> String {
+        let mut out = String::from(
+            "| table | key | environment | default | meaning |\n|---|---|---|---|---|\n",
+        );
+        for name in SECTIONS {
+            if let Some(cmd) = cli.find_subcommand(name) {
+                table_rows(cmd, name, &mut out);
+            }
+        }
+        out
+    }
+
+    fn table_rows(cmd: &Command, path: &str, out: &mut String) {
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if arg.is_global_set() || arg.is_hide_set() || matches!(long, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .map_or("—".to_owned(), |e| format!("`{}`", e.to_string_lossy()));
+            let default: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            let default = match (default.is_empty(), arg.get_action()) {
+                (true, ArgAction::SetTrue) => "`false`".to_owned(),
+                (true, _) => "—".to_owned(),
+                (false, _) => format!("`{}`", default.join(",")),
+            };
+            let help = arg
+                .get_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .replace('|', "\\|");
+            let key = long.replace('-', "_");
+            out.push_str(&format!(
+                "| `[{path}]` | `{key}` | {env} | {default} | {help} |\n"
+            ));
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() != "help" {
+                table_rows(sub, &format!("{path}.{}", sub.get_name()), out);
+            }
+        }
+    }
+
     #[derive(Debug, Parser)]
     struct Cli {
         #[arg(long, global = true)]
@@ -243,6 +296,16 @@ mod tests {
             panic!("not audit serve");
         };
         assert_eq!((tenant.as_str(), listen.as_str()), ("acme", "127.0.0.1:2"));
+    }
+
+    #[test]
+    fn docs_config_lists_every_key_of_the_flag_sections() {
+        let table = key_table(&<crate::Cli as clap::CommandFactory>::command());
+        let doc = include_str!("../docs/CONFIG.md");
+        assert!(
+            doc.contains(&table),
+            "docs/CONFIG.md is out of date; its flag table should read:\n{table}"
+        );
     }
 
     #[test]

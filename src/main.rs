@@ -29,7 +29,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=weft=debug) to change the level.
 #[derive(Debug, Parser)]
 #[command(name = "weft", version, propagate_version = true)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
     #[command(subcommand)]
