@@ -12,6 +12,7 @@ use weft_audit::search::Filter;
 use weft_audit::sign::{Key, Keyring};
 use weft_audit::{bundle, check, log, search, timeline, Range};
 use weft_consumers::store::Store;
+use weft_schemas::ports;
 
 use crate::config::Settings;
 
@@ -163,7 +164,7 @@ pub struct HoldArgs {
 /// Listens on loopback only unless --allow-remote.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    #[arg(long, env = "WEFT_AUDIT_LISTEN", default_value = "127.0.0.1:8383")]
+    #[arg(long, env = "WEFT_AUDIT_LISTEN", default_value_t = ports::loopback(ports::AUDIT))]
     pub listen: std::net::SocketAddr,
     #[arg(long)]
     pub allow_remote: bool,
