@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
-use weft_consumers::store::ClickHouseConfig;
+use weft_store::ClickHouseConfig;
 
 /// Options every subcommand accepts.
 #[derive(Debug, Clone, Args)]

@@ -38,82 +38,13 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tracing::instrument;
 
+use weft_store::chain::{ChainRow, Unsealed, ROWS_SQL, UNSEALED_SQL};
+
 use crate::sign::{Key, Keyring};
 use crate::{ch_err, AuditError, Range, Store};
 
 /// The link before the first row.
 pub const GENESIS: [u8; 32] = [0; 32];
-
-/// One fact as the chain sees it: every column of `weft_events`, the payload by its hash.
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub struct ChainRow {
-    /// Source topic; with `partition`, names the chain the row belongs to.
-    pub topic: String,
-    /// Source partition; with `topic`, names the chain the row belongs to.
-    pub partition: u32,
-    /// Kafka offset: the row's position in its chain.
-    pub offset: u64,
-    /// Tenant; every chain is per tenant.
-    pub tenant: String,
-    /// Event kind.
-    pub kind: String,
-    /// The event's natural identity.
-    pub id: String,
-    /// SHA-256 of the canonical payload, lowercase hex.
-    pub content_hash: String,
-    /// Event time, microseconds since the epoch.
-    pub ts: i64,
-    /// Request id, empty when the event has none.
-    pub request_id: String,
-    /// Process that emitted the event.
-    pub producer_id: String,
-    /// Per-producer sequence number.
-    pub seq: u64,
-    /// When the event entered weft, microseconds since the epoch.
-    pub emitted_at: i64,
-    /// When ingest stored it, microseconds since the epoch.
-    pub ingested_at: i64,
-    /// Payload `event_type`.
-    pub event_type: String,
-    /// Payload `principal`: who acted.
-    pub principal: String,
-    /// Payload `capability_id`.
-    pub capability_id: String,
-    /// Payload `decision`.
-    pub decision: String,
-    /// Payload `outcome`.
-    pub outcome: String,
-    /// Payload `token_id`.
-    pub token_id: String,
-    /// Authorization decision id (trace events and policy decisions only).
-    pub decision_id: String,
-    /// Payload `frame_id`.
-    pub frame_id: String,
-    /// Payload `handle_id`.
-    pub handle_id: String,
-    /// Payload `handle_refs`.
-    pub handle_refs: Vec<String>,
-    /// Routed candidate (execution feedback and routing decisions only).
-    pub candidate_id: String,
-    /// Payload `metadata.flow_id`.
-    pub flow_id: String,
-    /// Id links of the payload as (via, target kind, target id).
-    pub links: Vec<(String, String, String)>,
-    /// 1 when the identity was stored before with different content.
-    pub conflict: u8,
-    /// Wire encoding the record arrived in.
-    pub content_type: String,
-    /// SHA-256 of the stored payload text, lowercase hex; stands in for the payload.
-    pub payload_sha256: String,
-}
-
-impl ChainRow {
-    /// SHA-256 of the row's JCS form.
-    pub fn hash(&self) -> Result<[u8; 32], AuditError> {
-        let v = serde_json::to_value(self).map_err(|e| AuditError::Invalid(e.to_string()))?;
-        Ok(Sha256::digest(crate::sign::jcs(&v)?).into())
-    }
-}
 
 /// `SHA-256(prev || row_hash)`.
 pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
@@ -123,19 +54,6 @@ pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
     h.finalize().into()
 }
 
-const ROWS_SQL: &str = "
-SELECT topic, partition, offset, tenant, kind, id, lower(hex(content_hash)) AS content_hash,
-       toUnixTimestamp64Micro(ts) AS ts, request_id, producer_id, seq,
-       toUnixTimestamp64Micro(emitted_at) AS emitted_at, toUnixTimestamp64Micro(ingested_at) AS ingested_at,
-       event_type, principal, capability_id, decision, outcome, token_id, decision_id, frame_id,
-       handle_id, handle_refs, candidate_id, flow_id, links, conflict, content_type,
-       lower(hex(SHA256(payload))) AS payload_sha256
-FROM weft_events
-WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-  AND offset > {after:Int64} AND offset <= {upto:UInt64}
-ORDER BY offset, kind, id, content_hash
-";
-
 const LINKS_SQL: &str = "
 SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash,
        chain, toUnixTimestamp64Micro(sealed_at) AS sealed_at
@@ -143,15 +61,6 @@ FROM weft_audit_chain
 WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
   AND offset > {after:Int64} AND offset <= {upto:UInt64}
 ORDER BY offset
-";
-
-const UNSEALED_SQL: &str = "
-SELECT offset, kind, id, lower(hex(content_hash)) AS content_hash, event_type, principal,
-       capability_id, decision, outcome, token_id, payload
-FROM weft_events
-WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-  AND offset > {after:Int64} AND offset <= {upto:UInt64}
-ORDER BY offset, kind, id
 ";
 
 /// Every fact of the partition that shares its identity and content with an unsealed one,
@@ -448,22 +357,6 @@ impl VerifyReport {
     }
 }
 
-/// An unsealed fact with the columns that can be checked against its own payload.
-#[derive(Debug, Row, Deserialize)]
-struct Unsealed {
-    offset: u64,
-    kind: String,
-    id: String,
-    content_hash: String,
-    event_type: String,
-    principal: String,
-    capability_id: String,
-    decision: String,
-    outcome: String,
-    token_id: String,
-    payload: String,
-}
-
 /// How far apart two stored copies of one fact (same partition, identity and content) must
 /// have been ingested for the second to be legitimate, given ingest's `dedup_window_secs`:
 /// half of it, the least its two-generation dedup cache is sure to remember.
@@ -479,8 +372,11 @@ struct CopiesRow {
 
 /// Facts after the last seal are not in the chain yet, but each must still agree with
 /// itself and with how ingest writes: its `content_hash` is the SHA-256 of its payload's
-/// canonical JSON, its `id` the payload's identity, the typed columns ingest copies from the
-/// payload equal the payload's fields, no two facts share an offset (a Kafka record holds
+/// canonical JSON, its `id` the payload's identity, its `ts` the payload's time (else its
+/// `emitted_at`), every column derived from the payload equals what
+/// [`weft_store::typed_columns`] derives (the function ingest writes them with) and every
+/// MATERIALIZED column its expression over the payload ([`disagreements`]), no two facts
+/// share an offset (a Kafka record holds
 /// one), and no fact repeats another of its partition (same identity and content) ingested
 /// less than `copy_window_secs` apart (ingest's dedup cache drops such copies: the window is
 /// half of ingest's `dedup_window_secs`, the least its two-generation cache is sure to
@@ -498,7 +394,7 @@ async fn unsealed_problems(
     upto: u64,
     copy_window_secs: u64,
 ) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
-    let rows: Vec<Unsealed> = partition_rows(store, UNSEALED_SQL, tenant, p, after, upto).await?;
+    let rows: Vec<Unsealed> = partition_rows(store, &UNSEALED_SQL, tenant, p, after, upto).await?;
     let window_micros = copy_window_secs.saturating_mul(1_000_000);
     let copies = partition_query(store, COPIES_SQL, tenant, p, after, upto)
         .param("w", window_micros)
@@ -524,42 +420,7 @@ async fn unsealed_problems(
     }
     let mut out = Vec::new();
     for r in rows {
-        let mut wrong: Vec<String> = Vec::new();
-        match serde_json::from_str::<serde_json::Value>(&r.payload) {
-            Err(e) => wrong.push(format!("payload is not JSON ({e})")),
-            Ok(v) => {
-                let mut canon = Vec::new();
-                let hash = weft_schemas::identity::write_canonical(&v, &mut canon)
-                    .map(|()| hex::encode(Sha256::digest(&canon)));
-                if hash.as_deref().ok() != Some(r.content_hash.as_str()) {
-                    wrong.push("content_hash is not its payload's".into());
-                }
-                let ident = r
-                    .kind
-                    .parse::<weft_schemas::Kind>()
-                    .ok()
-                    .and_then(|k| weft_schemas::identity::identity(k, &v).ok());
-                if ident.as_deref() != Some(r.id.as_str()) {
-                    wrong.push(format!(
-                        "id is not its payload's identity ({})",
-                        ident.as_deref().unwrap_or("none")
-                    ));
-                }
-                for (col, val) in [
-                    ("event_type", &r.event_type),
-                    ("principal", &r.principal),
-                    ("capability_id", &r.capability_id),
-                    ("decision", &r.decision),
-                    ("outcome", &r.outcome),
-                    ("token_id", &r.token_id),
-                ] {
-                    let want = v.get(col).and_then(serde_json::Value::as_str).unwrap_or("");
-                    if want != val {
-                        wrong.push(format!("{col} is not its payload's"));
-                    }
-                }
-            }
-        }
+        let wrong = disagreements(&r);
         let shared = per_offset.get(&r.offset).copied().unwrap_or(0);
         let repeated = repeats.get(&r.offset);
         if !wrong.is_empty() {
@@ -594,6 +455,61 @@ async fn unsealed_problems(
         }
     }
     Ok(out)
+}
+
+/// What in an unsealed row disagrees with its own payload, one phrase per column: the content
+/// hash, the identity, the event time, every column [`weft_store::typed_columns`] derives,
+/// and the MATERIALIZED columns (evaluated again by ClickHouse, [`UNSEALED_SQL`]). Columns
+/// from the envelope's headers (tenant, request id, producer id, sequence, emitted time) and
+/// ingest's own (topic, partition, offset, ingested_at, conflict, content type) have nothing
+/// in the payload to agree with.
+fn disagreements(r: &Unsealed) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let v = match serde_json::from_str::<serde_json::Value>(&r.payload) {
+        Ok(v) => v,
+        Err(e) => return vec![format!("payload is not JSON ({e})")],
+    };
+    let mut canon = Vec::new();
+    let hash = weft_schemas::identity::write_canonical(&v, &mut canon)
+        .map(|()| hex::encode(Sha256::digest(&canon)));
+    if hash.as_deref().ok() != Some(r.content_hash.as_str()) {
+        wrong.push("content_hash is not its payload's".into());
+    }
+    let Ok(kind) = r.kind.parse::<weft_schemas::Kind>() else {
+        wrong.push(format!(
+            "kind `{}` is not a weft kind",
+            crate::short(&r.kind)
+        ));
+        return wrong;
+    };
+    let ident = weft_schemas::identity::identity(kind, &v).ok();
+    if ident.as_deref() != Some(r.id.as_str()) {
+        wrong.push(format!(
+            "id is not its payload's identity ({})",
+            ident.as_deref().unwrap_or("none")
+        ));
+    }
+    let ts = v
+        .get(kind.time_field())
+        .and_then(serde_json::Value::as_str)
+        .and_then(weft_schemas::time::parse_micros)
+        .unwrap_or(r.emitted_at);
+    if ts != r.ts {
+        wrong.push("ts is not its payload's time".into());
+    }
+    let links = weft_schemas::links::extract(kind, &v);
+    match serde_json::from_str::<serde_json::Value>(&r.typed) {
+        Ok(stored) => {
+            for col in weft_store::typed_columns(kind, &v, &links).differences(&stored) {
+                wrong.push(format!("{col} is not its payload's"));
+            }
+        }
+        Err(e) => wrong.push(format!("typed columns unreadable ({e})")),
+    }
+    for col in &r.materialized_wrong {
+        wrong.push(format!("{col} is not its payload's (MATERIALIZED)"));
+    }
+    wrong
 }
 
 /// The offset of the last link of one partition's chain, if any.

@@ -36,10 +36,11 @@ use weft_schemas::wire::SchemaIds;
 use weft_schemas::Topics;
 
 use crate::decode::{self, Fact, Record, Rejection};
-use crate::facts::{self, identity_key, DedupCache, EventRow, Seen};
+use weft_store::{insert, EventRow, Store, StoreError};
+
+use crate::facts::{self, identity_key, DedupCache, Seen};
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::{insert, ProjectBatch, Projector};
-use crate::store::{Store, StoreError};
+use crate::narrative::projector::{ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, DeadLetterRow, LagRow, Sample, Telemetry};
 
 /// Which parts of the pipeline this process runs.
@@ -325,7 +326,7 @@ impl Ingestor {
         ensure_topics(&cfg).await?;
         if cfg.role != Role::Narratives {
             retry_store(&cfg, &metrics, "check weft_events", || {
-                crate::narrative::projector::check_columns::<EventRow>(&store, "weft_events")
+                weft_store::check_columns::<EventRow>(&store, "weft_events")
             })
             .await?;
         }

@@ -11,7 +11,7 @@ use weft_audit::check::CheckOptions;
 use weft_audit::search::Filter;
 use weft_audit::sign::{Key, Keyring};
 use weft_audit::{bundle, check, log, search, timeline, Range};
-use weft_consumers::store::Store;
+use weft_store::Store;
 
 use crate::config::Settings;
 
