@@ -402,3 +402,91 @@ async fn verify_a_range_from_the_checkpoint_before_it() {
         "{r}"
     );
 }
+
+/// Nothing sealed: every column derived from the payload (by `weft_store::typed_columns`)
+/// and the MATERIALIZED token columns the I-06 check reads are checked against the payload on
+/// unsealed rows. Each column is changed alone, on a row of its own, with ALTER UPDATE, and
+/// `verify` names that row and that column (before, a forged decision_id, frame_id or
+/// handle_id passed as INTACT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsealed_rows_are_checked_column_by_column() {
+    let p = Pipeline::new("it_unsealed");
+    let truth = p.simulate(&["--flows", "20", "--seed", "91"]);
+    let _ingest = p.ingest(None);
+    p.publish(&p.path("events.jsonl"));
+    p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["unsealed"], truth.totals.distinct_events, "{r}");
+
+    let c = p.client().with_setting("mutations_sync", "2");
+    // (column, its forged value as SQL, the rows that may carry it)
+    let forgeries = [
+        ("decision_id", "'pd-forged'", "notEmpty(decision_id)"),
+        ("frame_id", "'fr-forged'", "notEmpty(frame_id)"),
+        ("handle_id", "'h-forged'", "notEmpty(handle_id)"),
+        ("handle_refs", "['h-forged']", "notEmpty(handle_refs)"),
+        ("candidate_id", "'c-forged'", "notEmpty(candidate_id)"),
+        ("flow_id", "'flow-forged'", "notEmpty(flow_id)"),
+        ("token_id", "'tok-forged'", "notEmpty(token_id)"),
+        ("links", "[]", "notEmpty(links)"),
+        (
+            "token_scope",
+            "['forged.scope']",
+            "kind = 'capability_token'",
+        ),
+        (
+            "token_single_use",
+            "1 - token_single_use",
+            "kind = 'capability_token'",
+        ),
+    ];
+    let mut altered: Vec<String> = Vec::new();
+    for (col, value, which) in forgeries {
+        let id: String = c
+            .query(&format!(
+                "SELECT id FROM weft_events WHERE {which} AND NOT has(CAST(? AS Array(String)), id) ORDER BY id LIMIT 1"
+            ))
+            .bind(&altered)
+            .fetch_one()
+            .await
+            .unwrap_or_else(|e| panic!("no row with {col}: {e}"));
+        c.query(&format!(
+            "ALTER TABLE weft_events UPDATE {col} = {value} WHERE id = ?"
+        ))
+        .bind(&id)
+        .execute()
+        .await
+        .unwrap_or_else(|e| panic!("ALTER UPDATE {col}: {e}"));
+        altered.push(id.clone());
+        let out = audit(&p, &["verify", "--format", "json"]);
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{col}: {r}");
+        let named: Vec<&Value> = r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["id"] == id.as_str())
+            .collect();
+        assert_eq!(named.len(), 1, "{col}: {r}");
+        assert_eq!(named[0]["what"], "altered", "{col}: {r}");
+        let detail = named[0]["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!("{col} is not its payload's")),
+            "{col}: {detail}"
+        );
+        // Only this row's column, and one problem per altered row so far.
+        assert_eq!(
+            detail.matches("is not its payload's").count(),
+            1,
+            "{col}: {detail}"
+        );
+        assert_eq!(
+            r["problems"].as_array().unwrap().len(),
+            altered.len(),
+            "{r}"
+        );
+    }
+}
