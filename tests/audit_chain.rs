@@ -489,4 +489,41 @@ async fn unsealed_rows_are_checked_column_by_column() {
             "{r}"
         );
     }
+
+    // Sealing does not launder them: each partition is sealed up to its first bad row, the
+    // seal says so (exit 1), and verify still names every altered row.
+    let out = audit(&p, &["seal"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for id in &altered {
+        assert!(
+            stderr.contains(&format!(":{id} at ")),
+            "{id} not held: {stderr}"
+        );
+    }
+    let sealed = p.scalar("SELECT count() FROM weft_audit_chain").await;
+    assert!(
+        sealed > 0 && sealed < truth.totals.distinct_events,
+        "{sealed}"
+    );
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for id in &altered {
+        assert!(named(&r, "altered", id), "{id}: {r}");
+    }
+    assert_eq!(
+        r["problems"].as_array().unwrap().len(),
+        altered.len(),
+        "{r}"
+    );
+    assert_eq!(r["verified"], sealed, "{r}");
+    // Two sealers at once write the same links twice: harmless copies, read once.
+    c.query("INSERT INTO weft_audit_chain SELECT * FROM weft_audit_chain")
+        .execute()
+        .await
+        .unwrap();
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r2: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r2["problems"], r["problems"], "{r2}");
+    assert_eq!(r2["verified"], sealed, "{r2}");
 }

@@ -119,6 +119,7 @@ fn compose_services_ports_volumes_and_dependencies_agree() {
         "ingest",
         "router",
         "gateway",
+        "audit",
     ] {
         assert!(names.contains(want), "compose has no service {want}");
     }
@@ -395,6 +396,7 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
         "weft-ingest",
         "weft-ingest-facts",
         "weft-ingest-narratives",
+        "weft-audit",
     ] {
         assert!(
             deployments.contains_key(want),
@@ -406,8 +408,9 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
         let r = deployments[scaled]["spec"]["replicas"].as_u64().unwrap();
         assert!(r >= 2, "{scaled} has {r} replicas");
     }
-    // Only one process may project narratives, and role all must never run twice.
-    for single in ["weft-ingest", "weft-ingest-narratives"] {
+    // Only one process may project narratives, and role all must never run twice; one
+    // sealer is enough.
+    for single in ["weft-ingest", "weft-ingest-narratives", "weft-audit"] {
         let d = &deployments[single];
         assert_eq!(d["spec"]["replicas"].as_u64(), Some(1), "{single}");
         assert_eq!(

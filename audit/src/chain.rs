@@ -54,12 +54,17 @@ pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The links of one partition's chain. Two sealers that ran at once (the sealing loop and
+/// a `weft audit seal` by hand) write the same links twice, identical but for `sealed_at`:
+/// such copies say nothing new and are read once (a link that differs in its hash or chain
+/// is not a copy and is read, so it still breaks the chain).
 const LINKS_SQL: &str = "
 SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash,
-       chain, toUnixTimestamp64Micro(sealed_at) AS sealed_at
+       chain, toUnixTimestamp64Micro(min(sealed_at)) AS sealed_at
 FROM weft_audit_chain
 WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
   AND offset > {after:Int64} AND offset <= {upto:UInt64}
+GROUP BY tenant, topic, partition, offset, kind, id, ts, row_hash, chain
 ORDER BY offset
 ";
 
@@ -206,6 +211,10 @@ pub struct SealReport {
     pub sealed: u64,
     /// Checkpoints written (one per partition that had new facts).
     pub checkpoints: Vec<Checkpoint>,
+    /// Rows left unsealed because they fail the unsealed check (each partition is sealed up
+    /// to its first such row); empty when nothing is wrong.
+    #[serde(default)]
+    pub held: Vec<Problem>,
 }
 
 fn unhex32(s: &str) -> [u8; 32] {
@@ -217,11 +226,18 @@ fn unhex32(s: &str) -> [u8; 32] {
 
 /// Append every fact of `tenant` stored since the last seal to its partition's chain, and
 /// checkpoint each extended chain (signed with `key` when given). Run one sealer at a time.
+///
+/// A seal never takes a forgery for a fact: the new rows are first checked as `verify`
+/// checks unsealed ones ([`unsealed_problems`]: hash, identity, time and every
+/// payload-derived column against the payload, one fact per offset, no repeated fact), and a
+/// partition is sealed only up to its first row that fails; that row and the ones after it
+/// stay unsealed (and named by `verify`) and are listed in [`SealReport::held`].
 #[instrument(skip(store, key), fields(tenant = %tenant))]
 pub async fn seal(
     store: &Store,
     tenant: &str,
     key: Option<&Key>,
+    copy_window_secs: u64,
 ) -> Result<SealReport, AuditError> {
     let mut report = SealReport::default();
     let now = chrono::Utc::now().timestamp_micros();
@@ -232,8 +248,28 @@ pub async fn seal(
             Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
             None => (-1, GENESIS, 0),
         };
-        let rows: Vec<ChainRow> =
+        let mut rows: Vec<ChainRow> =
             partition_rows(store, ROWS_SQL, tenant, &p, after, u64::MAX).await?;
+        let Some(upto) = rows.last().map(|r| r.offset) else {
+            continue;
+        };
+        let bad = unsealed_problems(store, tenant, &p, after, upto, copy_window_secs).await?;
+        if let Some(first) = bad.iter().map(|(_, r, _)| r.offset).min() {
+            rows.retain(|r| r.offset < first);
+            tracing::warn!(topic = %p.topic, partition = p.partition, offset = first,
+                "not sealing from this offset on: a row disagrees with its payload or repeats another");
+            for (what, r, detail) in bad {
+                report.held.push(Problem {
+                    what: what.into(),
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    offset: r.offset,
+                    kind: r.kind,
+                    id: r.id,
+                    detail,
+                });
+            }
+        }
         if rows.is_empty() {
             continue;
         }

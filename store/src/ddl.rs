@@ -185,10 +185,10 @@ pub fn materialized(table: &str) -> Vec<(String, String)> {
             .flat_map(Migration::statements),
     )
     .remove(table)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|c| c.materialized.map(|e| (c.name, e)))
-        .collect()
+    .unwrap_or_default()
+    .into_iter()
+    .filter_map(|c| c.materialized.map(|e| (c.name, e)))
+    .collect()
 }
 
 #[cfg(test)]
