@@ -11,8 +11,8 @@ use weft_audit::check::CheckOptions;
 use weft_audit::search::Filter;
 use weft_audit::sign::{Key, Keyring};
 use weft_audit::{bundle, check, log, search, timeline, Range};
-use weft_consumers::store::Store;
 use weft_schemas::ports;
+use weft_store::Store;
 
 use crate::config::Settings;
 
@@ -54,8 +54,11 @@ pub enum Action {
 }
 
 /// Extend the tenant's hash chains with every fact stored since the last seal, and write a
-/// checkpoint per partition (signed with --sign-key). Run one sealer at a time (or let
-/// `weft audit serve --seal-every-secs N` do it).
+/// checkpoint per partition (signed with --sign-key). Let `weft audit serve
+/// --seal-every-secs N` do it continuously (two sealers at once are harmless: they write the
+/// same links, read once). A new row that disagrees with its own payload (the check `verify`
+/// makes of unsealed rows) is not sealed, nor is anything after it in its partition: each is
+/// named on stderr and the exit code is 1.
 #[derive(Debug, Args)]
 pub struct SealArgs {
     #[arg(long, env = "WEFT_TENANT", default_value = "default")]
@@ -553,7 +556,7 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
         }
         Action::Seal(a) => {
             let key = a.sign_key.as_deref().map(read_key).transpose()?;
-            let r = weft_audit::chain::seal(&store, &a.tenant, key.as_ref()).await?;
+            let r = weft_audit::chain::seal(&store, &a.tenant, key.as_ref(), copy_window).await?;
             println!(
                 "sealed {} new facts of tenant {} in {} partitions{}",
                 r.sealed,
@@ -565,7 +568,17 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
                     " (checkpoints unsigned: pass --sign-key)"
                 }
             );
-            Ok(ExitCode::SUCCESS)
+            for h in &r.held {
+                eprintln!(
+                    "not sealed: {} {}:{} at {}/{} offset {}: {}",
+                    h.what, h.kind, h.id, h.topic, h.partition, h.offset, h.detail
+                );
+            }
+            Ok(if r.held.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Action::Verify(a) => {
             let extra: Vec<weft_audit::chain::Checkpoint> = match &a.checkpoints {
@@ -747,6 +760,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
             store.clone(),
             sign_key.clone(),
             std::time::Duration::from_secs(a.seal_every_secs),
+            copy_window_secs,
         ));
     }
     let state = weft_audit::serve::AppState {

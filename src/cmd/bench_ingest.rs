@@ -23,14 +23,15 @@ use clap::{Args, Parser, ValueEnum};
 use serde::Serialize;
 use tokio::sync::watch;
 use weft_consumers::decode::{self, Record};
-use weft_consumers::facts::{identity_key, DedupCache, EventRow};
+use weft_consumers::facts::{identity_key, DedupCache};
 use weft_consumers::ingest::{IngestTotals, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
-use weft_consumers::store::Store;
 use weft_producers::simulate::{Mix, SimConfig, Simulation};
 use weft_producers::{Delivery, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{identity, links, Envelope, Topics};
+use weft_store::EventRow;
+use weft_store::Store;
 
 use crate::cmd::bench_ingest_floor::FloorPhase;
 use crate::cmd::ingest::RoleArg;

@@ -21,13 +21,13 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use weft_consumers::decode::{self, Fact, Record};
-use weft_consumers::facts::EventRow;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_consumers::narrative::query;
-use weft_consumers::store::Store;
 use weft_producers::simulate::{SimConfig, Simulation};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Topics;
+use weft_store::narrative::query;
+use weft_store::EventRow;
+use weft_store::Store;
 
 use crate::config::Settings;
 

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use weft_consumers::store::Store;
 use weft_http::ApiKeys;
 use weft_router::model::Snapshot;
 use weft_router::policy::{PolicyConfig, PolicyName, Weights};
 use weft_router::service::{self, Service, ServiceConfig};
 use weft_schemas::ports::{self, loopback};
+use weft_store::Store;
 
 use crate::cmd::publish::PublisherArgs;
 use crate::config::Settings;

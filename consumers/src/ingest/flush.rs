@@ -11,10 +11,10 @@ use tracing::{debug, error, info, instrument, warn};
 use super::batch::FlushPart;
 use super::consume::RebalanceWatch;
 use super::{backoff, now_micros, IngestConfig, Role};
-use crate::facts::{self, EventRow};
+use crate::facts;
+use weft_store::{insert, EventRow, Store, StoreError};
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::{insert, ProjectBatch, Projector};
-use crate::store::{Store, StoreError};
+use crate::narrative::projector::{ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
 
 /// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
