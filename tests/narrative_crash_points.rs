@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use common::pipeline::{truth_membership, Pipeline};
 use weft_consumers::decode::{decode, Fact, Record};
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_consumers::store::{ClickHouseConfig, Store};
+use weft_store::{ClickHouseConfig, Store};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{Envelope, Topics};
 

@@ -460,7 +460,12 @@ async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap, uri: U
 }
 
 /// Seal every tenant's new facts every `every`, until the process stops.
-pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Duration) {
+pub async fn seal_loop(
+    store: Store,
+    key: Option<Arc<Key>>,
+    every: std::time::Duration,
+    copy_window_secs: u64,
+) {
     loop {
         tokio::time::sleep(every).await;
         let tenants: Result<Vec<String>, _> = store
@@ -471,8 +476,13 @@ pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Du
         match tenants {
             Ok(ts) => {
                 for t in ts {
-                    if let Err(e) = chain::seal(&store, &t, key.as_deref()).await {
-                        tracing::warn!(tenant = %t, error = %e, "seal failed");
+                    match chain::seal(&store, &t, key.as_deref(), copy_window_secs).await {
+                        Ok(r) if !r.held.is_empty() => tracing::error!(
+                            tenant = %t, held = r.held.len(), first = %r.held[0].detail,
+                            "rows left unsealed: they disagree with their payload (run weft audit verify)"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(tenant = %t, error = %e, "seal failed"),
                     }
                 }
             }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use weft_consumers::store::{ClickHouseConfig, Store};
+use weft_store::{ClickHouseConfig, Store};
 
 /// How long no merge may run in the database before merges count as settled.
 ///

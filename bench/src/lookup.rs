@@ -21,13 +21,12 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use weft_consumers::decode::{self, Fact, Record};
-use weft_consumers::facts::EventRow;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_consumers::narrative::query;
-use weft_consumers::store::{ClickHouseConfig, Store};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Topics;
 use weft_sim::{SimConfig, Simulation};
+use weft_store::narrative::query;
+use weft_store::{ClickHouseConfig, EventRow, Store};
 
 use crate::ch::{count, exec, settle_merges};
 

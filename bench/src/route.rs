@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
+use weft_schemas::ports::{self, loopback};
 
 /// Measure a running router over loopback HTTP: decisions/s with --concurrency keep-alive
 /// connections, client round-trip percentiles, and the server-side decision time (the
@@ -17,7 +18,7 @@ use clap::Args;
 #[command(verbatim_doc_comment)]
 pub struct BenchRouteArgs {
     /// The router's address.
-    #[arg(long, default_value = "127.0.0.1:8790")]
+    #[arg(long, default_value_t = loopback(ports::ROUTER))]
     pub addr: SocketAddr,
 
     /// A bearer key of the router.

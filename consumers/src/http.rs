@@ -11,8 +11,8 @@ use axum::{Json, Router};
 use weft_http::ApiKeys;
 
 use crate::metrics::IngestMetrics;
-use crate::narrative::query;
-use crate::store::Store;
+use weft_store::narrative::query;
+use weft_store::Store;
 
 /// What the handlers share.
 #[derive(Clone)]

@@ -9,7 +9,7 @@ use weft_audit::check::CheckOptions;
 use weft_audit::search::Filter;
 use weft_audit::sign::{Key, Keyring};
 use weft_audit::{bundle, check, log, search, timeline};
-use weft_consumers::store::Store;
+use weft_store::Store;
 
 use crate::config::Settings;
 
@@ -42,7 +42,7 @@ pub async fn run(a: AuditArgs, settings: Settings) -> anyhow::Result<ExitCode> {
         Action::Timeline(t) => run_timeline(&store, t).await,
         Action::Search(s) => run_search(&store, s).await,
         Action::Bundle(b) => run_bundle(&store, b).await,
-        Action::Seal(a) => run_seal(&store, a).await,
+        Action::Seal(a) => run_seal(&store, a, copy_window).await,
         Action::Verify(a) => run_verify(&store, a, copy_window).await,
         Action::Checkpoints(a) => {
             let tenant = &a.tenant.name;
@@ -240,9 +240,9 @@ async fn run_bundle(store: &Store, b: BundleArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `weft audit seal`.
-async fn run_seal(store: &Store, a: SealArgs) -> anyhow::Result<ExitCode> {
+async fn run_seal(store: &Store, a: SealArgs, copy_window: u64) -> anyhow::Result<ExitCode> {
     let key = a.sign_key.as_deref().map(read_key).transpose()?;
-    let r = weft_audit::chain::seal(store, &a.tenant.name, key.as_ref()).await?;
+    let r = weft_audit::chain::seal(store, &a.tenant.name, key.as_ref(), copy_window).await?;
     println!(
         "sealed {} new facts of tenant {} in {} partitions{}",
         r.sealed,
@@ -254,7 +254,17 @@ async fn run_seal(store: &Store, a: SealArgs) -> anyhow::Result<ExitCode> {
             " (checkpoints unsigned: pass --sign-key)"
         }
     );
-    Ok(ExitCode::SUCCESS)
+    for h in &r.held {
+        eprintln!(
+            "not sealed: {} {}:{} at {}/{} offset {}: {}",
+            h.what, h.kind, h.id, h.topic, h.partition, h.offset, h.detail
+        );
+    }
+    Ok(if r.held.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// A keyring file (spec keyring format), when given.
@@ -414,6 +424,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
             store.clone(),
             sign_key.clone(),
             std::time::Duration::from_secs(a.seal_every_secs),
+            copy_window_secs,
         ));
     }
     let state = weft_audit::serve::AppState {

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Map, Value};
-use weft_consumers::store::Store;
 use weft_router::eval::{self, Logged};
 use weft_router::model::Snapshot;
 use weft_router::policy::{self, PolicyConfig};
 use weft_router::rng::Rng;
 use weft_router::store::LoggedPair;
+use weft_store::Store;
 
 use crate::cmd::router::PolicyArgs;
 use crate::config::Settings;

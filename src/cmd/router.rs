@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use weft_consumers::store::Store;
 use weft_http::ApiKeys;
 use weft_router::model::Snapshot;
 use weft_router::policy::{PolicyConfig, PolicyName, Weights};
 use weft_router::service::{self, Service, ServiceConfig};
+use weft_schemas::ports::{self, loopback};
+use weft_store::Store;
 
 use crate::cmd::publish::PublisherArgs;
 use crate::config::Settings;
@@ -49,7 +50,7 @@ pub struct RouterArgs {
     pub action: Option<RouterAction>,
 
     /// Address to listen on.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8790")]
+    #[arg(long, value_name = "ADDR", default_value_t = loopback(ports::ROUTER))]
     pub listen: SocketAddr,
 
     /// Allow a --listen address that is not loopback.
@@ -230,7 +231,7 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
         half_life_s: args.fit.half_life_s,
         source: format!("clickhouse:{}", settings.clickhouse.database),
     };
-    let mut pub_settings = settings.clone();
+    let mut pub_settings = settings.for_router();
     pub_settings.publisher.linger_ms = args.publish_linger_ms;
     let publisher = args.publisher.connect(&pub_settings).await?;
     let svc = Service::new(cfg, keys, publisher.clone(), initial);

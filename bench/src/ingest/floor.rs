@@ -23,10 +23,10 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::ClientConfig;
 use serde::Serialize;
 use serde_json::Value;
-use weft_consumers::store::Store;
 use weft_schemas::validate::Validator;
 use weft_schemas::wire::header;
 use weft_schemas::{Kind, Topics};
+use weft_store::Store;
 
 use crate::cpu::{self, Who};
 

@@ -22,14 +22,14 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::sync::watch;
 use weft_consumers::decode::{self, Record};
-use weft_consumers::facts::{identity_key, DedupCache, EventRow};
+use weft_consumers::facts::{identity_key, DedupCache};
 use weft_consumers::ingest::{IngestConfig, IngestTotals, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
-use weft_consumers::store::{ClickHouseConfig, Store};
 use weft_producers::{Delivery, PublisherConfig, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{identity, links, Envelope, Topics};
 use weft_sim::{Mix, SimConfig, Simulation};
+use weft_store::{ClickHouseConfig, EventRow, Store};
 
 use crate::ch::{count, exec, settle_merges};
 use crate::cpu::{self, ThreadCpu, Who};

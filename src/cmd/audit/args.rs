@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use weft_audit::Range;
+use weft_schemas::ports;
 
 /// Compliance audit: invariant checks, search, timelines, TraceBundles, the tamper-evident
 /// hash chain, retention, and a read-only API.
@@ -44,8 +45,11 @@ pub enum Action {
 }
 
 /// Extend the tenant's hash chains with every fact stored since the last seal, and write a
-/// checkpoint per partition (signed with --sign-key). Run one sealer at a time (or let
-/// `weft audit serve --seal-every-secs N` do it).
+/// checkpoint per partition (signed with --sign-key). Let `weft audit serve
+/// --seal-every-secs N` do it continuously (two sealers at once are harmless: they write the
+/// same links, read once). A new row that disagrees with its own payload (the check `verify`
+/// makes of unsealed rows) is not sealed, nor is anything after it in its partition: each is
+/// named on stderr and the exit code is 1.
 #[derive(Debug, Args)]
 pub struct SealArgs {
     #[command(flatten)]
@@ -161,7 +165,7 @@ pub struct HoldArgs {
 /// Listens on loopback only unless --allow-remote.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    #[arg(long, env = "WEFT_AUDIT_LISTEN", default_value = "127.0.0.1:8383")]
+    #[arg(long, env = "WEFT_AUDIT_LISTEN", default_value_t = ports::loopback(ports::AUDIT))]
     pub listen: std::net::SocketAddr,
     #[arg(long)]
     pub allow_remote: bool,
