@@ -35,7 +35,6 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 use weft_schemas::wire::SchemaIds;
 
-use weft_store::{EventRow, Store, StoreError};
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::Projector;
 use crate::telemetry::Telemetry;
@@ -44,6 +43,7 @@ use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use weft_store::{EventRow, Store, StoreError};
 
 pub use config::{listen_addr, IngestConfig, Role};
 
