@@ -1,13 +1,13 @@
 //! Prometheus metrics of `weft ingest`.
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+use weft_http::prometheus::{
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
+use weft_http::MetricsRegistry;
 
 /// Everything `/metrics` shows for the ingest process.
 pub struct IngestMetrics {
-    registry: Registry,
+    registry: MetricsRegistry,
     /// Records read from Kafka, per topic.
     pub consumed: IntCounterVec,
     /// Facts stored in `weft_events`, per kind.
@@ -44,144 +44,96 @@ pub struct IngestMetrics {
     pub telemetry_dropped: IntCounterVec,
 }
 
-fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    let _ = r.register(Box::new(c.clone()));
-    c
-}
-
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    let _ = r.register(Box::new(c.clone()));
-    c
-}
-
-fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    let _ = r.register(Box::new(h.clone()));
-    h
-}
-
 impl IngestMetrics {
     // Metric definitions are constants; a failure here is a programming error caught by the
     // unit test below, not something input can trigger.
     /// A fresh registry with every ingest metric at zero.
     pub fn new() -> Self {
-        let r = Registry::new();
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-            let _ = r.register(Box::new(g.clone()));
-            g
-        };
-        let lag = IntGaugeVec::new(
-            Opts::new(
-                "weft_ingest_consumer_lag",
-                "High watermark minus the next offset to store, per partition",
-            ),
+        let r = MetricsRegistry::new();
+        let lag = r.gauge_vec(
+            "weft_ingest_consumer_lag",
+            "High watermark minus the next offset to store, per partition",
             &["topic", "partition"],
-        )
-        .unwrap_or_else(|e| panic!("metric lag: {e}"));
-        let _ = r.register(Box::new(lag.clone()));
-        let freshness = HistogramVec::new(
-            HistogramOpts::new(
-                "weft_ingest_freshness_seconds",
-                "From emitted_at to queryable in ClickHouse",
-            )
-            .buckets(vec![
-                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
-            ]),
+        );
+        let freshness = r.histogram_vec(
+            "weft_ingest_freshness_seconds",
+            "From emitted_at to queryable in ClickHouse",
+            vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0],
             &["kind"],
-        )
-        .unwrap_or_else(|e| panic!("metric freshness: {e}"));
-        let _ = r.register(Box::new(freshness.clone()));
-        let clickhouse_up = gauge(
+        );
+        let clickhouse_up = r.gauge(
             "weft_ingest_clickhouse_up",
             "1 when the last ClickHouse insert succeeded",
         );
-        let narrative_graph_nodes = gauge(
+        let narrative_graph_nodes = r.gauge(
             "weft_narrative_graph_nodes",
             "Nodes held by the narrative projector",
         );
         Self {
-            consumed: counter_vec(
-                &r,
+            consumed: r.counter_vec(
                 "weft_ingest_consumed_total",
                 "Records read from Kafka",
                 &["topic"],
             ),
-            inserted: counter_vec(
-                &r,
+            inserted: r.counter_vec(
                 "weft_ingest_inserted_total",
                 "Facts stored in weft_events",
                 &["kind"],
             ),
-            deduplicated: counter(
-                &r,
+            deduplicated: r.counter(
                 "weft_ingest_deduplicated_total",
                 "Copies of an already stored event, dropped",
             ),
-            conflicts: counter(
-                &r,
+            conflicts: r.counter(
                 "weft_ingest_conflicts_total",
                 "Events stored with an id already used for different content",
             ),
-            dead_lettered: counter_vec(
-                &r,
+            dead_lettered: r.counter_vec(
                 "weft_ingest_dead_lettered_total",
                 "Records sent to the dead-letter topic",
                 &["reason"],
             ),
-            replay_skipped: counter(
-                &r,
+            replay_skipped: r.counter(
                 "weft_ingest_replay_skipped_total",
                 "Records at or below the stored offset, skipped after a restart",
             ),
-            offset_gaps: counter_vec(
-                &r,
+            offset_gaps: r.counter_vec(
                 "weft_ingest_offset_gaps_total",
                 "Offsets the broker never delivered (retention, compaction, or a broker fault)",
                 &["topic"],
             ),
-            batch_rows: histogram(
-                &r,
+            batch_rows: r.histogram(
                 "weft_ingest_batch_rows",
                 "Rows per ClickHouse insert",
                 vec![
                     1.0, 10.0, 100.0, 1_000.0, 5_000.0, 10_000.0, 25_000.0, 50_000.0, 100_000.0,
                 ],
             ),
-            insert_seconds: histogram(
-                &r,
+            insert_seconds: r.histogram(
                 "weft_ingest_insert_seconds",
                 "Latency of one facts insert",
                 vec![
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 ],
             ),
-            insert_retries: counter(
-                &r,
+            insert_retries: r.counter(
                 "weft_ingest_insert_retries_total",
                 "ClickHouse writes retried after an error",
             ),
             clickhouse_up,
             lag,
             freshness_seconds: freshness,
-            narratives_moved: counter(
-                &r,
+            narratives_moved: r.counter(
                 "weft_narratives_moved_total",
                 "Events moved to another narrative by a late anchor",
             ),
             narrative_graph_nodes,
-            projector_seconds: histogram(
-                &r,
+            projector_seconds: r.histogram(
                 "weft_narrative_projector_seconds",
                 "Time to project one batch",
                 vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
             ),
-            telemetry_dropped: counter_vec(
-                &r,
+            telemetry_dropped: r.counter_vec(
                 "weft_ingest_telemetry_dropped_total",
                 "Telemetry rows not written to ClickHouse (best effort; ingest unaffected)",
                 &["table"],
@@ -192,9 +144,7 @@ impl IngestMetrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        self.registry.render()
     }
 }
 

@@ -106,6 +106,7 @@ impl PublishError {
             PublishError::Invalid(EnvelopeError::Schema { .. }) => "schema_invalid",
             PublishError::Invalid(EnvelopeError::BadTenant) => "bad_tenant",
             PublishError::Invalid(EnvelopeError::Identity(_)) => "missing_identity",
+            PublishError::Invalid(EnvelopeError::DuplicateKey(_)) => "duplicate_key",
             PublishError::Invalid(_) => "invalid_payload",
             PublishError::Encode(_) => "encode_failed",
             PublishError::TooLarge { .. } => "too_large",

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Args;
 use tokio::sync::watch;
 use weft_consumers::http::{self, AppState};
@@ -74,14 +73,12 @@ pub enum RoleArg {
 
 /// The API keys from the flag/env list and the optional file.
 pub fn api_keys(list: Option<&str>, file: Option<&str>) -> anyhow::Result<ApiKeys> {
-    let mut keys = ApiKeys::default();
-    if let Some(list) = list {
-        keys.add_list(list).context("parsing API keys")?;
-    }
-    if let Some(path) = file {
-        keys.add_file(std::path::Path::new(path))?;
-    }
-    Ok(keys)
+    Ok(ApiKeys::load(&weft_http::KeySources {
+        list,
+        list_origin: "WEFT_API_KEYS / --api-keys",
+        map: None,
+        file: file.map(std::path::Path::new),
+    })?)
 }
 
 pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
