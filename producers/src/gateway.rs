@@ -190,6 +190,18 @@ enum SplitError {
     TooMany(usize),
 }
 
+impl From<SplitError> for weft_http::ApiError {
+    fn from(e: SplitError) -> Self {
+        match e {
+            SplitError::Malformed(m) => weft_http::ApiError::bad_request("malformed_json", m),
+            SplitError::TooMany(max) => weft_http::ApiError::unprocessable(
+                "too_many_items",
+                format!("more than {max} items in one request; split the batch"),
+            ),
+        }
+    }
+}
+
 /// A JSON array of at most `max` raw items, stopping at the first one past the limit.
 struct BoundedItems<'f> {
     max: usize,
@@ -287,8 +299,9 @@ fn bounded_message(mut m: String) -> String {
     m
 }
 
-/// Validate one item for `tenant` and hand it to the publisher.
-fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError> {
+/// Parse one item for `tenant` into an envelope (no publishing): its shape, `request_id`
+/// length, kind and tenant.
+fn parse_item(raw: &RawValue, tenant: &str) -> Result<Envelope, ApiError> {
     let err = |code: &str, message: String| ApiError {
         code: code.into(),
         message: bounded_message(message),
@@ -312,7 +325,6 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
         .kind
         .parse()
         .map_err(|e: weft_schemas::kind::UnknownKind| err("unknown_kind", e.to_string()))?;
-    check_extension_keys(g, kind, &item.payload).map_err(|m| err("nonconforming_key", m))?;
     let item_tenant = match item.tenant {
         Some(t) if t != tenant => {
             return Err(err(
@@ -322,7 +334,7 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
         }
         _ => tenant.to_owned(),
     };
-    let env = Envelope {
+    Ok(Envelope {
         kind,
         request_id: item.request_id,
         tenant: item_tenant,
@@ -330,10 +342,47 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
         seq: None,
         emitted_at: None,
         payload: item.payload,
-    };
-    g.publisher
-        .publish(env)
-        .map_err(|e| err(e.code(), e.to_string()))
+    })
+}
+
+/// The gateway's whole request parsing without publishing: split the body into at most
+/// `max_items` items, parse each for `tenant` and validate its envelope. `Err` is the answer
+/// to the whole request. For the fuzz target (`fuzz/`) and tests.
+pub fn parse_request(
+    body: &[u8],
+    content_type: Option<&str>,
+    max_items: usize,
+    tenant: &str,
+) -> Result<Vec<Result<Envelope, ApiError>>, weft_http::ApiError> {
+    let items = split_items(body, content_type, max_items)?;
+    Ok(items
+        .into_iter()
+        .map(|item| {
+            let raw = item.map_err(|e| ApiError {
+                code: "malformed_json".into(),
+                message: bounded_message(e),
+            })?;
+            let env = parse_item(raw, tenant)?;
+            env.validate().map_err(|e| ApiError {
+                code: e.code().into(),
+                message: bounded_message(e.to_string()),
+            })?;
+            Ok(env)
+        })
+        .collect())
+}
+
+/// Validate one item for `tenant` and hand it to the publisher.
+fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError> {
+    let env = parse_item(raw, tenant)?;
+    check_extension_keys(g, env.kind, &env.payload).map_err(|m| ApiError {
+        code: "nonconforming_key".into(),
+        message: bounded_message(m),
+    })?;
+    g.publisher.publish(env).map_err(|e| ApiError {
+        code: e.code().into(),
+        message: bounded_message(e.to_string()),
+    })
 }
 
 /// Count (and log) top-level payload keys of neither the kind nor the `x_<org>_<field>`
@@ -396,13 +445,7 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
                 tracing::Span::current().record("items", items.len());
                 return publish_items(&g, items, &tenant).await;
             }
-            Err(SplitError::Malformed(reason)) => {
-                weft_http::ApiError::bad_request("malformed_json", reason)
-            }
-            Err(SplitError::TooMany(max)) => weft_http::ApiError::unprocessable(
-                "too_many_items",
-                format!("more than {max} items in one request; split the batch"),
-            ),
+            Err(e) => e.into(),
         };
         g.metrics_reject(&items.code);
         items.into_response()
