@@ -91,6 +91,10 @@ async fn fault_supervisor_restarts_a_killed_broker_and_nothing_is_lost() {
     let distinct = p
         .scalar("SELECT uniqExact(tenant, kind, id) FROM weft_events")
         .await;
-    assert_eq!((rows, distinct), (want, want), "every event stored exactly once");
+    assert_eq!(
+        (rows, distinct),
+        (want, want),
+        "every event stored exactly once"
+    );
     assert_eq!(ingest.terminate().code(), Some(0), "{}", p.ingest_log());
 }

@@ -57,12 +57,17 @@ fn acme_ids(file: &std::path::Path) -> Vec<(&'static str, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_b_naming_tenant_a_ids_sees_nothing_and_changes_nothing() {
     let p = Pipeline::new("it_tenancy");
-    let truth = p.simulate(&["--flows", "6", "--seed", "77", "--tenant", "acme", "--clean"]);
+    let truth = p.simulate(&[
+        "--flows", "6", "--seed", "77", "--tenant", "acme", "--clean",
+    ]);
     let file = p.path("events.jsonl");
     let ids = acme_ids(&file);
     let labels: Vec<&str> = ids.iter().map(|(l, _)| *l).collect();
     for want in ["request", "handle", "token", "decision"] {
-        assert!(labels.contains(&want), "the fixture has no {want} id: {labels:?}");
+        assert!(
+            labels.contains(&want),
+            "the fixture has no {want} id: {labels:?}"
+        );
     }
     let ingest_addr = format!("127.0.0.1:{}", free_port());
     let keys = format!("{ACME}=acme,{GLOBEX}=globex");
@@ -103,17 +108,33 @@ async fn tenant_b_naming_tenant_a_ids_sees_nothing_and_changes_nothing() {
         assert!(!owner["entries"].as_array().unwrap().is_empty());
         // ... and for the other tenant it is exactly an unknown id, on every route.
         let (s, v) = get(narrative(id), GLOBEX).await;
-        assert_eq!(s, StatusCode::NOT_FOUND, "narrative API, acme's {label} id: {v}");
+        assert_eq!(
+            s,
+            StatusCode::NOT_FOUND,
+            "narrative API, acme's {label} id: {v}"
+        );
         assert_eq!(v["error"]["code"], "not_found");
         let (unknown_s, unknown_v) = get(narrative("no-such-id-77"), GLOBEX).await;
-        assert_eq!((s, &v), (unknown_s, &unknown_v), "indistinguishable from unknown");
+        assert_eq!(
+            (s, &v),
+            (unknown_s, &unknown_v),
+            "indistinguishable from unknown"
+        );
         for route in ["timeline", "bundle"] {
             let url = format!("http://{audit_addr}/v1/audit/{route}/{}", enc(id));
             let (s, v) = get(url.clone(), GLOBEX).await;
-            assert_eq!(s, StatusCode::NOT_FOUND, "audit {route}, acme's {label} id: {v}");
+            assert_eq!(
+                s,
+                StatusCode::NOT_FOUND,
+                "audit {route}, acme's {label} id: {v}"
+            );
             assert_eq!(v["error"]["code"], "not_found");
             if *label == "request" {
-                assert_eq!(get(url, ACME).await.0, StatusCode::OK, "audit {route} for acme");
+                assert_eq!(
+                    get(url, ACME).await.0,
+                    StatusCode::OK,
+                    "audit {route} for acme"
+                );
             }
         }
     }
@@ -125,15 +146,25 @@ async fn tenant_b_naming_tenant_a_ids_sees_nothing_and_changes_nothing() {
             "decision" => "decision",
             _ => continue,
         };
-        let url = format!("http://{audit_addr}/v1/audit/search?{range}&{param}={}", enc(id));
+        let url = format!(
+            "http://{audit_addr}/v1/audit/search?{range}&{param}={}",
+            enc(id)
+        );
         let (s, mine) = get(url.clone(), ACME).await;
         assert_eq!(s, StatusCode::OK);
         let (s, theirs) = get(url, GLOBEX).await;
         assert_eq!(s, StatusCode::OK);
         if *label != "decision" {
-            assert!(!mine["hits"].as_array().unwrap().is_empty(), "acme finds its {label}");
+            assert!(
+                !mine["hits"].as_array().unwrap().is_empty(),
+                "acme finds its {label}"
+            );
         }
-        assert_eq!(theirs["hits"], serde_json::json!([]), "globex searching acme's {label}");
+        assert_eq!(
+            theirs["hits"],
+            serde_json::json!([]),
+            "globex searching acme's {label}"
+        );
     }
 
     // The gateway: globex writes a frame naming acme's request id and handle id.
@@ -160,7 +191,11 @@ async fn tenant_b_naming_tenant_a_ids_sees_nothing_and_changes_nothing() {
     BufReader::new(gw.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let gw_url = line.trim().strip_prefix("listening on ").unwrap().to_owned();
+    let gw_url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
     let frame = format!(
         r#"{{"kind":"frame","request_id":"{req_id}","payload":{{"frame_id":"fr-globex-intruder","capability_id":"org.x.read","summary":"s","structured_data":{{}},"handle_refs":["{handle_id}"],"created_at":"2026-03-08T06:00:00Z"}}}}"#
     );
@@ -187,7 +222,10 @@ async fn tenant_b_naming_tenant_a_ids_sees_nothing_and_changes_nothing() {
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (s, after) = get(narrative(&req_id), ACME).await;
     assert_eq!(s, StatusCode::OK);
-    assert_eq!(after["entries"], before["entries"], "acme's narrative changed");
+    assert_eq!(
+        after["entries"], before["entries"],
+        "acme's narrative changed"
+    );
     assert!(!after.to_string().contains("fr-globex-intruder"));
 }
 

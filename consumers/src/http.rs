@@ -36,10 +36,24 @@ pub const MAX_ID_BYTES: usize = 1024;
 /// The router of the status server.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/narratives/{id}", get(narrative))
         .with_state(state)
+}
+
+/// `ok`, or 503 with the one error body (`stalled`) while fetched records have waited
+/// `stall_after_secs` with nothing stored.
+async fn healthz(State(s): State<AppState>) -> Response {
+    match s.metrics.health.stalled() {
+        None => "ok".into_response(),
+        Some(secs) => ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "stalled",
+            format!("records fetched {secs} s ago are not stored yet (see the ingest log)"),
+        )
+        .into_response(),
+    }
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {

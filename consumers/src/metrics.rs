@@ -1,9 +1,67 @@
 //! Prometheus metrics of `weft ingest`.
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use weft_http::prometheus::{
     Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
+
 use weft_http::MetricsRegistry;
+
+/// Stall detection from this process's own positions (not the broker's high watermarks,
+/// which tansu's memory engine under-reports): since when fetched records have waited with
+/// nothing stored. Read by `/healthz` (503 when stalled) and `/metrics`.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Micros since the epoch when the oldest record still waiting was fetched; 0 = none.
+    waiting_since: AtomicI64,
+    /// `stall_after_secs`; 0 disables.
+    stall_after_secs: AtomicU64,
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+impl Health {
+    /// Set the stall threshold (seconds; 0 disables).
+    pub fn set_stall_after(&self, secs: u64) {
+        self.stall_after_secs.store(secs, Ordering::Relaxed);
+    }
+
+    /// A fetched record now waits to be stored (keeps the oldest wait).
+    pub fn waiting(&self) {
+        let _ = self.waiting_since.compare_exchange(
+            0,
+            now_micros(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// A flush stored what it took; `more` when newer records still wait.
+    pub fn progressed(&self, more: bool) {
+        let v = if more { now_micros() } else { 0 };
+        self.waiting_since.store(v, Ordering::Relaxed);
+    }
+
+    /// Seconds records have waited with nothing stored (0 when nothing waits).
+    pub fn waited_secs(&self) -> u64 {
+        match self.waiting_since.load(Ordering::Relaxed) {
+            0 => 0,
+            t => ((now_micros() - t).max(0) / 1_000_000) as u64,
+        }
+    }
+
+    /// `Some(seconds)` when stalled: records waited at least `stall_after_secs`.
+    pub fn stalled(&self) -> Option<u64> {
+        let after = self.stall_after_secs.load(Ordering::Relaxed);
+        let waited = self.waited_secs();
+        (after > 0 && waited >= after).then_some(waited)
+    }
+}
 
 /// Everything `/metrics` shows for the ingest process.
 pub struct IngestMetrics {
@@ -40,6 +98,15 @@ pub struct IngestMetrics {
     pub narrative_graph_nodes: IntGauge,
     /// Time to project one batch onto the narratives.
     pub projector_seconds: Histogram,
+    /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
+    pub dead_letters_quarantined: IntCounter,
+    /// 1 while records are fetched but none stored for `stall_after_secs`.
+    pub stalled: IntGauge,
+    /// Seconds since this process last stored (or dead-lettered) a fetched record while
+    /// records were waiting; 0 when nothing waits.
+    pub stalled_seconds: IntGauge,
+    /// Stall detection (not a Prometheus metric; feeds `stalled` and `stalled_seconds`).
+    pub health: Health,
     /// Telemetry rows (migration 0006) dropped: queue full, table missing or insert failed.
     pub telemetry_dropped: IntCounterVec,
 }
@@ -133,17 +200,32 @@ impl IngestMetrics {
                 "Time to project one batch",
                 vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
             ),
+            dead_letters_quarantined: r.counter(
+                "weft_ingest_dead_letters_quarantined_total",
+                "Dead letters refused by the dead-letter topic in every form (kept in weft_dead_letters)",
+            ),
+            stalled: r.gauge(
+                "weft_ingest_stalled",
+                "1 while records are fetched but none stored for stall_after_secs",
+            ),
+            stalled_seconds: r.gauge(
+                "weft_ingest_stalled_seconds",
+                "Seconds records have waited with nothing stored (0 when nothing waits)",
+            ),
             telemetry_dropped: r.counter_vec(
                 "weft_ingest_telemetry_dropped_total",
                 "Telemetry rows not written to ClickHouse (best effort; ingest unaffected)",
                 &["table"],
             ),
+            health: Health::default(),
             registry: r,
         }
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition (stall gauges refreshed first).
     pub fn render(&self) -> String {
+        self.stalled.set(i64::from(self.health.stalled().is_some()));
+        self.stalled_seconds.set(self.health.waited_secs() as i64);
         self.registry.render()
     }
 }
