@@ -140,7 +140,7 @@ async fn oversized_records_between_good_events_do_not_stop_ingest() {
     let dl = dead_letters(&format!("{}dead_letter", p.prefix), 2);
     assert_eq!(dl.len(), 2, "{:?}", dl.keys().collect::<Vec<_>>());
     for (key, original, reason) in [
-        ("poison-random", &noise, "undecodable"),
+        ("poison-random", &noise, "too_large"),
         ("poison-5mb", &five_mb, "too_large"),
     ] {
         let h = &dl[key];
@@ -208,6 +208,11 @@ async fn a_forced_stall_turns_healthz_503_and_sigterm_still_ends_within_10_s() {
     let addr = format!("127.0.0.1:{}", free_port());
     let ingest = p.ingest_args(Some(&addr), &[], &["--stall-after-secs", "3"]);
     assert!(wait_for_port(&addr, Duration::from_secs(30)));
+    common::wait_for(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        log.contains("assigned every partition").then_some(())
+    })
+    .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
     let get = |path: &str| {
         let url = format!("http://{addr}{path}");
         async move { reqwest::get(url).await.unwrap() }
