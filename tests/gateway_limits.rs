@@ -127,7 +127,10 @@ async fn an_8_4_mb_request_is_answered_within_bounds() {
     // Within the limits: 10,000 valid events (the default max_items) of ~840 bytes each.
     let item = |i: usize, pad: &str| {
         let payload = trace_payload(&format!("lim{pad}"), i);
-        format!(r#"{{"kind":"trace_event","request_id":"r-{}","payload":{payload}}}"#, i % 97)
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-{}","payload":{payload}}}"#,
+            i % 97
+        )
     };
     // The tag appears three times in a payload: pad it so an item is ~845 bytes.
     let pad = "p".repeat((845 - item(5000, "").len()) / 3);

@@ -232,6 +232,7 @@ impl Publisher {
             kafka_config: kafka_config(&config),
             metrics,
             max_bytes: config.spool_max_bytes,
+            max_in_flight: config.max_in_flight,
             shutdown: AtomicBool::new(false),
         });
         let producer: Kafka = shared.kafka_config.create_with_context(Ctx {
