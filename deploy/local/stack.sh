@@ -105,7 +105,7 @@ service_pid() {
   [[ -f $f ]] || return 1
   pid=$(<"$f")
   [[ $pid =~ ^[0-9]+$ ]] || return 1
-  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  cmd=$({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) || return 1
   [[ -n $cmd ]] || return 1 # a zombie has an empty cmdline
   grep -Eq "$(cmd_marker "$1")" <<<"$cmd" || return 1
   printf '%s\n' "$pid"
@@ -392,7 +392,7 @@ stop_service() {
 
 # The --storage-engine a running broker (pid $1) was started with.
 kafka_running_url() {
-  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -A1 -x -e '--storage-engine' | tail -n 1
+  { tr '\0' '\n' <"/proc/$1/cmdline"; } 2>/dev/null | grep -A1 -x -e '--storage-engine' | tail -n 1
 }
 
 describe() {
