@@ -434,3 +434,87 @@ impl Remembered {
         })
     }
 }
+
+#[cfg(test)]
+mod sim {
+    //! Replays the default policy in process on an environment's draws written by
+    //! `bench/router-learning/dump_draws.py`: the decision path of the service (admission,
+    //! SquareCB, learning) without HTTP, for tuning. The benchmark itself goes over HTTP.
+    use super::*;
+    use crate::learner::{Observation, Outcome};
+
+    /// `SIM_DRAWS=/tmp/draws.json cargo test --release -p weft-router sim_env -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn sim_env() {
+        let Ok(path) = std::env::var("SIM_DRAWS") else {
+            return;
+        };
+        let runs: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut cfg = PolicyConfig::default();
+        if let Some(v) = std::env::var("SIM_GAMMA").ok().and_then(|v| v.parse().ok()) {
+            cfg.learner.gamma_scale = v;
+        }
+        if let Some(v) = std::env::var("SIM_LR").ok().and_then(|v| v.parse().ok()) {
+            cfg.learner.lr = v;
+        }
+        let (mut regret, mut share, mut viol, mut last, mut oracle) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        let memo = PosteriorMemo::new(16, 16);
+        for (seed, run) in runs.iter().enumerate() {
+            let mut model = TenantModel::default();
+            let mut rng = Rng::new(seed as u64);
+            let feasible: Vec<bool> = serde_json::from_value(run["feasible"].clone()).unwrap();
+            let lat: Vec<f64> = serde_json::from_value(run["latency"].clone()).unwrap();
+            let cycles = run["cycles"].as_array().unwrap();
+            let n = cycles.len();
+            for (t, c) in cycles.iter().enumerate() {
+                let mut body = serde_json::json!({"context": c["context"], "candidates": run["candidates"]});
+                if let Some(m) = run["max_latency_ms"].as_f64() {
+                    body["constraints"] = serde_json::json!({"max_latency_ms": m});
+                }
+                let req: RouteRequest = serde_json::from_value(body).unwrap();
+                let adm = admit(&cfg, &req, &Snapshot::empty("sim"), "t", &model, |_| 0);
+                let ch = choose(PolicyName::SquareCb, &cfg, &adm, &req, &model, &memo, &mut rng);
+                let a = adm.admissible[ch.chosen];
+                let rate: Vec<f64> = serde_json::from_value(c["rate"].clone()).unwrap();
+                let u: Vec<f64> = serde_json::from_value(c["u"].clone()).unwrap();
+                let best = (0..rate.len())
+                    .filter(|i| feasible[*i])
+                    .max_by(|x, y| rate[*x].total_cmp(&rate[*y]))
+                    .unwrap();
+                let got = if feasible[a] { rate[a] } else { 0.0 };
+                regret += (rate[best] - got) / runs.len() as f64;
+                if !feasible[a] {
+                    viol += 1.0 / runs.len() as f64;
+                }
+                if t >= n - 500 {
+                    share += f64::from(u8::from(a == best)) / (500 * runs.len()) as f64;
+                    last += got / (500 * runs.len()) as f64;
+                    oracle += rate[best] / (500 * runs.len()) as f64;
+                }
+                let success = u[a] < rate[a];
+                let (_, xs) = examples(&req, &[a]);
+                model.learn(
+                    &cfg.learner,
+                    &Observation {
+                        feedback_id: t.to_string(),
+                        candidate_id: req.candidates[a].candidate_id.clone(),
+                        example: xs[0].clone(),
+                        outcome: Outcome {
+                            reward: f64::from(u8::from(success)),
+                            latency_ms: Some(lat[a] * (0.8 + 0.4 * u[(a + 1) % u.len()])),
+                            cost: 0.0,
+                            quality: None,
+                        },
+                    },
+                );
+            }
+        }
+        eprintln!(
+            "regret {regret:.1}, best share (last 500) {share:.3}, violations {viol:.1}, \
+             last-500 mean {last:.4} vs oracle {oracle:.4} ({:.1}%)",
+            100.0 * last / oracle
+        );
+    }
+}

@@ -53,15 +53,95 @@ impl Applied {
     }
 }
 
+/// One tenant's model learnt from ClickHouse alone, with the identities it holds and the
+/// place in the visibility order of the last row it learnt.
+#[derive(Default)]
+struct Base {
+    model: TenantModel,
+    applied: Applied,
+    last: (i64, String),
+}
+
+impl Base {
+    /// Learn a stored row unless its identity is already held; `true` when it came out of
+    /// the visibility order (before the last row learnt).
+    fn learn(&mut self, cfg: &LearnerConfig, row: &Stored) -> bool {
+        if !self.applied.insert(&row.obs.feedback_id) {
+            return false;
+        }
+        self.model.learn(cfg, &row.obs);
+        let late = row.key < self.last;
+        if !late {
+            self.last = row.key.clone();
+        }
+        late
+    }
+}
+
+/// A stored outcome: tenant, place in the visibility order (visible µs, feedback id), and
+/// the observation.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// The tenant of the decision and its feedback.
+    pub tenant: String,
+    /// (visibility µs, feedback id): the order rows are learnt in.
+    pub key: (i64, String),
+    /// What to learn.
+    pub obs: Observation,
+}
+
+/// Every tenant's base rebuilt from ClickHouse, off to the side (see [`rebuild`]), to be
+/// [`Live::install`]ed.
+#[derive(Default)]
+pub struct Rebuilt {
+    tenants: HashMap<String, Base>,
+    /// The highest visibility learnt (µs).
+    pub top: Option<i64>,
+}
+
+impl Rebuilt {
+    /// Learn stored rows, in order.
+    pub fn learn(&mut self, cfg: &LearnerConfig, rows: Vec<Stored>) {
+        for row in rows {
+            self.top = Some(self.top.map_or(row.key.0, |t| t.max(row.key.0)));
+            self.tenants
+                .entry(row.tenant.clone())
+                .or_default()
+                .learn(cfg, &row);
+        }
+    }
+
+    /// The rebuilt models.
+    pub fn models(&self) -> BTreeMap<String, TenantModel> {
+        self.tenants
+            .iter()
+            .map(|(k, b)| (k.clone(), b.model.clone()))
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct TenantState {
     served: Arc<TenantModel>,
-    base: TenantModel,
-    applied: Applied,
+    base: Base,
     pending: VecDeque<Observation>,
     pending_ids: HashSet<String>,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
+}
+
+impl TenantState {
+    /// Drop pending outcomes the base now holds; serve the base with the rest replayed.
+    fn reserve(&mut self, cfg: &LearnerConfig) {
+        let applied = &self.base.applied.set;
+        self.pending.retain(|p| !applied.contains(&p.feedback_id));
+        self.pending_ids = self.pending.iter().map(|p| p.feedback_id.clone()).collect();
+        let mut served = self.base.model.clone();
+        for p in &self.pending {
+            served.learn(cfg, p);
+        }
+        self.served = Arc::new(served);
+    }
 }
 
 /// Every tenant's contextual state.
@@ -96,8 +176,7 @@ impl Live {
     pub fn learn_now(&self, cfg: &LearnerConfig, tenant: &str, obs: Observation) -> bool {
         let t = self.tenant(tenant);
         let mut t = t.write();
-        if t.applied.set.contains(&obs.feedback_id)
-            || t.pending_ids.contains(&obs.feedback_id)
+        if t.base.applied.set.contains(&obs.feedback_id) || t.pending_ids.contains(&obs.feedback_id)
         {
             return false;
         }
@@ -115,42 +194,37 @@ impl Live {
         true
     }
 
-    /// Learn rows read from ClickHouse (in visibility order), per tenant, and rebuild each
-    /// touched tenant's served model. With `reset`, every tenant's base starts afresh first
-    /// (the first successful refresh replaces whatever the router started from).
-    pub fn reconcile(&self, cfg: &LearnerConfig, rows: Vec<(String, Observation)>, reset: bool) {
-        let mut by_tenant: HashMap<String, Vec<Observation>> = HashMap::new();
-        for (tenant, obs) in rows {
-            by_tenant.entry(tenant).or_default().push(obs);
+    /// Learn rows newly read from ClickHouse (in visibility order) into each tenant's base
+    /// and rebuild its served model. `true` when a row came out of order (it became visible
+    /// after a later one was learnt): the base then differs from a rebuild until the next
+    /// [`Live::install`].
+    pub fn reconcile(&self, cfg: &LearnerConfig, rows: Vec<Stored>) -> bool {
+        let mut by_tenant: HashMap<String, Vec<Stored>> = HashMap::new();
+        for row in rows {
+            by_tenant.entry(row.tenant.clone()).or_default().push(row);
         }
-        if reset {
-            let names: Vec<String> = self.tenants.read().keys().cloned().collect();
-            for n in names {
-                by_tenant.entry(n).or_default();
-            }
-        }
+        let mut late = false;
         for (tenant, rows) in by_tenant {
             let t = self.tenant(&tenant);
             let mut t = t.write();
-            if reset {
-                t.base = TenantModel::default();
-                t.applied = Applied::default();
+            for row in &rows {
+                late |= t.base.learn(cfg, row);
             }
-            for obs in rows {
-                if t.applied.insert(&obs.feedback_id) {
-                    t.base.learn(cfg, &obs);
-                }
-            }
-            let state = &mut *t;
-            state
-                .pending
-                .retain(|p| !state.applied.set.contains(&p.feedback_id));
-            state.pending_ids = state.pending.iter().map(|p| p.feedback_id.clone()).collect();
-            let mut served = state.base.clone();
-            for p in &state.pending {
-                served.learn(cfg, p);
-            }
-            state.served = Arc::new(served);
+            t.reserve(cfg);
+        }
+        late
+    }
+
+    /// Replace every tenant's base with a rebuilt one (pending outcomes it now holds leave
+    /// the pending list; the others stay on top).
+    pub fn install(&self, cfg: &LearnerConfig, mut fresh: Rebuilt) {
+        let mut names: HashSet<String> = self.tenants.read().keys().cloned().collect();
+        names.extend(fresh.tenants.keys().cloned());
+        for name in names {
+            let t = self.tenant(&name);
+            let mut t = t.write();
+            t.base = fresh.tenants.remove(&name).unwrap_or_default();
+            t.reserve(cfg);
         }
     }
 
@@ -160,21 +234,24 @@ impl Live {
             let t = self.tenant(&tenant);
             let mut t = t.write();
             t.served = Arc::new(m.clone());
-            t.base = m;
+            t.base.model = m;
         }
     }
 
-    /// Every tenant's served model (for snapshot files and tests).
+    /// The model `tenant` is served from, cloned (for `GET /v1/model` and tests).
+    pub fn served(&self, tenant: &str) -> TenantModel {
+        (*self.model(tenant)).clone()
+    }
+
+    /// Every tenant's served model.
     pub fn models(&self) -> Vec<(String, TenantModel)> {
-        let tenants: Vec<(String, Arc<RwLock<TenantState>>)> = self
-            .tenants
-            .read()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        tenants
+        let names: Vec<String> = self.tenants.read().keys().cloned().collect();
+        names
             .into_iter()
-            .map(|(k, t)| (k, (*t.read().served).clone()))
+            .map(|k| {
+                let m = self.served(&k);
+                (k, m)
+            })
             .collect()
     }
 
@@ -216,50 +293,49 @@ impl Live {
 
 /// The observations of stored (decision, feedback) rows; rows whose decision logged no
 /// features, or whose feedback names a candidate the decision did not offer, are skipped.
-pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<(String, Observation)> {
+pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
     rows.into_iter()
         .filter_map(|r| {
             let d: Value = serde_json::from_str(&r.decision).ok()?;
             let f: Value = serde_json::from_str(&r.feedback).ok()?;
             let cand = f.get("candidate_id")?.as_str()?;
             let example = Remembered::from_payload(&d)?.example(cand)?;
-            Some((
-                r.tenant,
-                Observation {
+            Some(Stored {
+                tenant: r.tenant,
+                key: (r.visible_us, r.feedback_id.clone()),
+                obs: Observation {
                     feedback_id: r.feedback_id,
                     candidate_id: cand.to_owned(),
                     example,
                     outcome: Outcome::from_feedback(&f, &pc.weights, pc.prior_quality),
                 },
-            ))
+            })
         })
         .collect()
 }
 
 /// Every tenant's contextual model rebuilt from ClickHouse alone (the outcomes of the last
-/// `window_s` seconds, in visibility order): what `weft router snapshot` writes, and what
-/// every replica serves once all outcomes are stored.
+/// `window_s` seconds, in visibility order, page by page): what `weft router snapshot`
+/// writes, what a refresh installs now and then, and what every replica serves once all
+/// outcomes are stored.
 pub async fn rebuild(
     client: &clickhouse::Client,
     pc: &PolicyConfig,
     window_s: u64,
-) -> Result<BTreeMap<String, TenantModel>, clickhouse::error::Error> {
-    let live = Live::default();
+) -> Result<Rebuilt, clickhouse::error::Error> {
+    let mut out = Rebuilt::default();
     let mut after = (0, String::new());
-    let mut first = true;
     loop {
         let rows = crate::store::read_outcomes(client, (after.0, &after.1), window_s).await?;
         let full = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
         if let Some(last) = rows.last() {
             after = (last.visible_us, last.feedback_id.clone());
         }
-        live.reconcile(&pc.learner, observations(rows, pc), first);
-        first = false;
+        out.learn(&pc.learner, observations(rows, pc));
         if !full {
-            break;
+            return Ok(out);
         }
     }
-    Ok(live.models().into_iter().collect())
 }
 
 #[cfg(test)]
@@ -281,6 +357,14 @@ mod tests {
         }
     }
 
+    fn stored(id: &str, at: i64, reward: f64) -> Stored {
+        Stored {
+            tenant: "t".into(),
+            key: (at, id.into()),
+            obs: obs(id, reward),
+        }
+    }
+
     #[test]
     fn each_outcome_counts_once_across_replicas_and_refreshes() {
         let cfg = LearnerConfig::default();
@@ -290,28 +374,28 @@ mod tests {
         assert!(!r1.learn_now(&cfg, "t", obs("f1", 1.0)), "twice is once");
         assert!(r2.learn_now(&cfg, "t", obs("f2", 0.0)));
         assert_eq!(r1.model("t").updates, 1);
-        // ClickHouse has stored both, one of them twice, read again in an overlapping window.
-        let stored = vec![
-            ("t".to_owned(), obs("f1", 1.0)),
-            ("t".to_owned(), obs("f2", 0.0)),
-            ("t".to_owned(), obs("f1", 1.0)),
-        ];
-        for r in [&r1, &r2] {
-            r.reconcile(&cfg, stored.clone(), true);
-            r.reconcile(&cfg, stored[1..].to_vec(), false);
-        }
-        let mut rebuilt = TenantModel::default();
-        rebuilt.learn(&cfg, &obs("f1", 1.0));
-        rebuilt.learn(&cfg, &obs("f2", 0.0));
+        // ClickHouse has stored both, one of them twice; read again in an overlapping window.
+        let rows = vec![stored("f1", 1, 1.0), stored("f2", 2, 0.0), stored("f1", 1, 1.0)];
+        let mut fresh = Rebuilt::default();
+        fresh.learn(&cfg, rows.clone());
+        assert_eq!(fresh.top, Some(2));
+        let rebuilt = fresh.models()["t"].clone();
+        let mut by_hand = TenantModel::default();
+        by_hand.learn(&cfg, &obs("f1", 1.0));
+        by_hand.learn(&cfg, &obs("f2", 0.0));
+        assert_eq!(rebuilt, by_hand);
+        r1.install(&cfg, fresh);
+        assert!(!r2.reconcile(&cfg, rows.clone()));
+        assert!(!r2.reconcile(&cfg, rows[1..].to_vec()));
         assert_eq!(*r1.model("t"), rebuilt);
         assert_eq!(*r2.model("t"), rebuilt);
-        assert_eq!((r1.pending("t"), r2.pending("t")), (0, 0));
         // An outcome heard after the refresh, not yet stored, stays on top of the base.
         r1.learn_now(&cfg, "t", obs("f3", 1.0));
-        r1.reconcile(&cfg, vec![], false);
+        r1.reconcile(&cfg, vec![]);
         assert_eq!(r1.model("t").updates, 3);
-        assert_eq!(r1.pending("t"), 1);
         assert!(!r1.learn_now(&cfg, "t", obs("f2", 0.0)), "already in the base");
+        // A row that becomes visible before the last one learnt is reported as late.
+        assert!(r2.reconcile(&cfg, vec![stored("f0", 0, 1.0)]));
     }
 
     #[test]

@@ -71,6 +71,8 @@ const MEMO_CAPACITY: usize = 16_384;
 /// Re-read this much before the last visible row at each refresh (rows of an insert in
 /// flight become visible after their `ingested_at`); identities already learnt are skipped.
 const VISIBILITY_MARGIN_US: i64 = 10_000_000;
+/// Incremental refreshes between two full rebuilds of the contextual model.
+pub const REBUILD_EVERY: u32 = 60;
 
 impl Recent {
     fn insert(&mut self, key: (String, String), r: Arc<Remembered>) {
@@ -92,6 +94,10 @@ struct Health {
     /// Visibility watermark of the contextual model's rows (µs); `None` before the first
     /// successful read (which rebuilds the model from the whole window).
     watermark: Option<i64>,
+    /// Incremental refreshes since the last full rebuild.
+    since_rebuild: u32,
+    /// The last incremental read learnt a row out of the visibility order.
+    late: bool,
 }
 
 /// The router's shared state.
@@ -146,6 +152,8 @@ impl Service {
                 stale: false,
                 last_error: None,
                 watermark: None,
+                since_rebuild: 0,
+                late: false,
             }),
             recent: Mutex::new(Recent::default()),
             metrics: Arc::default(),
@@ -163,11 +171,11 @@ impl Service {
         &self.live
     }
 
-    async fn read_all(
-        &self,
-        client: &clickhouse::Client,
-        since: Option<i64>,
-    ) -> Result<(Snapshot, Vec<crate::store::OutcomeRow>), RouterError> {
+    /// Read the aggregates, and the contextual model's new outcomes: incrementally, or a
+    /// full rebuild (built off to the side, then installed) on the first refresh, every
+    /// [`REBUILD_EVERY`] refreshes (so outcomes older than the window leave the model) and
+    /// after a row came out of the visibility order.
+    async fn read_all(&self, client: &clickhouse::Client) -> Result<(), RouterError> {
         let stats = crate::store::read_stats(
             client,
             &self.cfg.source,
@@ -175,29 +183,47 @@ impl Service {
             self.cfg.half_life_s,
         )
         .await?;
-        let after = since.map_or(0, |w| w - VISIBILITY_MARGIN_US);
-        let rows = crate::store::read_outcomes(client, (after, ""), self.cfg.window_s).await?;
-        Ok((stats, rows))
+        let (since, full) = {
+            let h = self.health.lock();
+            (h.watermark, h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late)
+        };
+        let pc = &self.cfg.policy;
+        let top = if full {
+            let fresh = crate::live::rebuild(client, pc, self.cfg.window_s).await?;
+            let top = fresh.top;
+            self.live.install(&pc.learner, fresh);
+            top
+        } else {
+            let after = since.map_or(0, |w| w - VISIBILITY_MARGIN_US);
+            let rows = crate::store::read_outcomes(client, (after, ""), self.cfg.window_s).await?;
+            self.metrics.refresh_rows.inc_by(rows.len() as u64);
+            let top = rows.iter().map(|r| r.visible_us).max();
+            let late = self
+                .live
+                .reconcile(&pc.learner, crate::live::observations(rows, pc));
+            self.health.lock().late = late;
+            top
+        };
+        *self.snapshot.write() = Arc::new(stats);
+        let mut h = self.health.lock();
+        if full {
+            h.since_rebuild = 0;
+            h.late = false;
+        } else {
+            h.since_rebuild += 1;
+        }
+        h.watermark = Some(top.unwrap_or(0).max(h.watermark.unwrap_or(0)));
+        Ok(())
     }
 
-    /// Re-read the aggregates and the new outcomes once; on failure keep the last state and
-    /// mark it stale.
+    /// Re-read ClickHouse once; on failure keep the last state and mark it stale.
     pub async fn refresh(&self, client: &clickhouse::Client) -> bool {
-        let since = self.health.lock().watermark;
-        let read = tokio::time::timeout(Duration::from_secs(10), self.read_all(client, since))
+        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(client))
             .await
             .unwrap_or(Err(RouterError::Timeout));
+        let mut h = self.health.lock();
         match read {
-            Ok((stats, rows)) => {
-                self.metrics.refresh_rows.inc_by(rows.len() as u64);
-                let top = rows.iter().map(|r| r.visible_us).max();
-                self.learn_stored(rows, since.is_none());
-                *self.snapshot.write() = Arc::new(stats);
-                let mut h = self.health.lock();
-                h.watermark = match (h.watermark, top) {
-                    (Some(w), Some(t)) => Some(w.max(t)),
-                    (w, t) => t.or(w).or(Some(0)),
-                };
+            Ok(()) => {
                 h.loaded_at = Instant::now();
                 h.has_data = true;
                 h.stale = false;
@@ -206,19 +232,12 @@ impl Service {
                 true
             }
             Err(e) => {
-                let mut h = self.health.lock();
                 h.stale = true;
                 h.last_error = Some(e.to_string());
                 self.metrics.refresh_errors.inc();
                 false
             }
         }
-    }
-
-    fn learn_stored(&self, rows: Vec<crate::store::OutcomeRow>, reset: bool) {
-        let pc = &self.cfg.policy;
-        self.live
-            .reconcile(&pc.learner, crate::live::observations(rows, pc), reset);
     }
 
     /// Refresh forever, every `refresh_period` (returns at once when the period is zero).
@@ -526,6 +545,15 @@ async fn feedback(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body)
     }
 }
 
+/// `GET /v1/model`: the caller's tenant's contextual model as served (JSON), for operators
+/// and the replica test; another tenant's is never reachable.
+async fn model(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    match s.authenticate(&headers) {
+        Ok(tenant) => Json(s.live.served(&tenant)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn metrics(State(s): State<Arc<Service>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -539,6 +567,7 @@ pub fn app(s: Arc<Service>) -> AxumRouter {
     AxumRouter::new()
         .route("/v1/route", post(route))
         .route("/v1/feedback", post(feedback))
+        .route("/v1/model", get(model))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(s)

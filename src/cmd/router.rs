@@ -285,7 +285,8 @@ async fn snapshot(a: SnapshotArgs, settings: Settings) -> anyhow::Result<()> {
         .context("reading weft_router_stats (run `weft migrate`?)")?;
     snap.contextual = weft_router::live::rebuild(&ch, &a.policy.config(), a.fit.window_s)
         .await
-        .context("rebuilding the contextual model from weft_events")?;
+        .context("rebuilding the contextual model from weft_events")?
+        .models();
     let text = serde_json::to_string_pretty(&snap)? + "\n";
     if a.out == "-" {
         print!("{text}");
