@@ -67,15 +67,31 @@ async fn two_replicas_count_each_outcome_once_and_converge_on_the_stored_model()
                 {"candidate_id": "c", "candidate_type": "flow"}
             ],
         });
-        let r = http.post(format!("{base}/v1/route")).bearer_auth(KEY).json(&req).send().await.unwrap();
+        let r = http
+            .post(format!("{base}/v1/route"))
+            .bearer_auth(KEY)
+            .json(&req)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         let d: Value = r.json().await.unwrap();
         let id = d["candidate"]["candidate_id"].as_str().unwrap().to_owned();
-        let rate = if (tier == "free") == (id == "a") { 0.8 } else { 0.3 };
+        let rate = if (tier == "free") == (id == "a") {
+            0.8
+        } else {
+            0.3
+        };
         let fb = json!({"decision_id": d["decision_id"], "candidate_id": id,
                         "success": rng.uniform() < rate, "latency_ms": 50 + rng.below(100),
                         "timestamp": weft_schemas::time::now_rfc3339()});
-        let r = http.post(format!("{base}/v1/feedback")).bearer_auth(KEY).json(&fb).send().await.unwrap();
+        let r = http
+            .post(format!("{base}/v1/feedback"))
+            .bearer_auth(KEY)
+            .json(&fb)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 202);
         if i == 0 {
             // Learnt at once by the replica that heard it (a refresh cannot have added more:
@@ -86,17 +102,36 @@ async fn two_replicas_count_each_outcome_once_and_converge_on_the_stored_model()
     // Everything stored, exactly: the decisions and the feedback.
     for kind in ["execution_routing_decision", "execution_feedback"] {
         let sql = format!("SELECT count() FROM weft_events WHERE kind = '{kind}'");
-        let n = p.wait_for_count(&sql, CYCLES as u64, Duration::from_secs(60)).await;
+        let n = p
+            .wait_for_count(&sql, CYCLES as u64, Duration::from_secs(60))
+            .await;
         assert_eq!(n, CYCLES as u64, "{kind}");
     }
     // The model rebuilt from ClickHouse alone.
     let file = p.path("snapshot.json");
-    let out = p.weft().args(["router", "snapshot", "--out"]).arg(&file).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = p
+        .weft()
+        .args(["router", "snapshot", "--out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let snap: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let rebuilt = snap["contextual"]["acme"].clone();
-    assert_eq!(rebuilt["updates"], CYCLES, "the rebuild counts each stored outcome once");
-    let arms_n: f64 = rebuilt["arms"].as_object().unwrap().values().map(|a| a["n"].as_f64().unwrap()).sum();
+    assert_eq!(
+        rebuilt["updates"], CYCLES,
+        "the rebuild counts each stored outcome once"
+    );
+    let arms_n: f64 = rebuilt["arms"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|a| a["n"].as_f64().unwrap())
+        .sum();
     assert_eq!(arms_n, CYCLES as f64);
     // Each replica, after its refreshes, serves exactly that model: every outcome once
     // (its own, learnt at once, replaced by the stored copy), the other replica's included.

@@ -98,7 +98,11 @@ pub fn check(
     if req.context.len() > limits::CONTEXT_ENTRIES {
         return Err(too_large(
             "context",
-            format!("{} entries, at most {}", req.context.len(), limits::CONTEXT_ENTRIES),
+            format!(
+                "{} entries, at most {}",
+                req.context.len(),
+                limits::CONTEXT_ENTRIES
+            ),
         ));
     }
     let ctx_bytes = serde_json::to_string(&req.context).map_or(0, |s| s.len());
@@ -254,7 +258,11 @@ pub fn choose(
             scores,
         };
     }
-    let adm_ests: Vec<Estimate> = adm.admissible.iter().map(|i| adm.ests[*i].clone()).collect();
+    let adm_ests: Vec<Estimate> = adm
+        .admissible
+        .iter()
+        .map(|i| adm.ests[*i].clone())
+        .collect();
     let counts = memo.counts(cfg, &adm_ests, rng);
     let c = policy::choose_with_counts(policy, cfg, &adm_ests, rng, &counts);
     Chosen {
@@ -296,7 +304,14 @@ pub fn reasons(cx: &Context, adm: &Admission, ch: &Chosen) -> Vec<String> {
         .iter()
         .enumerate()
         .fold(0, |b, (i, s)| if *s > ch.scores[b] { i } else { b });
-    reasons.push(if ch.chosen == best { "exploit" } else { "explore" }.into());
+    reasons.push(
+        if ch.chosen == best {
+            "exploit"
+        } else {
+            "explore"
+        }
+        .into(),
+    );
     let e = &adm.ests[adm.admissible[ch.chosen]];
     if e.n.max((cx.live_n)(&e.candidate_id)) < cx.cfg.min_obs {
         reasons.push("cold_start".into());
@@ -318,7 +333,9 @@ pub fn build(
     ch: &Chosen,
     reasons: Vec<String>,
 ) -> Result<ExecutionRoutingDecision, RouterError> {
-    let mut fb: Vec<usize> = (0..adm.admissible.len()).filter(|i| *i != ch.chosen).collect();
+    let mut fb: Vec<usize> = (0..adm.admissible.len())
+        .filter(|i| *i != ch.chosen)
+        .collect();
     fb.sort_by(|a, b| ch.scores[*b].total_cmp(&ch.scores[*a]));
     let scores: Map<String, Value> = adm
         .admissible
@@ -334,7 +351,10 @@ pub fn build(
         .collect();
     let mut metadata = Map::new();
     metadata.insert("x_weft_policy".into(), cx.policy.as_str().into());
-    metadata.insert("x_weft_policy_version".into(), cx.cfg.version.clone().into());
+    metadata.insert(
+        "x_weft_policy_version".into(),
+        cx.cfg.version.clone().into(),
+    );
     metadata.insert("x_weft_propensity".into(), ch.propensity.into());
     metadata.insert("x_weft_scores".into(), Value::Object(scores));
     metadata.insert("x_weft_context".into(), context_key(&req.context).into());
@@ -342,8 +362,7 @@ pub fn build(
     metadata.insert("x_weft_excluded".into(), Value::Object(adm.excluded));
     metadata.insert("x_weft_snapshot_age_s".into(), cx.age_s.into());
     metadata.insert("x_weft_advisory".into(), true.into());
-    let mut cands: Vec<Option<ExecutionCandidate>> =
-        req.candidates.into_iter().map(Some).collect();
+    let mut cands: Vec<Option<ExecutionCandidate>> = req.candidates.into_iter().map(Some).collect();
     let mut take = |i: usize| cands.get_mut(i).and_then(Option::take);
     let candidate = take(adm.admissible[ch.chosen])
         .ok_or_else(|| RouterError::Internal("candidate taken twice".into()))?;
@@ -422,7 +441,10 @@ impl Remembered {
             )
             .filter_map(|c| {
                 let id = c.get("candidate_id")?.as_str()?;
-                let t = c.get("candidate_type").and_then(Value::as_str).unwrap_or("other");
+                let t = c
+                    .get("candidate_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("other");
                 let meta = c.get("metadata").and_then(Value::as_object);
                 Some((id.to_owned(), features::candidate_features(id, t, meta)))
             })
@@ -456,8 +478,8 @@ mod sim {
         if let Some(v) = std::env::var("SIM_GAMMA").ok().and_then(|v| v.parse().ok()) {
             cfg.learner.gamma_scale = v;
         }
-        if let Some(v) = std::env::var("SIM_LR").ok().and_then(|v| v.parse().ok()) {
-            cfg.learner.lr = v;
+        if let Some(v) = std::env::var("SIM_RIDGE").ok().and_then(|v| v.parse().ok()) {
+            cfg.learner.ridge = v;
         }
         let (mut regret, mut share, mut viol, mut last, mut oracle) = (0.0, 0.0, 0.0, 0.0, 0.0);
         let memo = PosteriorMemo::new(16, 16);
@@ -469,13 +491,22 @@ mod sim {
             let cycles = run["cycles"].as_array().unwrap();
             let n = cycles.len();
             for (t, c) in cycles.iter().enumerate() {
-                let mut body = serde_json::json!({"context": c["context"], "candidates": run["candidates"]});
+                let mut body =
+                    serde_json::json!({"context": c["context"], "candidates": run["candidates"]});
                 if let Some(m) = run["max_latency_ms"].as_f64() {
                     body["constraints"] = serde_json::json!({"max_latency_ms": m});
                 }
                 let req: RouteRequest = serde_json::from_value(body).unwrap();
                 let adm = admit(&cfg, &req, &Snapshot::empty("sim"), "t", &model, |_| 0);
-                let ch = choose(PolicyName::SquareCb, &cfg, &adm, &req, &model, &memo, &mut rng);
+                let ch = choose(
+                    PolicyName::SquareCb,
+                    &cfg,
+                    &adm,
+                    &req,
+                    &model,
+                    &memo,
+                    &mut rng,
+                );
                 let a = adm.admissible[ch.chosen];
                 let rate: Vec<f64> = serde_json::from_value(c["rate"].clone()).unwrap();
                 let u: Vec<f64> = serde_json::from_value(c["u"].clone()).unwrap();

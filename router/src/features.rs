@@ -83,7 +83,12 @@ fn push_scalar(out: &mut Vec<Feature>, prefix: &[u8], key: &str, v: &Value, limi
             value: 1.0,
         }),
         Value::Bool(b) => out.push(Feature {
-            hash: fnv(&[prefix, key.as_bytes(), b"=", if *b { b"true" } else { b"false" }]),
+            hash: fnv(&[
+                prefix,
+                key.as_bytes(),
+                b"=",
+                if *b { b"true" } else { b"false" },
+            ]),
             value: 1.0,
         }),
         Value::Number(n) => {
@@ -187,12 +192,18 @@ mod tests {
                          "tenant": "acme", "flags": {"beta": true}, "tags": ["a", "b"]});
         let f = context_features(ctx.as_object().unwrap());
         assert_eq!(f.len(), 5, "{f:?}");
-        let tokens = f.iter().find(|x| x.hash == fnv(&[b"c:", b"tokens"])).unwrap();
+        let tokens = f
+            .iter()
+            .find(|x| x.hash == fnv(&[b"c:", b"tokens"]))
+            .unwrap();
         assert!((tokens.value - 1001f64.ln()).abs() < 1e-12);
         // The same request gives the same features; another value another hash.
         assert_eq!(f, context_features(ctx.as_object().unwrap()));
         let other = context_features(json!({"tier": "silver"}).as_object().unwrap());
-        assert_ne!(other[0].hash, f.iter().find(|x| x.value == 1.0).unwrap().hash);
+        assert_ne!(
+            other[0].hash,
+            f.iter().find(|x| x.value == 1.0).unwrap().hash
+        );
     }
 
     #[test]

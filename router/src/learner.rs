@@ -3,9 +3,10 @@
 //! (inverse-gap weighting, Foster & Rakhlin 2020, as Vowpal Wabbit's `--squarecb`), with
 //! exact propensities.
 //!
-//! - Regression: `y = w . x`, squared loss, per-coordinate rates `1 / sqrt(1 + sum x_i^2)`
-//!   (AdaGrad on counts) and the importance-invariant step (the prediction moves a share
-//!   `1 - exp(-lr x'Dx)` of the residual, never past the label).
+//! - Regression: `y = w . x` fitted by exact online ridge regression (recursive least
+//!   squares: `w` minimises `sum (y_t - w . x_t)^2 + ridge |w|^2` after every outcome), over
+//!   the hashed features a tenant has seen, each given a dense slot when first learnt, at
+//!   most [`MAX_SLOTS`] per tenant (features beyond that are ignored).
 //! - Exploration: with `K` admissible candidates, scores `s` and the best `b`,
 //!   `p(a) = 1 / (K + gamma (s_b - s_a))` for `a != b` and `p(b) = 1 - sum of the others`,
 //!   `gamma = gamma_scale * updates^gamma_exponent`. A candidate this tenant never saw an
@@ -26,8 +27,8 @@ use crate::policy::Weights;
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LearnerConfig {
-    /// Learning rate of the invariant step.
-    pub lr: f64,
+    /// Ridge penalty (prior precision of every weight).
+    pub ridge: f64,
     /// SquareCB's gamma scale.
     pub gamma_scale: f64,
     /// SquareCB's gamma exponent (gamma grows as updates^exponent).
@@ -40,7 +41,7 @@ pub struct LearnerConfig {
 impl Default for LearnerConfig {
     fn default() -> Self {
         LearnerConfig {
-            lr: 0.5,
+            ridge: 1.0,
             gamma_scale: 10.0,
             gamma_exponent: 0.5,
             risk_budget: 1,
@@ -152,14 +153,21 @@ impl ArmLive {
     }
 }
 
-/// One tenant's model: the regression weights and every candidate's live figures.
+/// Dense slots a tenant's regression holds at most.
+pub const MAX_SLOTS: usize = 384;
+
+/// One tenant's model: the ridge regression and every candidate's live figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TenantModel {
     /// Outcomes learnt.
     pub updates: u64,
-    /// Hashed feature index -> (weight, sum of squared values).
-    pub weights: HashMap<u32, (f64, f64)>,
+    /// Hashed feature index -> dense slot.
+    pub slots: HashMap<u32, u32>,
+    /// Weights, per slot.
+    pub w: Vec<f64>,
+    /// The inverse of the regularised Gram matrix (`slots x slots`, row-major).
+    pub p: Vec<f64>,
     /// Candidate id -> live figures.
     pub arms: BTreeMap<String, ArmLive>,
 }
@@ -169,7 +177,7 @@ impl TenantModel {
     pub fn predict(&self, x: &Example) -> f64 {
         let y: f64 = x
             .iter()
-            .map(|(i, v)| self.weights.get(i).map_or(0.0, |w| w.0) * v)
+            .filter_map(|(i, v)| self.slots.get(i).map(|s| self.w[*s as usize] * v))
             .sum();
         if y.is_finite() {
             y
@@ -178,24 +186,53 @@ impl TenantModel {
         }
     }
 
-    /// Learn one outcome.
-    pub fn learn(&mut self, cfg: &LearnerConfig, obs: &Observation) {
-        let x = &obs.example;
-        let target = obs.outcome.reward;
-        let residual = target - self.predict(x);
-        // Rates after counting this example.
-        let mut a = 0.0;
-        for (i, v) in x {
-            let w = self.weights.entry(*i).or_insert((0.0, 0.0));
-            w.1 += v * v;
-            a += v * v / (1.0 + w.1).sqrt();
+    fn slot(&mut self, i: u32, ridge: f64) -> Option<usize> {
+        if let Some(s) = self.slots.get(&i) {
+            return Some(*s as usize);
         }
-        if a > 0.0 && residual.is_finite() {
-            let share = 1.0 - (-cfg.lr * a).exp();
-            let s = residual * share / a;
-            for (i, v) in x {
-                if let Some(w) = self.weights.get_mut(i) {
-                    w.0 += s * v / (1.0 + w.1).sqrt();
+        let d = self.w.len();
+        if d >= MAX_SLOTS {
+            return None;
+        }
+        // Grow P by one row and column: the new weight is independent, with variance 1/ridge.
+        let mut p = vec![0.0; (d + 1) * (d + 1)];
+        for r in 0..d {
+            p[r * (d + 1)..r * (d + 1) + d].copy_from_slice(&self.p[r * d..r * d + d]);
+        }
+        p[d * (d + 1) + d] = 1.0 / ridge.max(1e-9);
+        self.p = p;
+        self.w.push(0.0);
+        self.slots.insert(i, d as u32);
+        Some(d)
+    }
+
+    /// Learn one outcome (a recursive least-squares step).
+    pub fn learn(&mut self, cfg: &LearnerConfig, obs: &Observation) {
+        let mut xs: Vec<(usize, f64)> = Vec::with_capacity(obs.example.len());
+        for (i, v) in &obs.example {
+            if let Some(s) = self.slot(*i, cfg.ridge) {
+                match xs.iter_mut().find(|x| x.0 == s) {
+                    Some(x) => x.1 += v,
+                    None => xs.push((s, *v)),
+                }
+            }
+        }
+        let d = self.w.len();
+        // px = P x (P is symmetric).
+        let mut px = vec![0.0; d];
+        for (r, out) in px.iter_mut().enumerate() {
+            let row = &self.p[r * d..r * d + d];
+            *out = xs.iter().map(|(s, v)| row[*s] * v).sum();
+        }
+        let denom = 1.0 + xs.iter().map(|(s, v)| px[*s] * v).sum::<f64>();
+        let residual = obs.outcome.reward - xs.iter().map(|(s, v)| self.w[*s] * v).sum::<f64>();
+        if denom.is_finite() && denom > 0.0 && residual.is_finite() {
+            for r in 0..d {
+                let g = px[r] / denom;
+                self.w[r] += g * residual;
+                let row = &mut self.p[r * d..r * d + d];
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x -= g * px[c];
                 }
             }
         }

@@ -375,7 +375,11 @@ mod tests {
         assert!(r2.learn_now(&cfg, "t", obs("f2", 0.0)));
         assert_eq!(r1.model("t").updates, 1);
         // ClickHouse has stored both, one of them twice; read again in an overlapping window.
-        let rows = vec![stored("f1", 1, 1.0), stored("f2", 2, 0.0), stored("f1", 1, 1.0)];
+        let rows = vec![
+            stored("f1", 1, 1.0),
+            stored("f2", 2, 0.0),
+            stored("f1", 1, 1.0),
+        ];
         let mut fresh = Rebuilt::default();
         fresh.learn(&cfg, rows.clone());
         assert_eq!(fresh.top, Some(2));
@@ -393,7 +397,10 @@ mod tests {
         r1.learn_now(&cfg, "t", obs("f3", 1.0));
         r1.reconcile(&cfg, vec![]);
         assert_eq!(r1.model("t").updates, 3);
-        assert!(!r1.learn_now(&cfg, "t", obs("f2", 0.0)), "already in the base");
+        assert!(
+            !r1.learn_now(&cfg, "t", obs("f2", 0.0)),
+            "already in the base"
+        );
         // A row that becomes visible before the last one learnt is reported as late.
         assert!(r2.reconcile(&cfg, vec![stored("f0", 0, 1.0)]));
     }

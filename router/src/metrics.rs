@@ -2,8 +2,7 @@
 //! dashboards in `dashboards/` read them).
 
 use prometheus::{
-    Counter, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry,
-    TextEncoder,
+    Counter, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder,
 };
 
 /// Decision-time histogram buckets (seconds).
@@ -54,11 +53,17 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> 
 }
 
 fn int_counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    reg(r, IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")))
+    reg(
+        r,
+        IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")),
+    )
 }
 
 fn int_gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    reg(r, IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")))
+    reg(
+        r,
+        IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")),
+    )
 }
 
 impl Default for RouterMetrics {

@@ -185,7 +185,10 @@ impl Service {
         .await?;
         let (since, full) = {
             let h = self.health.lock();
-            (h.watermark, h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late)
+            (
+                h.watermark,
+                h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late,
+            )
         };
         let pc = &self.cfg.policy;
         let top = if full {
@@ -503,7 +506,10 @@ impl Service {
 
 async fn route(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let (tenant, req) = match s.read::<RouteRequest>(&headers, body, limits::ROUTE_BODY).await {
+    let (tenant, req) = match s
+        .read::<RouteRequest>(&headers, body, limits::ROUTE_BODY)
+        .await
+    {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };

@@ -132,7 +132,8 @@ pub async fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<bool> {
     let (pairs, missing) = weft_router::store::read_logged(store.client(), &args.tenant, from, to)
         .await
         .context("reading logged decisions")?;
-    let (data, skipped, rates) = logged::records(&pairs, &args.tenant, &cfg, target.as_ref(), args.seed);
+    let (data, skipped, rates) =
+        logged::records(&pairs, &args.tenant, &cfg, target.as_ref(), args.seed);
     let report = eval::evaluate(&data, args.bootstrap, args.seed);
     let range = (
         weft_schemas::time::micros_to_rfc3339(from),

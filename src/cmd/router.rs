@@ -144,9 +144,9 @@ pub struct PolicyArgs {
     #[arg(long, default_value_t = 0.5)]
     pub squarecb_exponent: f64,
 
-    /// squarecb: learning rate of the contextual regression.
-    #[arg(long, default_value_t = 0.5)]
-    pub learning_rate: f64,
+    /// squarecb: ridge penalty of the contextual regression.
+    #[arg(long, default_value_t = 1.0)]
+    pub ridge: f64,
 
     /// Decisions at most in flight for a candidate whose latency, cost or quality under a
     /// constraint is still unknown (bounded-risk exploration).
@@ -191,10 +191,9 @@ pub struct PolicyArgs {
 }
 
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
-    PolicyName::parse(s)
-        .ok_or_else(|| {
-            format!("`{s}`: expected squarecb, greedy, epsilon_greedy, thompson, ucb or static")
-        })
+    PolicyName::parse(s).ok_or_else(|| {
+        format!("`{s}`: expected squarecb, greedy, epsilon_greedy, thompson, ucb or static")
+    })
 }
 
 impl PolicyArgs {
@@ -213,7 +212,7 @@ impl PolicyArgs {
                 latency_per_s: self.w_latency_per_s,
             },
             learner: LearnerConfig {
-                lr: self.learning_rate,
+                ridge: self.ridge,
                 gamma_scale: self.squarecb_gamma,
                 gamma_exponent: self.squarecb_exponent,
                 risk_budget: self.risk_budget,

@@ -272,4 +272,3 @@ pub fn artifact(
         "metadata": {"x_weft_weights": cfg.weights},
     })
 }
-

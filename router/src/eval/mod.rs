@@ -546,7 +546,10 @@ mod tests {
         let mut covered_ctx = [0; 3];
         for seed in 0..seeds {
             for (sim, cov) in [
-                (simulate as fn(u64, usize) -> (Vec<Logged>, f64), &mut covered),
+                (
+                    simulate as fn(u64, usize) -> (Vec<Logged>, f64),
+                    &mut covered,
+                ),
                 (simulate_contextual, &mut covered_ctx),
             ] {
                 let (data, truth) = sim(100 + seed, 1000);
