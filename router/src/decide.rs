@@ -168,17 +168,24 @@ pub fn admit(
     }
     let constraints = Constraints::from_map(req.constraints.as_ref());
     let mut admissible = Vec::with_capacity(ests.len());
+    let mut over_budget = Vec::new();
     let mut excluded = Map::new();
     for (i, e) in ests.iter().enumerate() {
-        let code = constraints.violation(e).or_else(|| {
-            (constraints.unknown(e) && inflight(&e.candidate_id) >= cfg.learner.risk_budget)
-                .then_some("unverified_in_flight")
-        });
-        match code {
-            None => admissible.push(i),
-            Some(code) => {
-                excluded.insert(e.candidate_id.clone(), Value::from(code));
-            }
+        if let Some(code) = constraints.violation(e) {
+            excluded.insert(e.candidate_id.clone(), Value::from(code));
+        } else if constraints.unknown(e) && inflight(&e.candidate_id) >= cfg.learner.risk_budget {
+            over_budget.push(i);
+        } else {
+            admissible.push(i);
+        }
+    }
+    // Unverified candidates over their risk budget wait while another candidate fits; when
+    // none does, they are all admitted (there is nothing safer to prefer).
+    if admissible.is_empty() {
+        admissible = over_budget;
+    } else {
+        for i in over_budget {
+            excluded.insert(ests[i].candidate_id.clone(), Value::from("unverified_in_flight"));
         }
     }
     Admission {
