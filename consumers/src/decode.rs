@@ -7,7 +7,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use weft_schemas::links;
 use weft_schemas::wire::{self, SchemaIds};
-use weft_schemas::{identity, time, EnvelopeError, Topics};
+use weft_schemas::{identity, time, Topics};
 
 /// A record as read from Kafka, borrowed from the consumer's message.
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +34,8 @@ pub use weft_store::Fact;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// Stable, short: `undecodable`, `undecodable_json`, `undecodable_avro`, `unknown_kind`,
-    /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`.
+    /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`,
+    /// `duplicate_key`.
     pub code: &'static str,
     /// Human-readable detail for the dead-letter headers and telemetry.
     pub message: String,
@@ -49,12 +50,7 @@ pub fn decode(rec: &Record<'_>, topics: &Topics, ids: &SchemaIds) -> Result<Fact
             message: e.to_string(),
         })?;
     let payload = envelope.check().map_err(|e| Rejection {
-        code: match &e {
-            EnvelopeError::Schema { .. } => "schema_invalid",
-            EnvelopeError::BadTenant => "bad_tenant",
-            EnvelopeError::Identity(_) => "no_identity",
-            EnvelopeError::PayloadJson(_) | EnvelopeError::PayloadNotObject => "undecodable_json",
-        },
+        code: e.code(),
         message: e.to_string(),
     })?;
     let mut canonical = Vec::with_capacity(envelope.payload.get().len());

@@ -405,10 +405,11 @@ fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
 
 async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Result<()> {
     use std::sync::Arc;
-    let mut keys = weft_http::ApiKeys::default();
-    if let Some(k) = &a.keys {
-        keys.add_list(k).context("WEFT_AUDIT_KEYS / --keys")?;
-    }
+    let keys = weft_http::ApiKeys::load(&weft_http::KeySources {
+        list: a.keys.as_deref(),
+        list_origin: "WEFT_AUDIT_KEYS / --keys",
+        ..Default::default()
+    })?;
     if keys.is_empty() {
         tracing::warn!("no API keys configured: every request will get 401 (see --help)");
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use weft_http::ApiKeys;
+use weft_router::learner::LearnerConfig;
 use weft_router::model::Snapshot;
 use weft_router::policy::{PolicyConfig, PolicyName, Weights};
 use weft_router::service::{self, Service, ServiceConfig};
@@ -110,6 +111,10 @@ pub struct SnapshotArgs {
 
     #[command(flatten)]
     pub fit: FitArgs,
+
+    /// The reward weights and settings the contextual model is rebuilt with.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// How the aggregates are read.
@@ -127,9 +132,27 @@ pub struct FitArgs {
 /// Policy settings, shared by `weft router` and `weft eval`.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyArgs {
-    /// Default policy (a request may name another).
-    #[arg(long, value_parser = parse_policy, default_value = "greedy")]
+    /// Default policy (a request may name another): squarecb (contextual, exploring; the
+    /// default), greedy, epsilon_greedy, thompson, ucb or static.
+    #[arg(long, value_parser = parse_policy, default_value = "squarecb")]
     pub policy: PolicyName,
+
+    /// squarecb: gamma scale of the inverse-gap weighting (gamma = scale * updates^exponent).
+    #[arg(long, default_value_t = 10.0)]
+    pub squarecb_gamma: f64,
+
+    /// squarecb: gamma exponent.
+    #[arg(long, default_value_t = 0.5)]
+    pub squarecb_exponent: f64,
+
+    /// squarecb: ridge penalty of the contextual regression.
+    #[arg(long, default_value_t = 1.0)]
+    pub ridge: f64,
+
+    /// Decisions at most in flight for a candidate whose latency, cost or quality under a
+    /// constraint is still unknown (bounded-risk exploration).
+    #[arg(long, default_value_t = 1)]
+    pub risk_budget: u32,
 
     /// Policy version, logged with every decision.
     #[arg(long, default_value = "1")]
@@ -169,8 +192,9 @@ pub struct PolicyArgs {
 }
 
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
-    PolicyName::parse(s)
-        .ok_or_else(|| format!("`{s}`: expected greedy, epsilon_greedy, thompson, ucb or static"))
+    PolicyName::parse(s).ok_or_else(|| {
+        format!("`{s}`: expected squarecb, greedy, epsilon_greedy, thompson, ucb or static")
+    })
 }
 
 impl PolicyArgs {
@@ -187,6 +211,12 @@ impl PolicyArgs {
                 quality: self.w_quality,
                 cost: self.w_cost,
                 latency_per_s: self.w_latency_per_s,
+            },
+            learner: LearnerConfig {
+                ridge: self.ridge,
+                gamma_scale: self.squarecb_gamma,
+                gamma_exponent: self.squarecb_exponent,
+                risk_budget: self.risk_budget,
             },
             ..PolicyConfig::default()
         }
@@ -250,9 +280,13 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
 async fn snapshot(a: SnapshotArgs, settings: Settings) -> anyhow::Result<()> {
     let ch = client(&settings)?;
     let source = format!("clickhouse:{}", settings.clickhouse.database);
-    let snap = weft_router::store::read_stats(&ch, &source, a.fit.window_s, a.fit.half_life_s)
+    let mut snap = weft_router::store::read_stats(&ch, &source, a.fit.window_s, a.fit.half_life_s)
         .await
         .context("reading weft_router_stats (run `weft migrate`?)")?;
+    snap.contextual = weft_router::live::rebuild(&ch, &a.policy.config(), a.fit.window_s)
+        .await
+        .context("rebuilding the contextual model from weft_events")?
+        .models();
     let text = serde_json::to_string_pretty(&snap)? + "\n";
     if a.out == "-" {
         print!("{text}");

@@ -110,6 +110,7 @@ impl PublishError {
             PublishError::Invalid(EnvelopeError::Schema { .. }) => "schema_invalid",
             PublishError::Invalid(EnvelopeError::BadTenant) => "bad_tenant",
             PublishError::Invalid(EnvelopeError::Identity(_)) => "missing_identity",
+            PublishError::Invalid(EnvelopeError::DuplicateKey(_)) => "duplicate_key",
             PublishError::Invalid(_) => "invalid_payload",
             PublishError::Encode(_) => "encode_failed",
             PublishError::TooLarge { .. } => "too_large",
@@ -231,6 +232,7 @@ impl Publisher {
             kafka_config: kafka_config(&config),
             metrics,
             max_bytes: config.spool_max_bytes,
+            max_in_flight: config.max_in_flight,
             shutdown: AtomicBool::new(false),
         });
         let producer: Kafka = shared.kafka_config.create_with_context(Ctx {
