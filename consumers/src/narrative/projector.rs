@@ -198,31 +198,36 @@ impl Projector {
             .map_err(store.err())?;
         // A pass killed after its narrative rows but before its node rows leaves members
         // whose place only `weft_narratives` records. Restore it from there, so that when
-        // the replayed pass puts such a member elsewhere (its batch now holds more events),
-        // it moves the member and tombstones the row the killed pass wrote.
+        // a replayed pass puts such a member elsewhere (its batch now holds more events),
+        // it moves the member and tombstones the row the killed pass wrote. The restored
+        // placements are written to the node rows at once: the next completed pass moves
+        // the threshold past the killed pass's version, and a pass that does not feed every
+        // member of the killed one (batches differ after a restart) would otherwise leave
+        // them known to no later load, so a second kill would lose their tombstones.
         let completed = progress.iter().map(|p| p.version).max().unwrap_or(0);
         let mut placed = c
             .query(
-                "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) \
+                "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) AS narrative_id, \
+                        argMax(request_id, version) AS request_id, argMax(ts, version) AS ts, \
+                        max(version) AS version \
                  FROM weft_narratives WHERE version > {completed:UInt64} \
                  GROUP BY tenant, kind, id HAVING countIf(is_deleted = 0) > 0",
             )
             .param("completed", completed)
-            .fetch::<(String, String, String, String)>()
+            .fetch::<NodeRow>()
             .map_err(store.err())?;
-        let mut n_unfinished = 0usize;
-        while let Some((tenant, kind, id, narrative)) = placed.next().await.map_err(store.err())? {
-            let Ok(kind) = kind.parse::<Kind>() else {
+        let mut restored = Vec::new();
+        while let Some(r) = placed.next().await.map_err(store.err())? {
+            let Ok(kind) = r.kind.parse::<Kind>() else {
                 continue;
             };
-            let key = NodeKey::event(&tenant, kind, &id);
-            let n = match graph.lookup(&key) {
-                Some(n) => n,
-                None => graph.add_node(key, ""),
-            };
-            graph.restore_assignment(n, &narrative);
-            n_unfinished += 1;
+            let n = graph.add_node(NodeKey::event(&r.tenant, kind, &r.id), &r.request_id);
+            graph.restore_assignment(n, &r.narrative_id);
+            set_ts(&mut node_ts, n, r.ts);
+            restored.push(r);
         }
+        let n_unfinished = restored.len();
+        insert::<NodeRow>(&store, "weft_narrative_nodes", &restored).await?;
         let progress = progress
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
