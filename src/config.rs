@@ -12,8 +12,8 @@ use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 use tracing::warn;
-use weft_consumers::store::ClickHouseConfig;
 use weft_kafka::{ClientRole, KafkaConfig, RoleOverride};
+use weft_store::ClickHouseConfig;
 
 /// Options every subcommand accepts.
 #[derive(Debug, Clone, Args)]

@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use common::pipeline::{truth_membership, Pipeline};
 use weft_consumers::decode::{decode, Fact, Record};
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_consumers::store::{ClickHouseConfig, Store};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{Envelope, Topics};
+use weft_store::{ClickHouseConfig, Store};
 
 /// Where a pass dies: after how many of its four inserts (`Progress`: after all of them,
 /// before the next pass).

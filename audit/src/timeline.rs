@@ -1,7 +1,7 @@
-//! A request's narrative timeline: the ingest's narratives (`weft_consumers::narrative`),
+//! A request's narrative timeline: the ingest's narratives (`weft_store::narrative`),
 //! read for one tenant only, so an id guessed across tenants finds nothing.
 
-use weft_consumers::narrative::query::{self, Narrative};
+use weft_store::narrative::query::{self, Narrative};
 
 use crate::{AuditError, Store};
 

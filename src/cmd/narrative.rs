@@ -1,8 +1,8 @@
 //! `weft narrative`: print one per-request narrative.
 
 use clap::Args;
-use weft_consumers::narrative::query;
-use weft_consumers::store::Store;
+use weft_store::narrative::query;
+use weft_store::Store;
 
 use crate::config::Settings;
 

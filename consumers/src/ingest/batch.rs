@@ -170,6 +170,8 @@ impl Ingestor {
         let has_projector = flusher.projector.is_some();
         self.flusher = FlusherSlot::Idle(flusher);
         let done = result?;
+        // Progress: what was fetched before this flush is stored; what waits now is newer.
+        self.metrics.health.progressed(self.buffered.0 > 0);
         self.totals.inserted += done.inserted;
         self.totals.dead_lettered += done.dead_lettered;
         for (topic, partition, last) in done.parts {

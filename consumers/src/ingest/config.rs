@@ -71,6 +71,15 @@ pub struct IngestConfig {
     /// The CLI fills them from `[kafka.properties]` and `[kafka.ingest.properties]`; in the
     /// file, `[ingest.kafka_properties]` is a deprecated alias of the latter.
     pub kafka_properties: BTreeMap<String, String>,
+    /// Largest record value ingest stores, in bytes; larger records are dead-lettered
+    /// (`too_large`). Also the largest dead letter it produces (its `message.max.bytes`):
+    /// a rejected record over it goes out in a bounded form. Keep it equal to the
+    /// publishers' `[publisher] max_message_bytes` (both default to 1,000,000) and under the
+    /// broker's `message.max.bytes`.
+    pub max_message_bytes: usize,
+    /// Seconds with records fetched but none stored (judged from this process's own positions)
+    /// after which `/healthz` answers 503 and `weft_ingest_stalled` is 1; 0 disables.
+    pub stall_after_secs: u64,
 }
 
 impl Default for IngestConfig {
@@ -89,6 +98,8 @@ impl Default for IngestConfig {
             listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
             max_backoff_ms: 10_000,
             kafka_properties: BTreeMap::new(),
+            max_message_bytes: 1_000_000,
+            stall_after_secs: 120,
         }
     }
 }

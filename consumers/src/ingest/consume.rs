@@ -234,7 +234,19 @@ impl Ingestor {
             headers: &headers,
             timestamp_ms: m.timestamp().to_millis(),
         };
-        let decoded = decode::decode(&r, &self.cfg.topics, &self.ids).map_err(|reason| {
+        let size = m.payload().map_or(0, <[u8]>::len);
+        let decoded = if size > self.cfg.max_message_bytes {
+            Err(decode::Rejection {
+                code: "too_large",
+                message: format!(
+                    "record value of {size} bytes is over max_message_bytes ({})",
+                    self.cfg.max_message_bytes
+                ),
+            })
+        } else {
+            decode::decode(&r, &self.cfg.topics, &self.ids)
+        };
+        let decoded = decoded.map_err(|reason| {
             Box::new(DeadLetter {
                 key: m.key().map(<[u8]>::to_vec),
                 value: m.payload().unwrap_or_default().to_vec(),
@@ -299,6 +311,7 @@ impl Ingestor {
             return Ok(false);
         }
         st.oldest.get_or_insert_with(Instant::now);
+        metrics.health.waiting();
         let (mut rows, mut bytes) = buffered;
         match rec.decoded {
             Ok(fact) => {

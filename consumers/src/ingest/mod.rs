@@ -35,16 +35,15 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 use weft_schemas::wire::SchemaIds;
 
-use crate::facts::EventRow;
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::Projector;
-use crate::store::{Store, StoreError};
 use crate::telemetry::Telemetry;
 use batch::PartitionState;
 use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use weft_store::{EventRow, Store, StoreError};
 
 pub use config::{listen_addr, IngestConfig, Role};
 
@@ -138,7 +137,7 @@ impl Ingestor {
         ensure_topics(&cfg).await?;
         if cfg.role != Role::Narratives {
             retry_store(&cfg, &metrics, "check weft_events", || {
-                crate::narrative::projector::check_columns::<EventRow>(&store, "weft_events")
+                weft_store::check_columns::<EventRow>(&store, "weft_events")
             })
             .await?;
         }
@@ -168,6 +167,11 @@ impl Ingestor {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", "30000")
+            // Room for weft's headers around a record of max_message_bytes.
+            .set(
+                "message.max.bytes",
+                (cfg.max_message_bytes + (64 << 10)).to_string(),
+            )
             .create()?;
         let projector = match cfg.role {
             Role::Facts => None,
@@ -233,10 +237,16 @@ impl Ingestor {
                 biased;
                 _ = shutdown.changed() => {
                     info!("shutting down: flushing buffered records");
-                    // One last attempt; if ClickHouse or Kafka is down it gives up, and the
-                    // records are replayed from the stored offsets next time.
-                    if self.flush().await.is_ok() {
-                        let _ = self.settle_flush().await;
+                    // One last, short attempt; if ClickHouse or Kafka is down (or a dead
+                    // letter cannot go out) it gives up, and the records are replayed from
+                    // the stored offsets next time.
+                    let last = async {
+                        if self.flush().await.is_ok() {
+                            let _ = self.settle_flush().await;
+                        }
+                    };
+                    if tokio::time::timeout(Duration::from_secs(7), last).await.is_err() {
+                        warn!("the last flush did not finish within 7 s; stopping without it");
                     }
                     return Ok(self.totals);
                 }

@@ -10,15 +10,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use clickhouse::{Row, RowWrite};
-use serde::{Deserialize, Serialize};
 use tracing::{info, instrument, warn};
 use weft_schemas::links::{NodeKind, Via};
 use weft_schemas::Kind;
 
 use super::graph::{Change, Graph, NodeIdx, NodeKey};
-use crate::decode::Fact;
-use crate::store::{Store, StoreError};
+use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
+use weft_store::{check_columns, insert, Fact, Store, StoreError};
 
 /// The tables the projector writes, and only it.
 const NARRATIVE_TABLES: &[&str] = &[
@@ -42,60 +40,6 @@ impl VersionClock {
         self.0 = now.max(self.0 + 1);
         self.0
     }
-}
-
-/// A row of `weft_narratives`.
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub struct NarrativeRow {
-    /// Tenant; every narrative read is scoped by it.
-    pub tenant: String,
-    /// The narrative this member belongs to: a request id, or `adhoc:<kind>:<id>`.
-    pub narrative_id: String,
-    /// Event kind of the member.
-    pub kind: String,
-    /// Identity of the member event.
-    pub id: String,
-    /// Content hash of the member, as in `weft_events`.
-    pub content_hash: [u8; 32],
-    /// The event's own time (micros); orders the narrative's entries.
-    pub ts: i64,
-    /// The event's own request id, empty when it carries none.
-    pub request_id: String,
-    /// Copy of the producer's payload JSON, so a narrative is one range read.
-    pub payload: String,
-    /// From [`VersionClock`]; readers take the row with the highest version per member.
-    pub version: u64,
-    /// 1 for a tombstone left when the member moved to another narrative.
-    pub is_deleted: u8,
-}
-
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub(crate) struct NodeRow {
-    pub(crate) tenant: String,
-    pub(crate) kind: String,
-    pub(crate) id: String,
-    pub(crate) narrative_id: String,
-    pub(crate) request_id: String,
-    pub(crate) ts: i64,
-    pub(crate) version: u64,
-}
-
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub(crate) struct LinkRow {
-    pub(crate) tenant: String,
-    pub(crate) to_kind: String,
-    pub(crate) to_id: String,
-    pub(crate) from_kind: String,
-    pub(crate) from_id: String,
-    pub(crate) via: String,
-}
-
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub(crate) struct ProgressRow {
-    pub(crate) topic: String,
-    pub(crate) partition: u32,
-    pub(crate) offset: i64,
-    pub(crate) version: u64,
 }
 
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
@@ -474,52 +418,6 @@ fn set_ts(node_ts: &mut Vec<i64>, n: NodeIdx, ts: i64) {
         node_ts.resize(i + 1, 0);
     }
     node_ts[i] = ts;
-}
-
-/// Fail unless `table` has every column `T` writes: a clear start-up error instead of
-/// inserts that fail (or worse, misalign) later.
-pub(crate) async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<(), StoreError> {
-    let have: Vec<String> = store
-        .client()
-        .query("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String}")
-        .param("t", table)
-        .fetch_all()
-        .await
-        .map_err(store.err())?;
-    let missing: Vec<&str> = T::COLUMN_NAMES
-        .iter()
-        .copied()
-        .filter(|c| !have.iter().any(|h| h == c))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(StoreError::Schema {
-            table: table.to_owned(),
-            missing: missing.join(", "),
-        })
-    }
-}
-
-/// Insert rows into a table in one statement (no-op when empty). `T` names the row type
-/// (`insert::<EventRow<'static>>` for a row type that borrows), since rows may borrow.
-pub(crate) async fn insert<T: RowWrite>(
-    store: &Store,
-    table: &str,
-    rows: &[T::Value<'_>],
-) -> Result<(), StoreError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut ins = store
-        .client()
-        .insert::<T>(table)
-        .await
-        .map_err(store.err())?;
-    for r in rows {
-        ins.write(r).await.map_err(store.err())?;
-    }
-    ins.end().await.map_err(store.err())
 }
 
 #[cfg(test)]

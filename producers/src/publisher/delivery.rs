@@ -69,10 +69,11 @@ impl ProducerContext for Ctx {
                     st.in_flight -= 1;
                     sh.release_held(&mut st);
                     sh.maybe_resume_direct(&mut st);
-                    st.in_flight == 0
+                    // A paced `publish` waits for in_flight to fall below the bound.
+                    st.in_flight == 0 || st.in_flight + 1 == sh.max_in_flight
                 };
-                // Waiters (close, wait_drained) wait for nothing in flight; waking them for
-                // every acknowledgement would cost a futex call per event.
+                // Waiters (close, wait_drained) wait for nothing in flight, a paced publish for
+                // room; waking them for every acknowledgement would cost a futex call per event.
                 if idle {
                     sh.changed.notify_all();
                 }
@@ -221,7 +222,7 @@ impl Publisher {
         let (reply, rx) = oneshot::channel();
         let sh = &*inner.shared;
 
-        let mut st = lock(&sh.state);
+        let mut st = sh.paced(lock(&sh.state), inner.config.message_timeout_ms);
         if st.closed {
             return Err(PublishError::Closed);
         }

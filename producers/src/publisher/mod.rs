@@ -111,6 +111,7 @@ impl PublishError {
             PublishError::Invalid(EnvelopeError::Schema { .. }) => "schema_invalid",
             PublishError::Invalid(EnvelopeError::BadTenant) => "bad_tenant",
             PublishError::Invalid(EnvelopeError::Identity(_)) => "missing_identity",
+            PublishError::Invalid(EnvelopeError::DuplicateKey(_)) => "duplicate_key",
             PublishError::Invalid(_) => "invalid_payload",
             PublishError::Encode(_) => "encode_failed",
             PublishError::TooLarge { .. } => "too_large",
@@ -232,6 +233,7 @@ impl Publisher {
             kafka_config: kafka_config(&config),
             metrics,
             max_bytes: config.spool_max_bytes,
+            max_in_flight: config.max_in_flight,
             shutdown: AtomicBool::new(false),
         });
         let producer: Kafka = shared.kafka_config.create_with_context(Ctx {
@@ -491,8 +493,9 @@ pub(crate) fn owned_headers<K: AsRef<str>>(headers: &[(K, Vec<u8>)]) -> OwnedHea
     )
 }
 
-/// The librdkafka settings derived from the config (extra properties last, so they win).
-pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
+/// The librdkafka settings derived from the config (extra properties last, so they win):
+/// the Publisher's producer, and `weft bench publish --raw`'s bare one.
+pub fn kafka_config(c: &PublisherConfig) -> ClientConfig {
     let mut k = ClientConfig::new();
     k.set("bootstrap.servers", &c.brokers)
         .set("acks", &c.acks)

@@ -103,6 +103,8 @@ pub(super) struct Shared {
     pub(super) metrics: Arc<Metrics>,
     pub(super) spool_bytes: AtomicU64,
     pub(super) max_bytes: u64,
+    /// [`crate::PublisherConfig::max_in_flight`] (0: no bound).
+    pub(super) max_in_flight: u64,
     pub(super) shutdown: AtomicBool,
 }
 
@@ -121,6 +123,36 @@ pub(super) fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 impl Shared {
+    /// Pacing: while sending directly with `max_in_flight` events unacknowledged, wait (at
+    /// most `timeout_ms`) for the broker to acknowledge some, so a slow broker slows the
+    /// caller instead of letting messages time out in librdkafka's queue.
+    pub(super) fn paced<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        timeout_ms: u64,
+    ) -> MutexGuard<'a, State> {
+        let max = self.max_in_flight;
+        if max == 0 || st.in_flight < max || st.spooling {
+            return st;
+        }
+        let deadline = Instant::now() + std::time::Duration::from_millis(timeout_ms);
+        while st.in_flight >= max && !st.spooling && !st.closed {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = self
+                .changed
+                .wait_timeout(
+                    st,
+                    (deadline - now).min(std::time::Duration::from_millis(50)),
+                )
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        st
+    }
+
     /// Queue a job for the spool writer (state lock held, so order is the lock's order).
     pub(super) fn to_writer(&self, st: &mut State, job: Job) {
         st.to_spool += 1;

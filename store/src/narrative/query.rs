@@ -11,7 +11,7 @@ use serde_json::Value;
 use weft_schemas::links::{self, NodeKind};
 use weft_schemas::{time, Kind};
 
-use crate::store::{Store, StoreError};
+use crate::{Store, StoreError};
 
 /// One event of a narrative.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
