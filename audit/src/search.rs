@@ -37,6 +37,22 @@ pub struct Filter {
     pub request: String,
 }
 
+impl Filter {
+    /// Every filter with its name as the API and the CLI spell it.
+    pub fn fields(&self) -> [(&'static str, &String); 8] {
+        [
+            ("kind", &self.kind),
+            ("principal", &self.principal),
+            ("capability", &self.capability),
+            ("event_type", &self.event_type),
+            ("decision", &self.decision),
+            ("outcome", &self.outcome),
+            ("token", &self.token),
+            ("request", &self.request),
+        ]
+    }
+}
+
 /// One page of results and the cursor of the next page (`None` at the end).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Page {
@@ -74,16 +90,7 @@ pub async fn page(
             "limit must be 1..={MAX_LIMIT}"
         )));
     }
-    for (name, v) in [
-        ("kind", &filter.kind),
-        ("principal", &filter.principal),
-        ("capability", &filter.capability),
-        ("event_type", &filter.event_type),
-        ("decision", &filter.decision),
-        ("outcome", &filter.outcome),
-        ("token", &filter.token),
-        ("request", &filter.request),
-    ] {
+    for (name, v) in filter.fields() {
         if v.len() > 1024 {
             return Err(AuditError::BadRequest(format!(
                 "{name} is longer than 1024 bytes"

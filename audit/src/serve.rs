@@ -302,17 +302,9 @@ async fn search_route(
         token: q.token,
         request: q.request,
     };
-    for (name, v) in [
-        ("kind", &filter.kind),
-        ("principal", &filter.principal),
-        ("capability", &filter.capability),
-        ("event_type", &filter.event_type),
-        ("decision", &filter.decision),
-        ("outcome", &filter.outcome),
-        ("token", &filter.token),
-        ("request", &filter.request),
-        ("cursor", q.cursor.as_ref().unwrap_or(&String::new())),
-    ] {
+    let no_cursor = String::new();
+    let cursor = ("cursor", q.cursor.as_ref().unwrap_or(&no_cursor));
+    for (name, v) in filter.fields().into_iter().chain([cursor]) {
         if let Err(e) = weft_http::check_len(name, v, MAX_ID_BYTES) {
             return e.into_response();
         }

@@ -67,6 +67,9 @@ fn cut(bytes: &[u8], max: usize) -> &[u8] {
     &bytes[..bytes.len().min(max)]
 }
 
+/// A dead letter as produced: key, value, headers.
+type Rendered = (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>);
+
 impl DeadLetter {
     fn whole_size(&self) -> usize {
         let headers: usize = self
@@ -87,12 +90,7 @@ impl DeadLetter {
     }
 
     /// Key, value and headers of this dead letter in `form`, at most `max` bytes of value.
-    pub(super) fn render(
-        &self,
-        form: Form,
-        max: usize,
-        source: (&str, i32),
-    ) -> (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>) {
+    pub(super) fn render(&self, form: Form, max: usize, source: (&str, i32)) -> Rendered {
         let (topic, partition) = source;
         let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
         let original_headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
