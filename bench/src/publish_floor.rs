@@ -71,7 +71,7 @@ pub fn send_all(
     let producer: ThreadedProducer<Ctx> =
         kafka_config(config).create_with_context(Ctx(counter.clone()))?;
     for r in records {
-        let headers = crate::publisher::owned_headers(&r.headers);
+        let headers = weft_producers::publisher::owned_headers(&r.headers);
         let mut record = BaseRecord::to(&r.topic)
             .key(r.key.as_slice())
             .payload(r.value.as_slice())

@@ -481,7 +481,7 @@ fn kind_index(kind: Kind) -> usize {
 }
 
 /// librdkafka's headers for a record's `(name, value)` pairs, in order.
-pub(crate) fn owned_headers<K: AsRef<str>>(headers: &[(K, Vec<u8>)]) -> OwnedHeaders {
+pub fn owned_headers<K: AsRef<str>>(headers: &[(K, Vec<u8>)]) -> OwnedHeaders {
     headers.iter().fold(
         OwnedHeaders::new_with_capacity(headers.len()),
         |h, (k, v)| {
