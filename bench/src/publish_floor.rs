@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
+use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 
@@ -71,13 +71,7 @@ pub fn send_all(
     let producer: ThreadedProducer<Ctx> =
         kafka_config(config).create_with_context(Ctx(counter.clone()))?;
     for r in records {
-        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-        for (k, v) in &r.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v.as_slice()),
-            });
-        }
+        let headers = weft_producers::publisher::owned_headers(&r.headers);
         let mut record = BaseRecord::to(&r.topic)
             .key(r.key.as_slice())
             .payload(r.value.as_slice())

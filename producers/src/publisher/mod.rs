@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
 use weft_kafka::{ClientSettings, TopicError, TopicLayout};
@@ -477,6 +478,19 @@ impl Drop for Inner {
 
 fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+/// librdkafka's headers for a record's `(name, value)` pairs, in order.
+pub fn owned_headers<K: AsRef<str>>(headers: &[(K, Vec<u8>)]) -> OwnedHeaders {
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |h, (k, v)| {
+            h.insert(Header {
+                key: k.as_ref(),
+                value: Some(v.as_slice()),
+            })
+        },
+    )
 }
 
 /// The librdkafka settings derived from the config (extra properties last, so they win):

@@ -5,11 +5,11 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::BaseRecord;
 use tracing::{debug, error, warn};
 
 use super::delivery::Pending;
+use super::owned_headers;
 use super::state::{lock, read, Kafka, Shared};
 use crate::spool::{ReadBatch, SpoolRecord};
 
@@ -99,13 +99,7 @@ fn send_batch(
 ) -> (usize, Option<String>) {
     let mut sent = 0;
     for r in records {
-        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-        for (k, v) in &r.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v.as_slice()),
-            });
-        }
+        let headers = owned_headers(&r.headers);
         let mut record =
             BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone())))
                 .payload(&r.value)

@@ -7,14 +7,13 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use tracing::{info, warn};
 
 use super::delivery::{Ctx, Pending};
 use super::receipt::Reply;
 use super::writer::WriterMsg;
-use super::PublishError;
+use super::{owned_headers, PublishError};
 use crate::metrics::Metrics;
 use crate::spool::{Spool, SpoolRecord};
 
@@ -200,13 +199,7 @@ impl Shared {
             st.held_bytes -= job.size;
             let Some(reply) = job.reply else { continue };
             let r = &job.record;
-            let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-            for (k, v) in &r.headers {
-                headers = headers.insert(Header {
-                    key: k,
-                    value: Some(v.as_slice()),
-                });
-            }
+            let headers = owned_headers(&r.headers);
             let mut record = BaseRecord::with_opaque_to(
                 &r.topic,
                 Box::new(Pending::Live {
