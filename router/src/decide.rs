@@ -185,7 +185,10 @@ pub fn admit(
         admissible = over_budget;
     } else {
         for i in over_budget {
-            excluded.insert(ests[i].candidate_id.clone(), Value::from("unverified_in_flight"));
+            excluded.insert(
+                ests[i].candidate_id.clone(),
+                Value::from("unverified_in_flight"),
+            );
         }
     }
     Admission {
