@@ -209,13 +209,13 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
         .check("evaluation_artifact", &art)
         .unwrap()
         .is_empty());
-    let rows: Vec<(String, f64, u8, Vec<String>)> = p
+    let rows: Vec<(String, f64, u8, String)> = p
         .client()
         .query(
             "SELECT d.candidate_id, JSONExtractFloat(d.payload, 'metadata', 'x_weft_propensity'), \
                     toUInt8(JSONExtractBool(f.payload, 'success')), \
-                    arrayMap(x -> JSONExtractString(x, 'candidate_id'), \
-                             JSONExtractArrayRaw(d.payload, 'fallback_candidates')) \
+                    arrayStringConcat(arrayMap(x -> JSONExtractString(x, 'candidate_id'), \
+                             JSONExtractArrayRaw(d.payload, 'fallback_candidates')), ',') \
              FROM (SELECT id, candidate_id, payload FROM weft_events \
                    WHERE kind = 'execution_routing_decision') AS d \
              INNER JOIN (SELECT JSONExtractString(payload, 'decision_id') AS did, payload \
@@ -257,7 +257,7 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
         .map(|r| {
             greedy(
                 std::iter::once(r.0.as_str())
-                    .chain(r.3.iter().map(String::as_str))
+                    .chain(r.3.split(',').filter(|c| !c.is_empty()))
                     .collect(),
             )
         })
