@@ -118,3 +118,32 @@ fn jsonl_envelopes_and_unusable_input() {
     let out = run(&["--kind", "no_such_schema", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn an_input_with_no_payload_is_unusable_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in [("empty.json", ""), ("blank.jsonl", "  \n\t\n \n")] {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let out = run(&[f.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("no payload"), "{name}: {stdout}");
+    }
+}
+
+#[test]
+fn a_payload_with_a_key_twice_is_invalid_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("dup.json");
+    // The attack shape: a capability token whose `scope` appears twice.
+    std::fs::write(
+        &f,
+        r#"{"token_id":"t1","principal":"p","scope":["a.read"],"scope":["a.admin"],"issued_at":"2026-03-08T06:00:00Z","expires_at":"2026-03-08T07:00:00Z","single_use":false,"issuer":"k"}"#,
+    )
+    .unwrap();
+    let out = run(&["--kind", "capability_token", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("duplicate key at /scope"), "{stdout}");
+}

@@ -19,15 +19,15 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use weft_http::ApiKeys;
+use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
 
 use crate::check::CheckOptions;
 use crate::search::Filter;
@@ -62,62 +62,66 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(json!({"error": message}))).into_response()
+impl HasApiKeys for AppState {
+    fn api_keys(&self) -> &ApiKeys {
+        &self.keys
+    }
+}
+
+/// Longest id a path takes (`/timeline/{id}`, `/bundle/{id}`); longer: 422.
+pub const MAX_ID_BYTES: usize = 1024;
+
+fn bad_request(message: &str) -> Response {
+    ApiError::bad_request("bad_request", message).into_response()
 }
 
 fn fail(e: AuditError) -> Response {
     match e {
-        AuditError::BadRequest(m) => error(StatusCode::BAD_REQUEST, &m),
-        AuditError::NotFound(_) => error(StatusCode::NOT_FOUND, "not found"),
-        AuditError::Invalid(m) => error(StatusCode::UNPROCESSABLE_ENTITY, &m),
-        AuditError::Refused(m) => error(StatusCode::CONFLICT, &m),
+        AuditError::BadRequest(m) => bad_request(&m),
+        AuditError::NotFound(_) => ApiError::not_found("not found").into_response(),
+        AuditError::Invalid(m) => ApiError::unprocessable("invalid", m).into_response(),
+        AuditError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "refused", m).into_response(),
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");
-            error(
+            ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
+                "server_misconfigured",
                 "server key misconfigured",
             )
+            .into_response()
         }
         AuditError::Store(e) => {
             tracing::warn!(error = %e, "audit query failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store unavailable; retry later",
-            )
+            ApiError::unavailable("store unavailable; retry later").into_response()
         }
     }
 }
 
-/// The caller's tenant and key id, or the 401/403 to send. A request may name a tenant
+/// The caller of an audit route: its tenant and key id. A request may name a tenant
 /// (`?tenant=`), but only its own: any other is refused with 403.
-fn auth(s: &AppState, headers: &HeaderMap, uri: &Uri) -> Result<(String, String), Box<Response>> {
-    let tenant = s.keys.authenticate(headers).map_err(|e| {
-        let (status, msg) = e.response();
-        Box::new(error(status, msg))
-    })?;
-    let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(uri)
-        .ok()
-        .and_then(|Query(m)| m.get("tenant").cloned());
-    if let Some(asked) = asked {
-        if asked != tenant {
-            return Err(Box::new(error(
+struct AuditCaller(Caller);
+
+impl FromRequestParts<AppState> for AuditCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
+        let caller = Caller::from_request_parts(parts, s).await?;
+        let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(&parts.uri)
+            .ok()
+            .and_then(|Query(m)| m.get("tenant").cloned());
+        if asked.is_some_and(|asked| asked != caller.tenant) {
+            return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
+                "tenant_forbidden",
                 "this key may not read that tenant",
-            )));
+            ));
         }
+        Ok(Self(caller))
     }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.get(7..))
-        .unwrap_or_default()
-        .trim();
-    let key_id = format!(
-        "key:{}",
-        &hex::encode(Sha256::digest(presented.as_bytes()))[..12]
-    );
-    Ok((tenant.to_owned(), key_id))
+}
+
+fn check_id(id: &str) -> Result<(), ApiError> {
+    weft_http::check_len("id", id, MAX_ID_BYTES)
 }
 
 async fn record(
@@ -173,17 +177,13 @@ struct CheckQuery {
 }
 
 async fn check_route(
+    AuditCaller(c): AuditCaller,
     State(s): State<AppState>,
-    headers: HeaderMap,
-    uri: Uri,
     q: Result<Query<CheckQuery>, QueryRejection>,
 ) -> Response {
-    let (tenant, actor) = match auth(&s, &headers, &uri) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    let (tenant, actor) = (c.tenant, c.key_id);
     let Ok(Query(q)) = q else {
-        return error(StatusCode::BAD_REQUEST, "malformed query string");
+        return bad_request("malformed query string");
     };
     let range = match (Bounds {
         from: q.from,
@@ -196,7 +196,7 @@ async fn check_route(
     };
     let grace = match q.grace_secs.as_deref().map(str::parse::<u64>).transpose() {
         Ok(g) => g.unwrap_or(300),
-        Err(_) => return error(StatusCode::BAD_REQUEST, "grace_secs must be a number"),
+        Err(_) => return bad_request("grace_secs must be a number"),
     };
     let opt = CheckOptions {
         grace_secs: grace.min(365 * 86_400),
@@ -220,15 +220,14 @@ async fn check_route(
 }
 
 async fn timeline_route(
+    AuditCaller(c): AuditCaller,
     State(s): State<AppState>,
-    headers: HeaderMap,
-    uri: Uri,
     Path(id): Path<String>,
 ) -> Response {
-    let (tenant, actor) = match auth(&s, &headers, &uri) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    let (tenant, actor) = (c.tenant, c.key_id);
+    if let Err(e) = check_id(&id) {
+        return e.into_response();
+    }
     let res = timeline::get(&s.store, &tenant, &id).await;
     let n = res.as_ref().map(|n| n.entries.len() as u64).unwrap_or(0);
     record(
@@ -272,17 +271,13 @@ struct SearchQuery {
 }
 
 async fn search_route(
+    AuditCaller(c): AuditCaller,
     State(s): State<AppState>,
-    headers: HeaderMap,
-    uri: Uri,
     q: Result<Query<SearchQuery>, QueryRejection>,
 ) -> Response {
-    let (tenant, actor) = match auth(&s, &headers, &uri) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    let (tenant, actor) = (c.tenant, c.key_id);
     let Ok(Query(q)) = q else {
-        return error(StatusCode::BAD_REQUEST, "malformed query string");
+        return bad_request("malformed query string");
     };
     let range = match (Bounds {
         from: q.from.clone(),
@@ -295,7 +290,7 @@ async fn search_route(
     };
     let limit = match q.limit.as_deref().map(str::parse::<u64>).transpose() {
         Ok(l) => l.unwrap_or(100),
-        Err(_) => return error(StatusCode::BAD_REQUEST, "limit must be a number"),
+        Err(_) => return bad_request("limit must be a number"),
     };
     let filter = Filter {
         kind: q.kind,
@@ -307,9 +302,16 @@ async fn search_route(
         token: q.token,
         request: q.request,
     };
+    let no_cursor = String::new();
+    let cursor = ("cursor", q.cursor.as_ref().unwrap_or(&no_cursor));
+    for (name, v) in filter.fields().into_iter().chain([cursor]) {
+        if let Err(e) = weft_http::check_len(name, v, MAX_ID_BYTES) {
+            return e.into_response();
+        }
+    }
     let format = q.format.as_deref().unwrap_or("json");
     if !["json", "jsonl", "csv"].contains(&format) {
-        return error(StatusCode::BAD_REQUEST, "format must be json, jsonl or csv");
+        return bad_request("format must be json, jsonl or csv");
     }
     let page = match search::page(
         &s.store,
@@ -375,15 +377,14 @@ async fn search_route(
 }
 
 async fn bundle_route(
+    AuditCaller(c): AuditCaller,
     State(s): State<AppState>,
-    headers: HeaderMap,
-    uri: Uri,
     Path(id): Path<String>,
 ) -> Response {
-    let (tenant, actor) = match auth(&s, &headers, &uri) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    let (tenant, actor) = (c.tenant, c.key_id);
+    if let Err(e) = check_id(&id) {
+        return e.into_response();
+    }
     let res = bundle::export(&s.store, &tenant, &id, s.sign_key.as_deref()).await;
     record(
         &s,
@@ -406,11 +407,8 @@ async fn bundle_route(
     }
 }
 
-async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let (tenant, actor) = match auth(&s, &headers, &uri) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+async fn verify_route(AuditCaller(c): AuditCaller, State(s): State<AppState>) -> Response {
+    let (tenant, actor) = (c.tenant, c.key_id);
     match chain::verify(
         &s.store,
         &tenant,
@@ -437,11 +435,8 @@ async fn verify_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -
     }
 }
 
-async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    let (tenant, actor) = match auth(&s, &headers, &uri) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+async fn checkpoints_route(AuditCaller(c): AuditCaller, State(s): State<AppState>) -> Response {
+    let (tenant, actor) = (c.tenant, c.key_id);
     match chain::checkpoints(&s.store, &tenant).await {
         Ok(c) => {
             record(
@@ -460,7 +455,12 @@ async fn checkpoints_route(State(s): State<AppState>, headers: HeaderMap, uri: U
 }
 
 /// Seal every tenant's new facts every `every`, until the process stops.
-pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Duration) {
+pub async fn seal_loop(
+    store: Store,
+    key: Option<Arc<Key>>,
+    every: std::time::Duration,
+    copy_window_secs: u64,
+) {
     loop {
         tokio::time::sleep(every).await;
         let tenants: Result<Vec<String>, _> = store
@@ -471,8 +471,13 @@ pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Du
         match tenants {
             Ok(ts) => {
                 for t in ts {
-                    if let Err(e) = chain::seal(&store, &t, key.as_deref()).await {
-                        tracing::warn!(tenant = %t, error = %e, "seal failed");
+                    match chain::seal(&store, &t, key.as_deref(), copy_window_secs).await {
+                        Ok(r) if !r.held.is_empty() => tracing::error!(
+                            tenant = %t, held = r.held.len(), first = %r.held[0].detail,
+                            "rows left unsealed: they disagree with their payload (run weft audit verify)"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(tenant = %t, error = %e, "seal failed"),
                     }
                 }
             }

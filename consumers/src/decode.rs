@@ -5,9 +5,9 @@
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use weft_schemas::links::{self, Link};
-use weft_schemas::wire::{self, ContentType, SchemaIds};
-use weft_schemas::{identity, time, Envelope, EnvelopeError, Topics};
+use weft_schemas::links;
+use weft_schemas::wire::{self, SchemaIds};
+use weft_schemas::{identity, time, Topics};
 
 /// A record as read from Kafka, borrowed from the consumer's message.
 #[derive(Debug, Clone, Copy)]
@@ -28,32 +28,14 @@ pub struct Record<'a> {
     pub timestamp_ms: Option<i64>,
 }
 
-/// A valid event, with everything the stores need computed once.
-#[derive(Debug, Clone)]
-pub struct Fact {
-    /// The decoded envelope: kind, tenant, request id, producer fields and raw payload.
-    pub envelope: Envelope,
-    /// The payload parsed and validated against its kind's schema.
-    pub payload: Value,
-    /// The natural identity (see `weft_schemas::identity`).
-    pub id: String,
-    /// SHA-256 of the payload's RFC 8785 canonical form.
-    pub content_hash: [u8; 32],
-    /// The event's own time (micros), falling back to emitted_at, then the broker time.
-    pub ts_micros: i64,
-    /// When the event entered weft (micros): `emitted_at`, else the broker time, else 0.
-    pub emitted_micros: i64,
-    /// The id links of the payload, used for narratives and the `links` column.
-    pub links: Vec<Link>,
-    /// Wire encoding the record arrived in, stored as `content_type`.
-    pub content_type: ContentType,
-}
+pub use weft_store::Fact;
 
 /// Why a record cannot be ingested; becomes the dead-letter headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     /// Stable, short: `undecodable`, `undecodable_json`, `undecodable_avro`, `unknown_kind`,
-    /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`.
+    /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`,
+    /// `duplicate_key`.
     pub code: &'static str,
     /// Human-readable detail for the dead-letter headers and telemetry.
     pub message: String,
@@ -68,12 +50,7 @@ pub fn decode(rec: &Record<'_>, topics: &Topics, ids: &SchemaIds) -> Result<Fact
             message: e.to_string(),
         })?;
     let payload = envelope.check().map_err(|e| Rejection {
-        code: match &e {
-            EnvelopeError::Schema { .. } => "schema_invalid",
-            EnvelopeError::BadTenant => "bad_tenant",
-            EnvelopeError::Identity(_) => "no_identity",
-            EnvelopeError::PayloadJson(_) | EnvelopeError::PayloadNotObject => "undecodable_json",
-        },
+        code: e.code(),
         message: e.to_string(),
     })?;
     let mut canonical = Vec::with_capacity(envelope.payload.get().len());

@@ -4,15 +4,14 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use weft_http::ApiKeys;
+use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
 
 use crate::metrics::IngestMetrics;
-use crate::narrative::query;
-use crate::store::Store;
+use weft_store::narrative::query;
+use weft_store::Store;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -25,54 +24,56 @@ pub struct AppState {
     pub keys: Arc<ApiKeys>,
 }
 
+impl HasApiKeys for AppState {
+    fn api_keys(&self) -> &ApiKeys {
+        &self.keys
+    }
+}
+
+/// Longest id `GET /v1/narratives/{id}` takes (longer: 422 `string_too_long`).
+pub const MAX_ID_BYTES: usize = 1024;
+
 /// The router of the status server.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/narratives/{id}", get(narrative))
         .with_state(state)
 }
 
-async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        s.metrics.render(),
-    )
-}
-
-fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({"error": message}))).into_response()
-}
-
-async fn narrative(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let tenant = match s.keys.authenticate(&headers) {
-        Ok(t) => t.to_owned(),
-        Err(e) => {
-            let (status, msg) = e.response();
-            return error(status, msg);
-        }
-    };
-    if id.is_empty() || id.len() > 1024 {
-        return error(StatusCode::BAD_REQUEST, "id must be 1..=1024 bytes");
+/// `ok`, or 503 with the one error body (`stalled`) while fetched records have waited
+/// `stall_after_secs` with nothing stored.
+async fn healthz(State(s): State<AppState>) -> Response {
+    match s.metrics.health.stalled() {
+        None => "ok".into_response(),
+        Some(secs) => ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "stalled",
+            format!("records fetched {secs} s ago are not stored yet (see the ingest log)"),
+        )
+        .into_response(),
     }
-    match query::lookup(&s.store, &tenant, &id).await {
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    weft_http::metrics_response(s.metrics.render())
+}
+
+async fn narrative(caller: Caller, State(s): State<AppState>, Path(id): Path<String>) -> Response {
+    if id.is_empty() {
+        return ApiError::bad_request("bad_request", "id must not be empty").into_response();
+    }
+    if let Err(e) = weft_http::check_len("id", &id, MAX_ID_BYTES) {
+        return e.into_response();
+    }
+    match query::lookup(&s.store, &caller.tenant, &id).await {
         Ok(Some(n)) => Json(n).into_response(),
         // The same answer whether the id is unknown or belongs to another tenant.
-        Ok(None) => error(StatusCode::NOT_FOUND, "no narrative with that id"),
+        Ok(None) => ApiError::not_found("no narrative with that id").into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "narrative lookup failed");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store unavailable; retry later",
-            )
+            ApiError::unavailable("store unavailable; retry later").into_response()
         }
     }
 }

@@ -1,13 +1,71 @@
 //! Prometheus metrics of `weft ingest`.
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use weft_http::prometheus::{
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
+
+use weft_http::MetricsRegistry;
+
+/// Stall detection from this process's own positions (not the broker's high watermarks,
+/// which tansu's memory engine under-reports): since when fetched records have waited with
+/// nothing stored. Read by `/healthz` (503 when stalled) and `/metrics`.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Micros since the epoch when the oldest record still waiting was fetched; 0 = none.
+    waiting_since: AtomicI64,
+    /// `stall_after_secs`; 0 disables.
+    stall_after_secs: AtomicU64,
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+impl Health {
+    /// Set the stall threshold (seconds; 0 disables).
+    pub fn set_stall_after(&self, secs: u64) {
+        self.stall_after_secs.store(secs, Ordering::Relaxed);
+    }
+
+    /// A fetched record now waits to be stored (keeps the oldest wait).
+    pub fn waiting(&self) {
+        let _ = self.waiting_since.compare_exchange(
+            0,
+            now_micros(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// A flush stored what it took; `more` when newer records still wait.
+    pub fn progressed(&self, more: bool) {
+        let v = if more { now_micros() } else { 0 };
+        self.waiting_since.store(v, Ordering::Relaxed);
+    }
+
+    /// Seconds records have waited with nothing stored (0 when nothing waits).
+    pub fn waited_secs(&self) -> u64 {
+        match self.waiting_since.load(Ordering::Relaxed) {
+            0 => 0,
+            t => ((now_micros() - t).max(0) / 1_000_000) as u64,
+        }
+    }
+
+    /// `Some(seconds)` when stalled: records waited at least `stall_after_secs`.
+    pub fn stalled(&self) -> Option<u64> {
+        let after = self.stall_after_secs.load(Ordering::Relaxed);
+        let waited = self.waited_secs();
+        (after > 0 && waited >= after).then_some(waited)
+    }
+}
 
 /// Everything `/metrics` shows for the ingest process.
 pub struct IngestMetrics {
-    registry: Registry,
+    registry: MetricsRegistry,
     /// Records read from Kafka, per topic.
     pub consumed: IntCounterVec,
     /// Facts stored in `weft_events`, per kind.
@@ -40,28 +98,17 @@ pub struct IngestMetrics {
     pub narrative_graph_nodes: IntGauge,
     /// Time to project one batch onto the narratives.
     pub projector_seconds: Histogram,
+    /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
+    pub dead_letters_quarantined: IntCounter,
+    /// 1 while records are fetched but none stored for `stall_after_secs`.
+    pub stalled: IntGauge,
+    /// Seconds since this process last stored (or dead-lettered) a fetched record while
+    /// records were waiting; 0 when nothing waits.
+    pub stalled_seconds: IntGauge,
+    /// Stall detection (not a Prometheus metric; feeds `stalled` and `stalled_seconds`).
+    pub health: Health,
     /// Telemetry rows (migration 0006) dropped: queue full, table missing or insert failed.
     pub telemetry_dropped: IntCounterVec,
-}
-
-fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    let _ = r.register(Box::new(c.clone()));
-    c
-}
-
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    let _ = r.register(Box::new(c.clone()));
-    c
-}
-
-fn histogram(r: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    let _ = r.register(Box::new(h.clone()));
-    h
 }
 
 impl IngestMetrics {
@@ -69,132 +116,117 @@ impl IngestMetrics {
     // unit test below, not something input can trigger.
     /// A fresh registry with every ingest metric at zero.
     pub fn new() -> Self {
-        let r = Registry::new();
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-            let _ = r.register(Box::new(g.clone()));
-            g
-        };
-        let lag = IntGaugeVec::new(
-            Opts::new(
-                "weft_ingest_consumer_lag",
-                "High watermark minus the next offset to store, per partition",
-            ),
+        let r = MetricsRegistry::new();
+        let lag = r.gauge_vec(
+            "weft_ingest_consumer_lag",
+            "High watermark minus the next offset to store, per partition",
             &["topic", "partition"],
-        )
-        .unwrap_or_else(|e| panic!("metric lag: {e}"));
-        let _ = r.register(Box::new(lag.clone()));
-        let freshness = HistogramVec::new(
-            HistogramOpts::new(
-                "weft_ingest_freshness_seconds",
-                "From emitted_at to queryable in ClickHouse",
-            )
-            .buckets(vec![
-                0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
-            ]),
+        );
+        let freshness = r.histogram_vec(
+            "weft_ingest_freshness_seconds",
+            "From emitted_at to queryable in ClickHouse",
+            vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0],
             &["kind"],
-        )
-        .unwrap_or_else(|e| panic!("metric freshness: {e}"));
-        let _ = r.register(Box::new(freshness.clone()));
-        let clickhouse_up = gauge(
+        );
+        let clickhouse_up = r.gauge(
             "weft_ingest_clickhouse_up",
             "1 when the last ClickHouse insert succeeded",
         );
-        let narrative_graph_nodes = gauge(
+        let narrative_graph_nodes = r.gauge(
             "weft_narrative_graph_nodes",
             "Nodes held by the narrative projector",
         );
         Self {
-            consumed: counter_vec(
-                &r,
+            consumed: r.counter_vec(
                 "weft_ingest_consumed_total",
                 "Records read from Kafka",
                 &["topic"],
             ),
-            inserted: counter_vec(
-                &r,
+            inserted: r.counter_vec(
                 "weft_ingest_inserted_total",
                 "Facts stored in weft_events",
                 &["kind"],
             ),
-            deduplicated: counter(
-                &r,
+            deduplicated: r.counter(
                 "weft_ingest_deduplicated_total",
                 "Copies of an already stored event, dropped",
             ),
-            conflicts: counter(
-                &r,
+            conflicts: r.counter(
                 "weft_ingest_conflicts_total",
                 "Events stored with an id already used for different content",
             ),
-            dead_lettered: counter_vec(
-                &r,
+            dead_lettered: r.counter_vec(
                 "weft_ingest_dead_lettered_total",
                 "Records sent to the dead-letter topic",
                 &["reason"],
             ),
-            replay_skipped: counter(
-                &r,
+            replay_skipped: r.counter(
                 "weft_ingest_replay_skipped_total",
                 "Records at or below the stored offset, skipped after a restart",
             ),
-            offset_gaps: counter_vec(
-                &r,
+            offset_gaps: r.counter_vec(
                 "weft_ingest_offset_gaps_total",
                 "Offsets the broker never delivered (retention, compaction, or a broker fault)",
                 &["topic"],
             ),
-            batch_rows: histogram(
-                &r,
+            batch_rows: r.histogram(
                 "weft_ingest_batch_rows",
                 "Rows per ClickHouse insert",
                 vec![
                     1.0, 10.0, 100.0, 1_000.0, 5_000.0, 10_000.0, 25_000.0, 50_000.0, 100_000.0,
                 ],
             ),
-            insert_seconds: histogram(
-                &r,
+            insert_seconds: r.histogram(
                 "weft_ingest_insert_seconds",
                 "Latency of one facts insert",
                 vec![
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 ],
             ),
-            insert_retries: counter(
-                &r,
+            insert_retries: r.counter(
                 "weft_ingest_insert_retries_total",
                 "ClickHouse writes retried after an error",
             ),
             clickhouse_up,
             lag,
             freshness_seconds: freshness,
-            narratives_moved: counter(
-                &r,
+            narratives_moved: r.counter(
                 "weft_narratives_moved_total",
                 "Events moved to another narrative by a late anchor",
             ),
             narrative_graph_nodes,
-            projector_seconds: histogram(
-                &r,
+            projector_seconds: r.histogram(
                 "weft_narrative_projector_seconds",
                 "Time to project one batch",
                 vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
             ),
-            telemetry_dropped: counter_vec(
-                &r,
+            dead_letters_quarantined: r.counter(
+                "weft_ingest_dead_letters_quarantined_total",
+                "Dead letters refused by the dead-letter topic in every form (kept in weft_dead_letters)",
+            ),
+            stalled: r.gauge(
+                "weft_ingest_stalled",
+                "1 while records are fetched but none stored for stall_after_secs",
+            ),
+            stalled_seconds: r.gauge(
+                "weft_ingest_stalled_seconds",
+                "Seconds records have waited with nothing stored (0 when nothing waits)",
+            ),
+            telemetry_dropped: r.counter_vec(
                 "weft_ingest_telemetry_dropped_total",
                 "Telemetry rows not written to ClickHouse (best effort; ingest unaffected)",
                 &["table"],
             ),
+            health: Health::default(),
             registry: r,
         }
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition (stall gauges refreshed first).
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        self.stalled.set(i64::from(self.health.stalled().is_some()));
+        self.stalled_seconds.set(self.health.waited_secs() as i64);
+        self.registry.render()
     }
 }
 

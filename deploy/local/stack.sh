@@ -8,8 +8,21 @@
 #   stack.sh start kafka|clickhouse    start one service and wait until it is ready
 #   stack.sh stop  kafka|clickhouse    stop one service; returns once its ports are free
 #   stack.sh restart kafka|clickhouse
-#   stack.sh status                    one line per service (exit 3 if any is stopped)
+#   stack.sh status                    one line per service: each must answer a real request
+#                                      (a Kafka metadata request, a ClickHouse query); exit 3
+#                                      if any is stopped or not answering
 #   stack.sh env                       the export lines to `source` (also in $WEFT_RUN_DIR/env)
+#   stack.sh delete-topic ...          refused, with the reason (see below)
+#
+# Supervisor: `up` / `start kafka` also start a supervisor (supervisor.log) that probes the
+# broker every WEFT_SUPERVISE_INTERVAL seconds with a metadata request and restarts it when
+# its process died or it stopped answering (tansu's storage task can panic while the process
+# keeps listening), up to WEFT_SUPERVISE_MAX_RESTARTS times in a row with doubling backoff;
+# `stop kafka` / `down` stop the supervisor first. WEFT_SUPERVISE=0 turns it off.
+#
+# Topics are never deleted: on tansu 0.6 deleting one topic deletes every topic (and a
+# deletion under a fetching consumer has wiped the sqlite store), so weft's scripts and tests
+# refuse it; use a fresh topic prefix (WEFT_TOPIC_PREFIX) instead.
 #
 # Environment (defaults in brackets):
 #   WEFT_RUN_DIR        [<repo>/.weft/run]  pid files, logs, data/
@@ -21,6 +34,11 @@
 #   WEFT_CLICKHOUSE_URL           if set (to another URL than ours) and answering
 #                                 /ping, that ClickHouse is used and none is started
 #   WEFT_TOOLS_DIR, WEFT_VENV     where install.sh put tansu and chdb-core
+#   WEFT_SUPERVISE      [1]       0: no broker supervisor
+#   WEFT_SUPERVISE_INTERVAL [2]   seconds between probes
+#   WEFT_SUPERVISE_FAILS    [3]   failed probes in a row before a restart
+#   WEFT_SUPERVISE_MAX_RESTARTS [5] restarts in a row (without 60 s healthy between) before
+#                                 the supervisor gives up and says so
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,6 +52,10 @@ WEFT_CH_HTTP_PORT="${WEFT_CH_HTTP_PORT:-18123}"
 WEFT_CH_TCP_PORT="${WEFT_CH_TCP_PORT:-19000}"
 WEFT_KAFKA_STORAGE="${WEFT_KAFKA_STORAGE:-sqlite}"
 WEFT_STACK_TIMEOUT="${WEFT_STACK_TIMEOUT:-60}"
+WEFT_SUPERVISE="${WEFT_SUPERVISE:-1}"
+WEFT_SUPERVISE_INTERVAL="${WEFT_SUPERVISE_INTERVAL:-2}"
+WEFT_SUPERVISE_FAILS="${WEFT_SUPERVISE_FAILS:-3}"
+WEFT_SUPERVISE_MAX_RESTARTS="${WEFT_SUPERVISE_MAX_RESTARTS:-5}"
 export WEFT_TOOLS_DIR WEFT_VENV # install.sh reads them
 
 TANSU="$WEFT_TOOLS_DIR/bin/tansu"
@@ -45,7 +67,8 @@ log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] ERROR: %s\n' "$*" >&2; exit 1; }
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'; }
 
-for v in WEFT_KAFKA_PORT WEFT_CH_HTTP_PORT WEFT_CH_TCP_PORT WEFT_STACK_TIMEOUT; do
+for v in WEFT_KAFKA_PORT WEFT_CH_HTTP_PORT WEFT_CH_TCP_PORT WEFT_STACK_TIMEOUT \
+  WEFT_SUPERVISE_INTERVAL WEFT_SUPERVISE_FAILS WEFT_SUPERVISE_MAX_RESTARTS; do
   [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, got '${!v}'"
 done
 case $WEFT_KAFKA_STORAGE in
@@ -71,6 +94,7 @@ cmd_marker() {
   case $1 in
     kafka) printf '%s\n' 'tansu broker' ;;
     clickhouse) printf '%s\n' 'chdb_server\.py|clickhouse server' ;;
+    supervisor) printf '%s\n' 'stack\.sh __supervise' ;;
   esac
 }
 
@@ -81,7 +105,7 @@ service_pid() {
   [[ -f $f ]] || return 1
   pid=$(<"$f")
   [[ $pid =~ ^[0-9]+$ ]] || return 1
-  cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  cmd=$({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) || return 1
   [[ -n $cmd ]] || return 1 # a zombie has an empty cmdline
   grep -Eq "$(cmd_marker "$1")" <<<"$cmd" || return 1
   printf '%s\n' "$pid"
@@ -91,6 +115,7 @@ service_ports() {
   case $1 in
     kafka) printf '%s\n' "$WEFT_KAFKA_PORT" ;;
     clickhouse) printf '%s %s\n' "$WEFT_CH_HTTP_PORT" "$WEFT_CH_TCP_PORT" ;;
+    supervisor) ;;
   esac
 }
 
@@ -135,10 +160,13 @@ ch_answers() {
   [[ $one == "1" ]]
 }
 
+# Does the broker answer a real Kafka request (a metadata request), not just a connect?
+kafka_answers() { python3 "$HERE/kafka_probe.py" "$WEFT_KAFKA_PORT" "${1:-5}" >/dev/null 2>&1; }
+
 # Is service $1 (whose pid is $2) answering?
 ready() {
   case $1 in
-    kafka) port_owned_by "$WEFT_KAFKA_PORT" "$2" && port_accepts "$WEFT_KAFKA_PORT" ;;
+    kafka) port_owned_by "$WEFT_KAFKA_PORT" "$2" && kafka_answers ;;
     clickhouse)
       port_owned_by "$WEFT_CH_HTTP_PORT" "$2" && port_owned_by "$WEFT_CH_TCP_PORT" "$2" \
         && port_accepts "$WEFT_CH_TCP_PORT" && ch_answers "$OUR_CH_URL"
@@ -364,7 +392,7 @@ stop_service() {
 
 # The --storage-engine a running broker (pid $1) was started with.
 kafka_running_url() {
-  tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -A1 -x -e '--storage-engine' | tail -n 1
+  { tr '\0' '\n' <"/proc/$1/cmdline"; } 2>/dev/null | grep -A1 -x -e '--storage-engine' | tail -n 1
 }
 
 describe() {
@@ -411,6 +439,77 @@ check_name() {
   esac
 }
 
+# --- the broker's supervisor ------------------------------------------------------------
+
+slog() { printf '%s [supervisor] %s\n' "$(date -Is)" "$*" >>"$(logfile supervisor)"; }
+
+# Start the supervisor unless it runs (or is switched off, or this is the supervisor).
+start_supervisor() {
+  [[ $WEFT_SUPERVISE == 1 && -z ${WEFT_IN_SUPERVISOR:-} ]] || return 0
+  if service_pid supervisor >/dev/null; then return 0; fi
+  WEFT_IN_SUPERVISOR=1 setsid bash "${BASH_SOURCE[0]}" __supervise </dev/null >>"$(logfile supervisor)" 2>&1 &
+  printf '%s\n' "$!" >"$(pidfile supervisor)"
+  log "kafka supervisor started (pid $!, log $(logfile supervisor))"
+}
+
+stop_supervisor() {
+  local pid
+  [[ -z ${WEFT_IN_SUPERVISOR:-} ]] || return 0
+  if pid=$(service_pid supervisor); then
+    kill -TERM "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  fi
+  rm -f "$(pidfile supervisor)"
+}
+
+# The loop: probe, count failures, restart with backoff, give up after too many in a row.
+supervise() {
+  local fails=0 restarts=0 backoff=1 healthy_since=$SECONDS pid why
+  trap 'slog "stopping (SIGTERM)"; exit 0' TERM INT
+  slog "watching kafka on 127.0.0.1:$WEFT_KAFKA_PORT every ${WEFT_SUPERVISE_INTERVAL} s (restart after $WEFT_SUPERVISE_FAILS failed probes, at most $WEFT_SUPERVISE_MAX_RESTARTS in a row)"
+  while :; do
+    sleep "$WEFT_SUPERVISE_INTERVAL" &
+    wait $! || true
+    # The pid file is ours while kafka should run; `stack.sh stop kafka` removes it.
+    [[ -f $(pidfile kafka) ]] || { slog "kafka was stopped on purpose; supervisor exits"; exit 0; }
+    if pid=$(service_pid kafka) && kafka_answers 5; then
+      fails=0
+      if ((restarts > 0 && SECONDS - healthy_since >= 60)); then
+        slog "kafka healthy for 60 s after $restarts restart(s); counters reset"
+        restarts=0 backoff=1
+      fi
+      continue
+    fi
+    fails=$((fails + 1))
+    if pid=$(service_pid kafka); then why="pid $pid does not answer a metadata request"; else why="its process is gone"; fi
+    slog "probe failed ($fails/$WEFT_SUPERVISE_FAILS): $why"
+    ((fails >= WEFT_SUPERVISE_FAILS)) || continue
+    if ((restarts >= WEFT_SUPERVISE_MAX_RESTARTS)); then
+      slog "GIVING UP: $restarts restarts in a row did not keep kafka up; see $(logfile kafka)"
+      exit 1
+    fi
+    restarts=$((restarts + 1))
+    slog "restarting kafka (restart $restarts of at most $WEFT_SUPERVISE_MAX_RESTARTS, after ${backoff} s backoff): $why"
+    [[ $WEFT_KAFKA_STORAGE == sqlite ]] || slog "WARNING: memory engine: the broker's data is lost with the restart"
+    if pid=$(service_pid kafka); then (stop_pid kafka "$pid") || true; fi
+    sleep "$backoff" &
+    wait $! || true
+    if ( start_service kafka ) >>"$(logfile supervisor)" 2>&1; then
+      slog "kafka restarted (pid $(service_pid kafka || echo '?'))"
+    else
+      slog "kafka restart failed"
+      # Keep the pid file so the loop tries again (it names no live process).
+      [[ -f $(pidfile kafka) ]] || printf '0\n' >"$(pidfile kafka)"
+    fi
+    fails=0 healthy_since=$SECONDS
+    backoff=$((backoff * 2 > 30 ? 30 : backoff * 2))
+  done
+}
+
+refuse_topic_deletion() {
+  die "refused: weft never deletes topics on the local broker. On tansu 0.6 deleting one topic deletes every topic, and a deletion while a consumer fetches has wiped the sqlite store; the broker then fails every request. Use a fresh topic prefix (WEFT_TOPIC_PREFIX, or --topic-prefix) instead, or 'stack.sh down' and remove \$WEFT_RUN_DIR/data/kafka to start empty."
+}
+
 # --- commands -----------------------------------------------------------------------
 
 cmd=${1:-}
@@ -418,12 +517,14 @@ case $cmd in
   up)
     bash "$HERE/install.sh"
     start_service kafka
+    start_supervisor
     start_service clickhouse
     env_lines >"$WEFT_RUN_DIR/env"
     log "stack is up; environment in $WEFT_RUN_DIR/env:"
     cat "$WEFT_RUN_DIR/env"
     ;;
   down)
+    stop_supervisor
     stop_service kafka
     if ch_external; then
       log "clickhouse: external, left alone"
@@ -433,13 +534,27 @@ case $cmd in
     ;;
   start | stop | restart)
     check_name "${2:-}" "$cmd"
+    if [[ $2 == kafka && $cmd != start ]]; then stop_supervisor; fi
     [[ $cmd == start ]] || stop_service "$2"
     [[ $cmd == stop ]] || start_service "$2"
+    if [[ $2 == kafka && $cmd != stop ]]; then start_supervisor; fi
+    ;;
+  __supervise)
+    supervise
+    ;;
+  delete-topic | delete-topics | delete)
+    refuse_topic_deletion
     ;;
   status)
     rc=0
     status_line kafka || rc=3
     status_line clickhouse || rc=3
+    if pid=$(service_pid supervisor); then
+      printf '%-10s running  pid %-7s log %s\n' supervisor "$pid" "$(logfile supervisor)"
+    elif [[ $WEFT_SUPERVISE == 1 ]]; then
+      printf '%-10s stopped  (last lines of %s:)\n' supervisor "$(logfile supervisor)"
+      tail -n 3 "$(logfile supervisor)" 2>/dev/null | sed 's/^/           /' || true
+    fi
     exit "$rc"
     ;;
   env)

@@ -37,6 +37,14 @@ pub enum AuthError {
     /// One key mapped to two tenants: a key must scope exactly one.
     #[error("an API key is configured twice with different tenants")]
     Conflict,
+    /// An error in one of the sources given to [`ApiKeys::load`], named by its origin.
+    #[error("{origin}: {source}")]
+    In {
+        /// Where the entry came from (`WEFT_GATEWAY_KEYS / --keys`, `[gateway] keys`, ...).
+        origin: String,
+        /// The error in that source.
+        source: Box<AuthError>,
+    },
     /// The keys file could not be read.
     #[error("reading keys file {path}: {source}")]
     File {
@@ -64,6 +72,19 @@ impl Unauthorized {
             Unauthorized::Invalid => (StatusCode::UNAUTHORIZED, "invalid API key"),
         }
     }
+}
+
+/// Where a service's keys come from; [`ApiKeys::load`] merges them (the one key loader).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeySources<'a> {
+    /// A `key1=tenantA,key2=tenantB` list (a flag or its environment variable).
+    pub list: Option<&'a str>,
+    /// How the list is named in errors, e.g. `WEFT_GATEWAY_KEYS / --keys`.
+    pub list_origin: &'a str,
+    /// A TOML `keys` table (key -> tenant), and how it is named in errors.
+    pub map: Option<(&'a BTreeMap<String, String>, &'a str)>,
+    /// A keys file of `key=tenant` lines.
+    pub file: Option<&'a Path>,
 }
 
 /// The configured keys, as digests.
@@ -160,6 +181,29 @@ impl ApiKeys {
         Ok(())
     }
 
+    /// The one key loader: merge a service's sources (map, then file, then list); a key
+    /// named twice must name the same tenant.
+    pub fn load(src: &KeySources<'_>) -> Result<Self, AuthError> {
+        let within = |origin: &str| {
+            let origin = origin.to_owned();
+            move |e: AuthError| AuthError::In {
+                origin,
+                source: Box::new(e),
+            }
+        };
+        let mut keys = Self::default();
+        if let Some((map, origin)) = src.map {
+            keys.add_map(map).map_err(within(origin))?;
+        }
+        if let Some(file) = src.file {
+            keys.add_file(file)?;
+        }
+        if let Some(list) = src.list {
+            keys.add_list(list).map_err(within(src.list_origin))?;
+        }
+        Ok(keys)
+    }
+
     /// Authenticate a request from its `Authorization: Bearer KEY` header.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<&str, Unauthorized> {
         let value = headers
@@ -213,6 +257,27 @@ mod tests {
         assert_eq!(k.tenant_for("key-a"), None);
         assert_eq!(k.tenant_for(""), None);
         assert!(!format!("{k:?}").contains("key-a"));
+    }
+
+    #[test]
+    fn load_merges_sources_and_names_the_bad_one() {
+        let mut m = BTreeMap::new();
+        m.insert("key-c-0123456789ab".to_owned(), "initech".to_owned());
+        let k = ApiKeys::load(&KeySources {
+            list: Some("key-a-0123456789ab=acme"),
+            list_origin: "WEFT_X_KEYS",
+            map: Some((&m, "[x] keys")),
+            file: None,
+        })
+        .unwrap();
+        assert_eq!(k.len(), 2);
+        let e = ApiKeys::load(&KeySources {
+            list: Some("short=acme"),
+            list_origin: "WEFT_X_KEYS",
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().starts_with("WEFT_X_KEYS: "), "{e}");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! status server, the router and the audit API authenticate and listen the same way.
 //!
 //! - [`ApiKeys`]: bearer API keys, each scoped to exactly one tenant, kept as digests and
-//!   compared in constant time;
+//!   compared in constant time, loaded by one loader ([`ApiKeys::load`]);
+//! - [`Caller`]: the one auth extractor (tenant and key id of the bearer key);
+//! - [`ApiError`]: the one error body, `{"error": {"code": "...", "message": "..."}}`;
+//! - [`MetricsRegistry`]: the one `prometheus` registry helper behind `GET /metrics`;
 //! - [`bind`]: listen on an address, refusing non-loopback addresses unless asked, because
 //!   nothing of weft's should be reachable from the network by accident.
 
@@ -10,9 +13,16 @@
 
 use std::net::SocketAddr;
 
+mod auth;
+mod error;
 mod keys;
+mod metrics;
 
-pub use keys::{ApiKeys, AuthError, Unauthorized};
+pub use auth::{Caller, HasApiKeys};
+pub use error::{check_len, error_response, ApiError, ErrorDetail};
+pub use keys::{ApiKeys, AuthError, KeySources, Unauthorized};
+pub use metrics::{metrics_response, MetricsRegistry};
+pub use prometheus;
 
 /// Resolves on SIGINT or SIGTERM: every weft server stops gracefully on either.
 pub async fn shutdown_signal() {

@@ -119,7 +119,9 @@ impl<'de> Deserialize<'de> for FsyncPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PublisherConfig {
-    /// Kafka bootstrap servers, comma-separated. Empty means "use `[kafka] brokers`".
+    /// Kafka bootstrap servers, comma-separated. The CLI fills it from `[kafka]` and
+    /// `[kafka.publisher]`; in the file, `[publisher] brokers` is a deprecated alias of
+    /// `[kafka.publisher] brokers`.
     pub brokers: String,
     /// Topic names (one per kind). Consumers read the same section, so both sides agree.
     pub topics: Topics,
@@ -157,10 +159,18 @@ pub struct PublisherConfig {
     /// In-memory queue bound, in messages (`queue.buffering.max.messages`). When full, new
     /// events go to the spool instead of blocking the caller.
     pub queue_bound: u64,
+    /// Most events sent and not yet acknowledged by the broker (0: no bound). `publish`
+    /// waits (up to `message_timeout_ms`) while this many are in flight, so a slow broker
+    /// gets back-pressure instead of messages that time out in librdkafka's queue (which
+    /// makes tansu 0.6's sqlite engine panic). 20,000 is about 1.3 s of the local sqlite
+    /// broker's ~15k events/s, well inside the 10 s delivery timeout.
+    pub max_in_flight: u64,
     /// Largest encoded record (key + value + headers) accepted. Larger events are refused by
     /// `publish` up front, because Kafka would refuse them forever and block the spool.
     pub max_message_bytes: usize,
     /// Extra librdkafka properties, applied last (e.g. `"socket.keepalive.enable" = "true"`).
+    /// The CLI fills them from `[kafka.properties]` and `[kafka.publisher.properties]`; in
+    /// the file, `[publisher.kafka_properties]` is a deprecated alias of the latter.
     pub kafka_properties: BTreeMap<String, String>,
     /// Directory of the durable spool. It must be stable across restarts (a restart replays
     /// it) and owned by one process at a time (a lock file enforces that).
@@ -195,6 +205,7 @@ impl Default for PublisherConfig {
             idempotence: true,
             message_timeout_ms: 10_000,
             queue_bound: 200_000,
+            max_in_flight: 20_000,
             max_message_bytes: 1_000_000,
             kafka_properties: BTreeMap::new(),
             spool_dir: PathBuf::from(".weft/spool"),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -29,7 +29,7 @@ use tracing::{info_span, Instrument};
 use weft_schemas::Envelope;
 
 use crate::publisher::{Delivery, PublishError, Publisher, Receipt};
-use weft_http::ApiKeys;
+use weft_http::{ApiKeys, Caller};
 
 /// The `[gateway]` TOML section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,18 +43,37 @@ pub struct GatewayConfig {
     pub keys_file: Option<PathBuf>,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     pub max_body_bytes: usize,
+    /// Most items (array elements or NDJSON lines) in one request; more get 422
+    /// `too_many_items`, so the answer (one entry per item) stays bounded.
+    pub max_items: usize,
+    /// Refuse an item whose payload has a top-level key that is neither defined by its kind
+    /// nor of the `x_<org>_<field>` shape (`nonconforming_key`); by default such keys are
+    /// only counted (`weft_gateway_nonconforming_keys_total`) and logged.
+    pub refuse_nonconforming_keys: bool,
 }
 
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            listen: weft_schemas::ports::loopback(weft_schemas::ports::GATEWAY),
             keys: Default::default(),
             keys_file: None,
             max_body_bytes: 8 << 20,
+            max_items: DEFAULT_MAX_ITEMS,
+            refuse_nonconforming_keys: false,
         }
     }
 }
+
+/// Default [`GatewayConfig::max_items`].
+pub const DEFAULT_MAX_ITEMS: usize = 10_000;
+
+/// Longest `request_id` (and `kind`, `tenant`) an item may carry; longer: `string_too_long`.
+pub const MAX_FIELD_BYTES: usize = 1024;
+
+/// Longest `message` in a per-item answer (longer messages are cut), so the answer is
+/// bounded by `max_items` entries of bounded size.
+pub const MAX_MESSAGE_BYTES: usize = 512;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -62,6 +81,9 @@ pub struct Gateway {
     publisher: Publisher,
     keys: Arc<ApiKeys>,
     max_body_bytes: usize,
+    max_items: usize,
+    refuse_nonconforming_keys: bool,
+    nonconforming: weft_http::prometheus::IntCounter,
 }
 
 /// One submitted item, before validation. Unknown fields are refused: a typo such as
@@ -77,14 +99,8 @@ struct Item {
     payload: Box<RawValue>,
 }
 
-/// A reason an item (or request) was refused.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ApiError {
-    /// Stable reason code, e.g. `schema_invalid` or `malformed_json`.
-    pub code: String,
-    /// Human-readable detail.
-    pub message: String,
-}
+/// A reason an item was refused: the `{code, message}` of the one error body.
+pub type ApiError = weft_http::ErrorDetail;
 
 /// The answer for one item.
 #[derive(Debug, Clone, Serialize)]
@@ -112,24 +128,30 @@ pub struct BatchResponse {
     pub results: Vec<ItemResult>,
 }
 
-fn error_response(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({ "error": { "code": code, "message": message.into() } });
-    let mut r = (status, Json(body)).into_response();
-    if status == StatusCode::UNAUTHORIZED {
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    r
-}
-
 impl Gateway {
     /// A gateway publishing through `publisher`, accepting `keys`.
     pub fn new(publisher: Publisher, keys: ApiKeys, max_body_bytes: usize) -> Self {
+        let nonconforming = publisher.metrics().nonconforming_keys.clone();
         Self {
             publisher,
             keys: Arc::new(keys),
             max_body_bytes,
+            max_items: DEFAULT_MAX_ITEMS,
+            refuse_nonconforming_keys: false,
+            nonconforming,
         }
+    }
+
+    /// Most items per request (more: 422 `too_many_items`).
+    pub fn with_max_items(mut self, max_items: usize) -> Self {
+        self.max_items = max_items.max(1);
+        self
+    }
+
+    /// Refuse items with nonconforming top-level keys instead of only counting them.
+    pub fn refusing_nonconforming_keys(mut self, refuse: bool) -> Self {
+        self.refuse_nonconforming_keys = refuse;
+        self
     }
 
     /// The axum router (`/v1/events`, `/healthz`, `/metrics`).
@@ -156,43 +178,79 @@ async fn healthz(State(g): State<Arc<Gateway>>) -> Response {
 }
 
 async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        g.publisher.metrics().render(),
-    )
-        .into_response()
+    weft_http::metrics_response(g.publisher.metrics().render())
 }
 
-/// The tenant of the request's bearer key, or the 401 reason (code, message).
-fn authenticate<'a>(
-    g: &'a Gateway,
-    headers: &HeaderMap,
-) -> Result<&'a str, (&'static str, &'static str)> {
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(("missing_api_key", "send `Authorization: Bearer <api key>`"));
-    };
-    let presented = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    presented
-        .and_then(|k| g.keys.tenant_for(k))
-        .ok_or(("invalid_api_key", "the API key is not valid"))
+/// Why a body could not be split into items.
+#[derive(Debug, PartialEq, Eq)]
+enum SplitError {
+    /// Not JSON at all (400 `malformed_json`).
+    Malformed(String),
+    /// More than the allowed items (422 `too_many_items`).
+    TooMany(usize),
 }
 
-/// Split the body into items. `Err` is a body that is not JSON at all (400).
+impl From<SplitError> for weft_http::ApiError {
+    fn from(e: SplitError) -> Self {
+        match e {
+            SplitError::Malformed(m) => weft_http::ApiError::bad_request("malformed_json", m),
+            SplitError::TooMany(max) => weft_http::ApiError::unprocessable(
+                "too_many_items",
+                format!("more than {max} items in one request; split the batch"),
+            ),
+        }
+    }
+}
+
+/// A JSON array of at most `max` raw items, stopping at the first one past the limit.
+struct BoundedItems<'f> {
+    max: usize,
+    over: &'f std::cell::Cell<bool>,
+}
+
+impl<'de> serde::de::Visitor<'de> for BoundedItems<'_> {
+    type Value = Vec<&'de RawValue>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = seq.next_element::<&RawValue>()? {
+            if out.len() == self.max {
+                self.over.set(true);
+                return Err(serde::de::Error::custom("too many items"));
+            }
+            out.push(item);
+        }
+        Ok(out)
+    }
+}
+
+fn bounded_array(text: &str, max: usize) -> Result<Vec<&RawValue>, SplitError> {
+    use serde::Deserializer as _;
+    let over = std::cell::Cell::new(false);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let items = de
+        .deserialize_seq(BoundedItems { max, over: &over })
+        .and_then(|v| de.end().map(|()| v));
+    items.map_err(|e| match over.get() {
+        true => SplitError::TooMany(max),
+        false => SplitError::Malformed(format!("body is not a valid JSON array: {e}")),
+    })
+}
+
+/// Split the body into at most `max` items. `Err` is a body that is not JSON at all (400),
+/// or one with too many items (422).
 fn split_items<'a>(
     body: &'a [u8],
     content_type: Option<&str>,
-) -> Result<Vec<Result<&'a RawValue, String>>, String> {
-    let text = std::str::from_utf8(body).map_err(|e| format!("body is not UTF-8: {e}"))?;
+    max: usize,
+) -> Result<Vec<Result<&'a RawValue, String>>, SplitError> {
+    let malformed = SplitError::Malformed;
+    let text =
+        std::str::from_utf8(body).map_err(|e| malformed(format!("body is not UTF-8: {e}")))?;
     let trimmed = text.trim_start();
     let ndjson_declared = content_type.is_some_and(|ct| {
         let ct = ct.to_ascii_lowercase();
@@ -201,35 +259,52 @@ fn split_items<'a>(
             || ct.starts_with("application/jsonl")
     });
     if trimmed.is_empty() {
-        return Err("empty body: send a JSON array or NDJSON of envelopes".into());
+        return Err(malformed(
+            "empty body: send a JSON array or NDJSON of envelopes".into(),
+        ));
     }
-    let lines = |text: &'a str| -> Vec<Result<&'a RawValue, String>> {
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
+    let lines = |text: &'a str| -> Result<Vec<Result<&'a RawValue, String>>, SplitError> {
+        let lines = text.lines().filter(|l| !l.trim().is_empty());
+        if lines.clone().nth(max).is_some() {
+            return Err(SplitError::TooMany(max));
+        }
+        Ok(lines
             .map(|l| serde_json::from_str::<&RawValue>(l).map_err(|e| e.to_string()))
-            .collect()
+            .collect())
     };
     if ndjson_declared {
-        return Ok(lines(text));
+        return lines(text);
     }
     if trimmed.starts_with('[') {
-        let items: Vec<&RawValue> = serde_json::from_str(text)
-            .map_err(|e| format!("body is not a valid JSON array: {e}"))?;
-        return Ok(items.into_iter().map(Ok).collect());
+        return Ok(bounded_array(text, max)?.into_iter().map(Ok).collect());
     }
     match serde_json::from_str::<&RawValue>(text) {
         Ok(one) => Ok(vec![Ok(one)]),
         // Several lines, each its own document: NDJSON without the header.
-        Err(_) if trimmed.trim_end().contains('\n') && trimmed.starts_with('{') => Ok(lines(text)),
-        Err(e) => Err(format!("body is not valid JSON: {e}")),
+        Err(_) if trimmed.trim_end().contains('\n') && trimmed.starts_with('{') => lines(text),
+        Err(e) => Err(malformed(format!("body is not valid JSON: {e}"))),
     }
 }
 
-/// Validate one item for `tenant` and hand it to the publisher.
-fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError> {
+/// Cut a message to [`MAX_MESSAGE_BYTES`] on a character boundary.
+fn bounded_message(mut m: String) -> String {
+    if m.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push_str("...");
+    }
+    m
+}
+
+/// Parse one item for `tenant` into an envelope (no publishing): its shape, `request_id`
+/// length, kind and tenant.
+fn parse_item(raw: &RawValue, tenant: &str) -> Result<Envelope, ApiError> {
     let err = |code: &str, message: String| ApiError {
         code: code.into(),
-        message,
+        message: bounded_message(message),
     };
     let item: Item = serde_json::from_str(raw.get()).map_err(|e| {
         let msg = e.to_string();
@@ -242,6 +317,10 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
             err("invalid_envelope", msg)
         }
     })?;
+    if let Some(id) = &item.request_id {
+        weft_http::check_len("request_id", id, MAX_FIELD_BYTES)
+            .map_err(|e| err(&e.code, e.message))?;
+    }
     let kind = item
         .kind
         .parse()
@@ -255,7 +334,7 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
         }
         _ => tenant.to_owned(),
     };
-    let env = Envelope {
+    Ok(Envelope {
         kind,
         request_id: item.request_id,
         tenant: item_tenant,
@@ -263,10 +342,74 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
         seq: None,
         emitted_at: None,
         payload: item.payload,
+    })
+}
+
+/// The gateway's whole request parsing without publishing: split the body into at most
+/// `max_items` items, parse each for `tenant` and validate its envelope. `Err` is the answer
+/// to the whole request. For the fuzz target (`fuzz/`) and tests.
+pub fn parse_request(
+    body: &[u8],
+    content_type: Option<&str>,
+    max_items: usize,
+    tenant: &str,
+) -> Result<Vec<Result<Envelope, ApiError>>, weft_http::ApiError> {
+    let items = split_items(body, content_type, max_items)?;
+    Ok(items
+        .into_iter()
+        .map(|item| {
+            let raw = item.map_err(|e| ApiError {
+                code: "malformed_json".into(),
+                message: bounded_message(e),
+            })?;
+            let env = parse_item(raw, tenant)?;
+            env.validate().map_err(|e| ApiError {
+                code: e.code().into(),
+                message: bounded_message(e.to_string()),
+            })?;
+            Ok(env)
+        })
+        .collect())
+}
+
+/// Validate one item for `tenant` and hand it to the publisher.
+fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError> {
+    let env = parse_item(raw, tenant)?;
+    check_extension_keys(g, env.kind, &env.payload).map_err(|m| ApiError {
+        code: "nonconforming_key".into(),
+        message: bounded_message(m),
+    })?;
+    g.publisher.publish(env).map_err(|e| ApiError {
+        code: e.code().into(),
+        message: bounded_message(e.to_string()),
+    })
+}
+
+/// Count (and log) top-level payload keys of neither the kind nor the `x_<org>_<field>`
+/// shape; `Err` when the gateway is configured to refuse them.
+fn check_extension_keys(
+    g: &Gateway,
+    kind: weft_schemas::Kind,
+    payload: &RawValue,
+) -> Result<(), String> {
+    type Keys<'a> = std::collections::BTreeMap<std::borrow::Cow<'a, str>, serde::de::IgnoredAny>;
+    // Not an object, or not JSON: the publisher's validation says why.
+    let Ok(keys) = serde_json::from_str::<Keys<'_>>(payload.get()) else {
+        return Ok(());
     };
-    g.publisher
-        .publish(env)
-        .map_err(|e| err(e.code(), e.to_string()))
+    let odd = weft_schemas::extensions::nonconforming(kind, keys.keys().map(|k| k.as_ref()));
+    if odd.is_empty() {
+        return Ok(());
+    }
+    g.nonconforming.inc_by(odd.len() as u64);
+    let listed = odd.join(", ");
+    tracing::info!(%kind, keys = %listed, "payload keys neither in the spec nor x_<org>_<field>");
+    match g.refuse_nonconforming_keys {
+        true => Err(format!(
+            "payload keys {listed} are neither defined by {kind} nor of the x_<org>_<field> shape"
+        )),
+        false => Ok(()),
+    }
 }
 
 async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -> Response {
@@ -276,145 +419,153 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
         items = tracing::field::Empty
     );
     async move {
-        let tenant = match info_span!("auth").in_scope(|| authenticate(&g, &headers)) {
-            Ok(t) => t.to_owned(),
-            Err((code, message)) => {
-                g.metrics_reject(code);
-                return error_response(StatusCode::UNAUTHORIZED, code, message);
+        let tenant = match info_span!("auth").in_scope(|| Caller::from_headers(&g.keys, &headers)) {
+            Ok(c) => c.tenant,
+            Err(e) => {
+                g.metrics_reject(&e.code);
+                return e.into_response();
             }
         };
         tracing::Span::current().record("tenant", tenant.as_str());
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > g.max_body_bytes) {
-            g.metrics_reject("body_too_large");
-            return too_large(g.max_body_bytes);
-        }
-        let bytes = match to_bytes(body, g.max_body_bytes)
-            .instrument(info_span!("read_body"))
-            .await
-        {
+        let bytes = match read_body(&g, &headers, body).await {
             Ok(b) => b,
-            Err(_) => {
-                g.metrics_reject("body_too_large");
-                return too_large(g.max_body_bytes);
+            Err(e) => {
+                g.metrics_reject(&e.code);
+                return e.into_response();
             }
         };
         let ct = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok());
-        let items = match info_span!("parse").in_scope(|| split_items(&bytes, ct)) {
+        let items = match info_span!("parse").in_scope(|| split_items(&bytes, ct, g.max_items)) {
             Ok(items) if items.is_empty() => {
-                g.metrics_reject("empty_batch");
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    "empty_batch",
-                    "no events in the request",
-                );
+                weft_http::ApiError::bad_request("empty_batch", "no events in the request")
             }
-            Ok(items) => items,
-            Err(reason) => {
-                g.metrics_reject("malformed_json");
-                return error_response(StatusCode::BAD_REQUEST, "malformed_json", reason);
+            Ok(items) => {
+                tracing::Span::current().record("items", items.len());
+                return publish_items(&g, items, &tenant).await;
             }
+            Err(e) => e.into(),
         };
-        tracing::Span::current().record("items", items.len());
-
-        // Validate and publish each item; keep receipts to await durability together.
-        let mut results: Vec<ItemResult> = Vec::with_capacity(items.len());
-        let mut pending: Vec<(usize, Receipt)> = Vec::new();
-        info_span!("validate_publish").in_scope(|| {
-            for (index, item) in items.into_iter().enumerate() {
-                let outcome = match item {
-                    Err(e) => Err(ApiError {
-                        code: "malformed_json".into(),
-                        message: format!("line is not valid JSON: {e}"),
-                    }),
-                    Ok(raw) => admit(&g, raw, &tenant),
-                };
-                match outcome {
-                    Ok(receipt) => {
-                        results.push(ItemResult {
-                            index,
-                            status: "accepted",
-                            id: Some(receipt.id.clone()),
-                            error: None,
-                        });
-                        pending.push((index, receipt));
-                    }
-                    Err(error) => results.push(ItemResult {
-                        index,
-                        status: "rejected",
-                        id: None,
-                        error: Some(error),
-                    }),
-                }
-            }
-        });
-        async {
-            for (index, receipt) in pending {
-                let r: Result<Delivery, PublishError> = receipt.await;
-                if let Err(e) = r {
-                    results[index].status = "rejected";
-                    results[index].error = Some(ApiError {
-                        code: e.code().into(),
-                        message: e.to_string(),
-                    });
-                }
-            }
-        }
-        .instrument(info_span!("await_durable"))
-        .await;
-
-        let mut accepted = 0;
-        for r in &results {
-            match &r.error {
-                None => accepted += 1,
-                Some(e) => g.metrics_reject(&e.code),
-            }
-        }
-        g.publisher.metrics().accepted.inc_by(accepted as u64);
-        let rejected = results.len() - accepted;
-        let status = if rejected == 0 {
-            StatusCode::OK
-        } else if accepted > 0 {
-            StatusCode::MULTI_STATUS
-        } else if results.iter().all(|r| {
-            r.error
-                .as_ref()
-                .is_some_and(|e| e.code == "tenant_forbidden")
-        }) {
-            StatusCode::FORBIDDEN
-        } else if results
-            .iter()
-            .all(|r| r.error.as_ref().is_some_and(|e| e.code == "spool_full"))
-        {
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::BAD_REQUEST
-        };
-        (
-            status,
-            Json(BatchResponse {
-                accepted,
-                rejected,
-                results,
-            }),
-        )
-            .into_response()
+        g.metrics_reject(&items.code);
+        items.into_response()
     }
     .instrument(span)
     .await
 }
 
-fn too_large(max: usize) -> Response {
-    error_response(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
-        format!("request body is over the {max}-byte limit; split the batch"),
+/// The body, at most `max_body_bytes` (413 beyond, whether declared or streamed).
+async fn read_body(
+    g: &Gateway,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, weft_http::ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > g.max_body_bytes) {
+        return Err(weft_http::ApiError::too_large(g.max_body_bytes));
+    }
+    to_bytes(body, g.max_body_bytes)
+        .instrument(info_span!("read_body"))
+        .await
+        .map_err(|_| weft_http::ApiError::too_large(g.max_body_bytes))
+}
+
+/// Validate and publish each item, await durability, and answer per item.
+async fn publish_items(
+    g: &Gateway,
+    items: Vec<Result<&RawValue, String>>,
+    tenant: &str,
+) -> Response {
+    // Validate and publish each item; keep receipts to await durability together.
+    let mut results: Vec<ItemResult> = Vec::with_capacity(items.len());
+    let mut pending: Vec<(usize, Receipt)> = Vec::new();
+    info_span!("validate_publish").in_scope(|| {
+        for (index, item) in items.into_iter().enumerate() {
+            let outcome = match item {
+                Err(e) => Err(ApiError {
+                    code: "malformed_json".into(),
+                    message: bounded_message(format!("line is not valid JSON: {e}")),
+                }),
+                Ok(raw) => admit(g, raw, tenant),
+            };
+            let (status, id, error) = match outcome {
+                Ok(receipt) => {
+                    let id = Some(receipt.id.clone());
+                    pending.push((index, receipt));
+                    ("accepted", id, None)
+                }
+                Err(error) => ("rejected", None, Some(error)),
+            };
+            results.push(ItemResult {
+                index,
+                status,
+                id,
+                error,
+            });
+        }
+    });
+    async {
+        for (index, receipt) in pending {
+            let r: Result<Delivery, PublishError> = receipt.await;
+            if let Err(e) = r {
+                results[index].status = "rejected";
+                results[index].error = Some(ApiError {
+                    code: e.code().into(),
+                    message: bounded_message(e.to_string()),
+                });
+            }
+        }
+    }
+    .instrument(info_span!("await_durable"))
+    .await;
+
+    let mut accepted = 0;
+    for r in &results {
+        match &r.error {
+            None => accepted += 1,
+            Some(e) => g.metrics_reject(&e.code),
+        }
+    }
+    g.publisher.metrics().accepted.inc_by(accepted as u64);
+    let rejected = results.len() - accepted;
+    let status = batch_status(accepted, &results);
+    (
+        status,
+        Json(BatchResponse {
+            accepted,
+            rejected,
+            results,
+        }),
     )
+        .into_response()
+}
+
+/// 200 all accepted, 207 some; none: 403 / 503 / 413 / 422 when every item failed for that
+/// one reason (`tenant_forbidden`, `spool_full`, `too_large`, `string_too_long`), else 400.
+fn batch_status(accepted: usize, results: &[ItemResult]) -> StatusCode {
+    if accepted == results.len() {
+        return StatusCode::OK;
+    }
+    if accepted > 0 {
+        return StatusCode::MULTI_STATUS;
+    }
+    let all = |code: &str| {
+        results
+            .iter()
+            .all(|r| r.error.as_ref().is_some_and(|e| e.code == code))
+    };
+    [
+        ("tenant_forbidden", StatusCode::FORBIDDEN),
+        ("spool_full", StatusCode::SERVICE_UNAVAILABLE),
+        ("too_large", StatusCode::PAYLOAD_TOO_LARGE),
+        ("string_too_long", StatusCode::UNPROCESSABLE_ENTITY),
+    ]
+    .into_iter()
+    .find(|(code, _)| all(code))
+    .map_or(StatusCode::BAD_REQUEST, |(_, status)| status)
 }
 
 /// Serve the gateway on `listener` until `shutdown` resolves.
@@ -434,25 +585,53 @@ mod tests {
 
     #[test]
     fn splits_arrays_objects_and_ndjson() {
-        let a = split_items(br#"[{"a":1}, {"b":2}]"#, None).unwrap();
+        let a = split_items(br#"[{"a":1}, {"b":2}]"#, None, 10).unwrap();
         assert_eq!(a.len(), 2);
-        let o = split_items(b"{\"a\":1}", Some("application/json")).unwrap();
+        let o = split_items(b"{\"a\":1}", Some("application/json"), 10).unwrap();
         assert_eq!(o.len(), 1);
-        let n = split_items(b"{\"a\":1}\n\n{\"b\":2}\nnot json\n", None).unwrap();
+        let n = split_items(b"{\"a\":1}\n\n{\"b\":2}\nnot json\n", None, 10).unwrap();
         assert_eq!(n.len(), 3);
         assert!(n[2].is_err(), "a bad line is that item's problem only");
-        let declared = split_items(b"{\"a\":1}", Some("application/x-ndjson")).unwrap();
+        let declared = split_items(b"{\"a\":1}", Some("application/x-ndjson"), 10).unwrap();
         assert_eq!(declared.len(), 1);
     }
 
     #[test]
     fn malformed_bodies_are_request_errors_with_a_reason() {
-        let e = split_items(b"[{\"a\":1},", None).unwrap_err();
-        assert!(e.contains("not a valid JSON array"), "{e}");
-        assert!(split_items(b"   ", None).unwrap_err().contains("empty"));
-        assert!(split_items(b"nonsense", None).is_err());
-        assert!(split_items(&[0xff, 0xfe], None)
-            .unwrap_err()
-            .contains("UTF-8"));
+        let msg = |b: &[u8]| match split_items(b, None, 10) {
+            Err(SplitError::Malformed(m)) => m,
+            other => panic!("expected a malformed body, got {other:?}"),
+        };
+        assert!(msg(b"[{\"a\":1},").contains("not a valid JSON array"));
+        assert!(msg(b"   ").contains("empty"));
+        assert!(msg(b"nonsense").contains("not valid JSON"));
+        assert!(msg(&[0xff, 0xfe]).contains("UTF-8"));
+    }
+
+    #[test]
+    fn too_many_items_is_refused_before_the_rest_is_read() {
+        assert_eq!(split_items(b"[1,2,3]", None, 3).map(|v| v.len()), Ok(3));
+        assert_eq!(
+            split_items(b"[1,2,3,4]", None, 3).err(),
+            Some(SplitError::TooMany(3))
+        );
+        // The limit is hit before the malformed tail: the cut is at item 4.
+        assert_eq!(
+            split_items(b"[1,2,3,4,oops", None, 3).err(),
+            Some(SplitError::TooMany(3))
+        );
+        let nd = b"{}\n{}\n\n{}\n{}\n";
+        assert_eq!(
+            split_items(nd, Some("application/x-ndjson"), 3).err(),
+            Some(SplitError::TooMany(3))
+        );
+        assert_eq!(split_items(nd, None, 4).map(|v| v.len()), Ok(4));
+    }
+
+    #[test]
+    fn messages_are_cut_on_a_char_boundary() {
+        let m = bounded_message("é".repeat(MAX_MESSAGE_BYTES));
+        assert!(m.len() <= MAX_MESSAGE_BYTES + 3 && m.ends_with("..."));
+        assert_eq!(bounded_message("short".into()), "short");
     }
 }

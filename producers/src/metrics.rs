@@ -3,15 +3,13 @@
 //! One [`Metrics`] per process, with its own registry, so tests and embedders can create
 //! several publishers without colliding in a global registry. `GET /metrics` renders it.
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
-};
+use weft_http::prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
+use weft_http::MetricsRegistry;
 
 /// The counters, gauges and histograms. Cheap to update (atomics) on the hot path.
 #[derive(Debug, Clone)]
 pub struct Metrics {
-    registry: Registry,
+    registry: MetricsRegistry,
     /// Events the gateway accepted (and the publisher made durable).
     pub accepted: IntCounter,
     /// Events refused, by reason code (`schema_invalid`, `tenant_forbidden`, ...).
@@ -26,6 +24,9 @@ pub struct Metrics {
     pub spool_bytes: IntGauge,
     /// Events in the spool not yet delivered.
     pub spool_pending: IntGauge,
+    /// Top-level payload keys the gateway saw that are neither defined by their kind nor of
+    /// the `x_<org>_<field>` shape.
+    pub nonconforming_keys: IntCounter,
     /// Time from `publish` to durability (Kafka ack or spool fsync), in seconds.
     pub publish_latency: Histogram,
 }
@@ -33,72 +34,50 @@ pub struct Metrics {
 impl Metrics {
     /// Fresh metrics in a fresh registry.
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-            // Names are constants and unique: registration cannot fail.
-            let _ = registry.register(Box::new(c.clone()));
-            c
-        };
-        let accepted = counter(
-            "weft_gateway_events_accepted_total",
-            "Events accepted by the gateway and made durable",
-        );
-        let published = counter(
-            "weft_publisher_events_published_total",
-            "Events acknowledged by Kafka (acks=all)",
-        );
-        let spooled = counter(
-            "weft_publisher_events_spooled_total",
-            "Events written to the durable spool because Kafka could not take them",
-        );
-        let replayed = counter(
-            "weft_publisher_events_replayed_total",
-            "Spooled events delivered to Kafka by the replayer",
-        );
-        let rejected = IntCounterVec::new(
-            Opts::new(
+        let r = MetricsRegistry::new();
+        Self {
+            accepted: r.counter(
+                "weft_gateway_events_accepted_total",
+                "Events accepted by the gateway and made durable",
+            ),
+            rejected: r.counter_vec(
                 "weft_events_rejected_total",
                 "Events refused (never published), by reason",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .unwrap_or_else(|e| panic!("metric rejected: {e}"));
-        let _ = registry.register(Box::new(rejected.clone()));
-        let gauge = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-            let _ = registry.register(Box::new(g.clone()));
-            g
-        };
-        let spool_bytes = gauge(
-            "weft_publisher_spool_bytes",
-            "Bytes the spool occupies on disk",
-        );
-        let spool_pending = gauge(
-            "weft_publisher_spool_pending_events",
-            "Spooled events not yet delivered to Kafka",
-        );
-        let publish_latency = Histogram::with_opts(
-            HistogramOpts::new(
+            published: r.counter(
+                "weft_publisher_events_published_total",
+                "Events acknowledged by Kafka (acks=all)",
+            ),
+            spooled: r.counter(
+                "weft_publisher_events_spooled_total",
+                "Events written to the durable spool because Kafka could not take them",
+            ),
+            replayed: r.counter(
+                "weft_publisher_events_replayed_total",
+                "Spooled events delivered to Kafka by the replayer",
+            ),
+            spool_bytes: r.gauge(
+                "weft_publisher_spool_bytes",
+                "Bytes the spool occupies on disk",
+            ),
+            spool_pending: r.gauge(
+                "weft_publisher_spool_pending_events",
+                "Spooled events not yet delivered to Kafka",
+            ),
+            nonconforming_keys: r.counter(
+                "weft_gateway_nonconforming_keys_total",
+                "Payload keys neither defined by the kind nor of the x_<org>_<field> shape",
+            ),
+            publish_latency: r.histogram(
                 "weft_publisher_publish_latency_seconds",
                 "Time from publish() to durability (Kafka ack or spool fsync)",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-            ]),
-        )
-        .unwrap_or_else(|e| panic!("metric latency: {e}"));
-        let _ = registry.register(Box::new(publish_latency.clone()));
-        Self {
-            registry,
-            accepted,
-            rejected,
-            published,
-            spooled,
-            replayed,
-            spool_bytes,
-            spool_pending,
-            publish_latency,
+                vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ],
+            ),
+            registry: r,
         }
     }
 
@@ -109,10 +88,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut out = Vec::new();
-        // Encoding into a Vec cannot fail for well-formed metrics.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        String::from_utf8_lossy(&out).into_owned()
+        self.registry.render()
     }
 }
 

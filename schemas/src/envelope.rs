@@ -53,6 +53,10 @@ pub enum EnvelopeError {
     /// The payload text does not parse as JSON.
     #[error("payload is not valid JSON: {0}")]
     PayloadJson(serde_json::Error),
+    /// A key appears twice in one object of the payload (at any depth): weft and ClickHouse
+    /// would read different values, so such a payload is refused everywhere.
+    #[error("payload has a {0}")]
+    DuplicateKey(String),
     /// The payload parses but is not a JSON object.
     #[error("payload must be a JSON object")]
     PayloadNotObject,
@@ -70,6 +74,19 @@ pub enum EnvelopeError {
     /// The tenant is not 1..=128 characters of `[A-Za-z0-9_.-]`.
     #[error("tenant must be 1..=128 characters of [A-Za-z0-9_.-]")]
     BadTenant,
+}
+
+impl EnvelopeError {
+    /// The stable reason code: a gateway answer's `code`, a dead letter's reason.
+    pub fn code(&self) -> &'static str {
+        match self {
+            EnvelopeError::PayloadJson(_) | EnvelopeError::PayloadNotObject => "undecodable_json",
+            EnvelopeError::DuplicateKey(_) => "duplicate_key",
+            EnvelopeError::Schema { .. } => "schema_invalid",
+            EnvelopeError::Identity(_) => "no_identity",
+            EnvelopeError::BadTenant => "bad_tenant",
+        }
+    }
 }
 
 fn first(v: &[Violation]) -> String {
@@ -113,9 +130,15 @@ impl Envelope {
         self
     }
 
-    /// The payload parsed as a JSON value.
+    /// The payload parsed as a JSON value; a key twice in one object is an error
+    /// ([`crate::strict`]).
     pub fn payload_value(&self) -> Result<Value, EnvelopeError> {
-        serde_json::from_str(self.payload.get()).map_err(EnvelopeError::PayloadJson)
+        crate::strict::parse(self.payload.get()).map_err(|e| match e {
+            crate::strict::StrictError::DuplicateKey { pointer } => {
+                EnvelopeError::DuplicateKey(format!("duplicate key at {pointer}"))
+            }
+            crate::strict::StrictError::Json(e) => EnvelopeError::PayloadJson(e),
+        })
     }
 
     /// Check the tenant and the payload against its schema; on success return the parsed

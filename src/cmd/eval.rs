@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::Value;
-use weft_consumers::store::Store;
 use weft_router::eval::{self, logged};
 use weft_router::model::Snapshot;
+use weft_store::Store;
 
 use crate::cmd::router::PolicyArgs;
 use crate::config::Settings;

@@ -4,9 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
-use weft_http::ApiKeys;
+use weft_http::{ApiKeys, KeySources};
 use weft_producers::gateway::{self, Gateway};
 
 use crate::cmd::publish::PublisherArgs;
@@ -19,7 +18,13 @@ use crate::config::Settings;
 /// its own; the answer lists per item {index, status: accepted|rejected, id?, error?:
 /// {code, message}}, and comes only once the accepted items are durable (Kafka ack or spool
 /// fsync). HTTP 200 = all accepted, 207 = some, 400 = none (403 if all named another
-/// tenant), 413 = body over --max-body-bytes, 401 = missing or unknown key.
+/// tenant, 413 if all were over [publisher] max_message_bytes, 422 if all had a request_id over 1024
+/// bytes), 413 = body over --max-body-bytes, 422 = more than --max-items items, 401 = missing
+/// or unknown key. Errors of the whole request are {"error": {"code", "message"}}.
+/// Limits: body --max-body-bytes (8 MiB), --max-items (10000) items, each payload at most
+/// [publisher] max_message_bytes (1000000) encoded, request_id at most 1024 bytes, each answer message
+/// at most 512 bytes (so the answer is bounded too). A payload key twice in one object is
+/// refused (`duplicate_key`).
 ///
 /// API keys (bearer tokens, `Authorization: Bearer <key>`): each key writes exactly one
 /// tenant. Items without a tenant get the key's tenant; items naming another tenant are
@@ -64,20 +69,28 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,
 
+    /// Most items in one request [default: [gateway] max_items, else 10000].
+    #[arg(long, value_name = "N")]
+    pub max_items: Option<usize>,
+
+    /// Refuse payload keys neither defined by their kind nor of the x_<org>_<field> shape
+    /// (by default they are counted in /metrics and logged) [default: [gateway]
+    /// refuse_nonconforming_keys, else false].
+    #[arg(long)]
+    pub refuse_nonconforming_keys: bool,
+
     #[command(flatten)]
     pub publisher: PublisherArgs,
 }
 
 pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
     let cfg = &settings.gateway;
-    let mut keys = ApiKeys::default();
-    keys.add_map(&cfg.keys).context("[gateway] keys")?;
-    if let Some(f) = args.keys_file.as_ref().or(cfg.keys_file.as_ref()) {
-        keys.add_file(f)?;
-    }
-    if let Some(list) = &args.keys {
-        keys.add_list(list).context("WEFT_GATEWAY_KEYS / --keys")?;
-    }
+    let keys = ApiKeys::load(&KeySources {
+        list: args.keys.as_deref(),
+        list_origin: "WEFT_GATEWAY_KEYS / --keys",
+        map: Some((&cfg.keys, "[gateway] keys")),
+        file: args.keys_file.as_deref().or(cfg.keys_file.as_deref()),
+    })?;
     if keys.is_empty() {
         tracing::warn!("no API keys configured: every request will get 401 (see --help)");
     }
@@ -89,7 +102,11 @@ pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
     tracing::info!(listen = %local, keys = keys.len(), max_body, "gateway listening");
     // A line on stdout that scripts and tests can wait for (the port may be 0 = any).
     println!("listening on http://{local}");
-    let gw = Gateway::new(publisher.clone(), keys, max_body);
+    let gw = Gateway::new(publisher.clone(), keys, max_body)
+        .with_max_items(args.max_items.unwrap_or(cfg.max_items))
+        .refusing_nonconforming_keys(
+            args.refuse_nonconforming_keys || cfg.refuse_nonconforming_keys,
+        );
     gateway::serve(listener, gw, weft_http::shutdown_signal()).await?;
     tracing::info!("shutting down: flushing in-flight events");
     tokio::task::spawn_blocking(move || publisher.close(Duration::from_secs(30))).await?;

@@ -2,14 +2,13 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Args;
 use tokio::sync::watch;
 use weft_consumers::http::{self, AppState};
 use weft_consumers::ingest::{listen_addr, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
-use weft_consumers::store::Store;
 use weft_http::ApiKeys;
+use weft_store::Store;
 
 use crate::config::Settings;
 
@@ -24,8 +23,10 @@ use crate::config::Settings;
 /// `facts` (scale-out: partitions shared via the consumer group), `narratives` (the single
 /// projector beside several `facts` processes).
 ///
-/// Run `weft migrate` first. Status server (default 127.0.0.1:8788): /healthz, /metrics and
-/// GET /v1/narratives/{id} (bearer key).
+/// Run `weft migrate` first. Status server (default 127.0.0.1:8788): /healthz (503 while
+/// stalled), /metrics and GET /v1/narratives/{id} (bearer key). SIGTERM/SIGINT: the
+/// buffered records are flushed if that can be done quickly; the process ends within 10 s
+/// in every state.
 #[derive(Debug, Args)]
 pub struct IngestArgs {
     /// Status server address; loopback unless --allow-remote.
@@ -50,6 +51,15 @@ pub struct IngestArgs {
     /// Flush batches at least this often, in milliseconds (default 1000).
     #[arg(long, value_name = "MS")]
     pub flush_interval_ms: Option<u64>,
+    /// Largest record value stored, and largest dead letter produced, in bytes (default
+    /// 1000000; keep equal to the publishers' `[publisher] max_message_bytes`). Larger
+    /// records are dead-lettered (`too_large`), cut to fit, with their size and SHA-256.
+    #[arg(long, value_name = "BYTES")]
+    pub max_message_bytes: Option<usize>,
+    /// Seconds with fetched records waiting and none stored before /healthz answers 503 and
+    /// `weft_ingest_stalled` is 1 (default 120; 0 disables).
+    #[arg(long, value_name = "SECS")]
+    pub stall_after_secs: Option<u64>,
     /// Keys for the narrative API: `KEY=TENANT[,KEY=TENANT...]`, each key scoped
     /// to one tenant (at least 16 characters).
     #[arg(
@@ -74,15 +84,16 @@ pub enum RoleArg {
 
 /// The API keys from the flag/env list and the optional file.
 pub fn api_keys(list: Option<&str>, file: Option<&str>) -> anyhow::Result<ApiKeys> {
-    let mut keys = ApiKeys::default();
-    if let Some(list) = list {
-        keys.add_list(list).context("parsing API keys")?;
-    }
-    if let Some(path) = file {
-        keys.add_file(std::path::Path::new(path))?;
-    }
-    Ok(keys)
+    Ok(ApiKeys::load(&weft_http::KeySources {
+        list,
+        list_origin: "WEFT_API_KEYS / --api-keys",
+        map: None,
+        file: file.map(std::path::Path::new),
+    })?)
 }
+
+/// How long `weft ingest` may take to stop after SIGTERM/SIGINT before it exits anyway.
+const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(9);
 
 pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     let mut cfg = settings.ingest.clone();
@@ -113,9 +124,16 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     if let Some(v) = a.flush_interval_ms {
         cfg.flush_interval_ms = v;
     }
+    if let Some(v) = a.max_message_bytes {
+        cfg.max_message_bytes = v;
+    }
+    if let Some(v) = a.stall_after_secs {
+        cfg.stall_after_secs = v;
+    }
     let keys = api_keys(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
     let store = Store::new(settings.clickhouse)?;
     let metrics = Arc::new(IngestMetrics::new());
+    metrics.health.set_stall_after(cfg.stall_after_secs);
     if let Some(addr) = listen_addr(&cfg)? {
         let listener = weft_http::bind(addr, a.allow_remote).await?;
         let app = http::router(AppState {
@@ -134,6 +152,14 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     tokio::spawn(async move {
         weft_http::shutdown_signal().await;
         let _ = tx.send(true);
+        // SIGTERM ends the process within 10 s in every state: whatever still waits then
+        // (a Kafka or ClickHouse call that does not answer) is cut short. Nothing is lost:
+        // a restart resumes from what ClickHouse stores, as after a crash.
+        std::thread::spawn(|| {
+            std::thread::sleep(SHUTDOWN_DEADLINE);
+            tracing::warn!("still stopping {SHUTDOWN_DEADLINE:?} after the signal: exiting now (a restart resumes from the stored offsets)");
+            std::process::exit(0);
+        });
     });
     let ingestor = tokio::select! {
         i = Ingestor::start(cfg, store, metrics, rx.clone()) => i?,

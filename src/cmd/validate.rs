@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::Value;
-use weft_schemas::{conformance, Validator};
+use weft_schemas::{conformance, strict, Validator};
 
 /// Validate JSON or JSONL files against the weaver-spec 0.9.0 schemas and invariants.
 ///
@@ -20,7 +20,9 @@ use weft_schemas::{conformance, Validator};
 /// (schema keyword and JSON pointer, or invariant id).
 ///
 /// Exit status: 0 when all are valid, 1 when any is invalid, 2 on unusable input
-/// (unreadable file, text that is not JSON, unknown --kind, a kind that cannot be inferred).
+/// (unreadable file, an empty or whitespace-only file, text that is not JSON, unknown --kind,
+/// a kind that cannot be inferred). A document with a key twice in one object is invalid
+/// (weft and ClickHouse would read different values).
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// Schema for bare payloads: an envelope kind (trace_event, frame, ...) or any spec
@@ -81,22 +83,32 @@ pub fn run(args: ValidateArgs) -> ExitCode {
             }
         };
         let name = path.display().to_string();
+        if text.trim().is_empty() {
+            println!("{name}: no payload (empty or whitespace-only input)");
+            tally.unusable += 1;
+            continue;
+        }
         // A whole-file JSON document (possibly pretty-printed) first; else JSONL.
-        match serde_json::from_str::<Value>(&text) {
-            Ok(doc) => check_doc(v, args.kind.as_deref(), &name, &doc, &mut tally),
-            Err(_) => {
-                for (i, line) in text.lines().enumerate() {
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    let at = format!("{name}:{}", i + 1);
-                    match serde_json::from_str::<Value>(line) {
-                        Ok(doc) => check_doc(v, args.kind.as_deref(), &at, &doc, &mut tally),
-                        Err(e) => {
-                            println!("{at}: not JSON: {e}");
-                            tally.unusable += 1;
-                        }
-                    }
+        let docs: Vec<(String, Result<Value, strict::StrictError>)> = match strict::parse(&text) {
+            Err(strict::StrictError::Json(_)) => text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .map(|(i, l)| (format!("{name}:{}", i + 1), strict::parse(l)))
+                .collect(),
+            whole => vec![(name, whole)],
+        };
+        for (at, doc) in docs {
+            match doc {
+                Ok(doc) => check_doc(v, args.kind.as_deref(), &at, &doc, &mut tally),
+                // Two readings of one document: invalid, whatever its schema says.
+                Err(e @ strict::StrictError::DuplicateKey { .. }) => {
+                    println!("{at}: invalid: {e}");
+                    tally.invalid += 1;
+                }
+                Err(e) => {
+                    println!("{at}: not JSON: {e}");
+                    tally.unusable += 1;
                 }
             }
         }

@@ -1,0 +1,172 @@
+//! The `[ingest]` settings, the Kafka clients they configure, and topic creation.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use rdkafka::config::ClientConfig;
+use serde::{Deserialize, Serialize};
+use weft_kafka::{ClientSettings, TopicLayout, Topics};
+
+use super::IngestError;
+
+/// Which parts of the pipeline this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Facts and narratives over every partition: one process, the default.
+    #[default]
+    All,
+    /// Facts only, partitions shared with other `facts` processes through a consumer group:
+    /// the scale-out mode. Run exactly one `narratives` process beside them.
+    Facts,
+    /// Narratives only, over every partition.
+    Narratives,
+}
+
+impl Role {
+    /// The name used in configuration and telemetry (`all`, `facts`, `narratives`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Facts => "facts",
+            Role::Narratives => "narratives",
+        }
+    }
+}
+
+/// Settings of `weft ingest` (the `[ingest]` TOML section).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Kafka bootstrap servers. The CLI fills it from `[kafka]` and `[kafka.ingest]`; in the
+    /// file, `[ingest] brokers` is a deprecated alias of `[kafka.ingest] brokers`.
+    pub brokers: String,
+    /// Consumer group; offsets are committed there (for lag dashboards and resumption).
+    /// The `narratives` role commits under `<group_id>.narratives` instead: see
+    /// [`IngestConfig::kafka_group`].
+    pub group_id: String,
+    /// Topic names; the CLI fills them from `[publisher.topics]`, so both sides agree.
+    #[serde(skip)]
+    pub topics: Topics,
+    /// Which parts of the pipeline this process runs.
+    pub role: Role,
+    /// Partitions for topics this process creates when they are missing.
+    pub partitions: i32,
+    /// Replication factor for topics this process creates (1 suits one local broker; use
+    /// the cluster's usual factor, typically 3, in production).
+    pub replication_factor: i32,
+    /// Flush when this many records are buffered (over all partitions).
+    pub batch_max_rows: usize,
+    /// ... or this many payload bytes.
+    pub batch_max_bytes: usize,
+    /// ... or when the oldest buffered record is this old (milliseconds).
+    pub flush_interval_ms: u64,
+    /// How long identities are remembered for deduplication (seconds; default 7 days).
+    pub dedup_window_secs: u64,
+    /// Status server (`/metrics`, `/healthz`, `/v1/narratives/{id}`); empty disables it.
+    pub listen: String,
+    /// Longest wait between ClickHouse retries (milliseconds).
+    pub max_backoff_ms: u64,
+    /// Extra librdkafka properties for every Kafka client (security.protocol, sasl.*, debug...).
+    /// The CLI fills them from `[kafka.properties]` and `[kafka.ingest.properties]`; in the
+    /// file, `[ingest.kafka_properties]` is a deprecated alias of the latter.
+    pub kafka_properties: BTreeMap<String, String>,
+    /// Largest record value ingest stores, in bytes; larger records are dead-lettered
+    /// (`too_large`). Also the largest dead letter it produces (its `message.max.bytes`):
+    /// a rejected record over it goes out in a bounded form. Keep it equal to the
+    /// publishers' `[publisher] max_message_bytes` (both default to 1,000,000) and under the
+    /// broker's `message.max.bytes`.
+    pub max_message_bytes: usize,
+    /// Seconds with records fetched but none stored (judged from this process's own positions)
+    /// after which `/healthz` answers 503 and `weft_ingest_stalled` is 1; 0 disables.
+    pub stall_after_secs: u64,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            brokers: String::new(),
+            group_id: "weft-ingest".into(),
+            topics: Topics::default(),
+            role: Role::All,
+            partitions: 4,
+            replication_factor: 1,
+            batch_max_rows: 50_000,
+            batch_max_bytes: 64 << 20,
+            flush_interval_ms: 1_000,
+            dedup_window_secs: 7 * 24 * 3600,
+            listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
+            max_backoff_ms: 10_000,
+            kafka_properties: BTreeMap::new(),
+            max_message_bytes: 1_000_000,
+            stall_after_secs: 120,
+        }
+    }
+}
+
+impl IngestConfig {
+    /// The Kafka consumer group this process commits offsets to. A `facts` member that takes
+    /// a partition over starts reading at the group's committed offset, trusting that it
+    /// never passes what is stored in ClickHouse. The `narratives` process commits after
+    /// projecting, not after storing facts, so it must commit under a group of its own, or a
+    /// facts member could start past records nobody stored.
+    pub fn kafka_group(&self) -> String {
+        match self.role {
+            Role::Narratives => format!("{}.narratives", self.group_id),
+            Role::All | Role::Facts => self.group_id.clone(),
+        }
+    }
+}
+
+/// Base client settings: brokers plus the configured librdkafka extras.
+pub(super) fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
+    client_settings(cfg).client_config()
+}
+
+fn client_settings(cfg: &IngestConfig) -> ClientSettings {
+    ClientSettings::new(&cfg.brokers, &cfg.kafka_properties)
+}
+
+/// Create the event and dead-letter topics that do not exist yet ([`weft_kafka::ensure_topics`]).
+/// The admin client takes the same librdkafka extras as the consumer, so SASL/TLS settings
+/// apply to it too.
+pub(super) async fn ensure_topics(cfg: &IngestConfig) -> Result<(), IngestError> {
+    let layout = TopicLayout {
+        partitions: cfg.partitions,
+        replication_factor: cfg.replication_factor,
+    };
+    weft_kafka::ensure_topics(&client_settings(cfg), &cfg.topics, layout).await?;
+    Ok(())
+}
+
+/// Parse the status server address (empty = disabled).
+pub fn listen_addr(cfg: &IngestConfig) -> Result<Option<SocketAddr>, IngestError> {
+    if cfg.listen.is_empty() {
+        return Ok(None);
+    }
+    cfg.listen
+        .parse()
+        .map(Some)
+        .map_err(|_| IngestError::Listen(cfg.listen.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_narratives_role_commits_under_a_group_of_its_own() {
+        let mut cfg = IngestConfig {
+            group_id: "g".into(),
+            ..IngestConfig::default()
+        };
+        for (role, group) in [
+            (Role::All, "g"),
+            (Role::Facts, "g"),
+            (Role::Narratives, "g.narratives"),
+        ] {
+            cfg.role = role;
+            assert_eq!(cfg.kafka_group(), group, "{role:?}");
+        }
+    }
+}

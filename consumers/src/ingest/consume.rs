@@ -1,0 +1,335 @@
+//! The consume loop's side: assignment, rebalances, decoding and buffering records.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
+
+use super::batch::PartitionState;
+use super::dead_letter::DeadLetter;
+use super::flush::FlusherSlot;
+use super::{backoff, retry_store, IngestError, Ingestor, Role};
+use crate::decode::{self, Fact, Record};
+use crate::facts::{self, DedupCache};
+
+/// Notes group rebalances. A partition this process loses may be advanced by another
+/// process before it comes back, so every cached resume point must be dropped and reread
+/// from ClickHouse; the loop does that when the flag is set (buffered records of revoked
+/// partitions are uncommitted, so dropping them loses nothing).
+#[derive(Default)]
+pub(super) struct RebalanceWatch(pub(super) Arc<std::sync::atomic::AtomicBool>);
+
+impl rdkafka::ClientContext for RebalanceWatch {}
+
+impl rdkafka::consumer::ConsumerContext for RebalanceWatch {
+    fn pre_rebalance(
+        &self,
+        _: &rdkafka::consumer::BaseConsumer<Self>,
+        r: &rdkafka::consumer::Rebalance<'_>,
+    ) {
+        if let rdkafka::consumer::Rebalance::Revoke(tpl) = r {
+            info!(partitions = tpl.count(), "partitions revoked");
+        }
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A consumed record, decoded, and owned so the consumer can be polled again while it is
+/// buffered.
+pub(super) struct DecodedRecord {
+    pub(super) topic: String,
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    /// The fact, or the whole record and the reason, for the dead-letter topic.
+    pub(super) decoded: Result<Fact, Box<DeadLetter>>,
+}
+
+impl Ingestor {
+    /// Group mode subscribes; the single-process roles assign every partition at the offset
+    /// ClickHouse says comes next.
+    pub(super) async fn subscribe(&mut self) -> Result<(), IngestError> {
+        let topics = self.cfg.topics.event_topics();
+        if self.cfg.role == Role::Facts {
+            let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+            self.consumer.subscribe(&names)?;
+            info!(group = %self.cfg.kafka_group(), "subscribed (facts role, partitions shared with the group)");
+            return Ok(());
+        }
+        let mut attempt = 0;
+        let md = loop {
+            match self.consumer.fetch_metadata(None, Duration::from_secs(10)) {
+                Ok(md) => break md,
+                Err(e) => {
+                    attempt += 1;
+                    warn!(error = %e, attempt, "kafka metadata unavailable; retrying");
+                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                }
+            }
+        };
+        let mut tpl = TopicPartitionList::new();
+        let role = self.cfg.role;
+        for t in md
+            .topics()
+            .iter()
+            .filter(|t| topics.iter().any(|n| n == t.name()))
+        {
+            for p in t.partitions() {
+                let st = self.partition_state(t.name(), p.id()).await?;
+                let from = match role {
+                    Role::Narratives => st.projected,
+                    _ => st.stored.min(st.projected),
+                };
+                st.expected = Some(from + 1);
+                // A resume point past the log's end means the log is not the one weft stored
+                // (tansu answers such fetches with nothing, so waiting would only hide it).
+                // One offset of slack: tansu's memory engine reports a high watermark one short.
+                let (_, high) =
+                    self.consumer
+                        .fetch_watermarks(t.name(), p.id(), Duration::from_secs(10))?;
+                if from > high {
+                    return Err(IngestError::Rewound {
+                        topic: t.name().to_owned(),
+                        partition: p.id(),
+                        expected: from + 1,
+                        got: high,
+                    });
+                }
+                tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
+            }
+        }
+        info!(partitions = tpl.count(), role = ?self.cfg.role, "assigned every partition");
+        self.consumer.assign(&tpl)?;
+        Ok(())
+    }
+
+    pub(super) async fn partition_state(
+        &mut self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<&mut PartitionState, IngestError> {
+        let key = (topic.to_owned(), partition);
+        if !self.parts.contains_key(&key) {
+            let st = self.load_partition(topic, partition).await?;
+            self.parts.insert(key.clone(), st);
+        }
+        Ok(self
+            .parts
+            .entry(key)
+            .or_insert_with(|| unreachable!("inserted above")))
+    }
+
+    /// Resume points and dedup window of a partition this process starts reading.
+    pub(super) async fn load_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<PartitionState, IngestError> {
+        let (stored, dedup) = if self.cfg.role != Role::Narratives {
+            let window = Duration::from_secs(self.cfg.dedup_window_secs);
+            let store = &self.store;
+            let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
+                facts::stored_max_offset(store, topic, partition)
+            })
+            .await?;
+            let dedup = retry_store(&self.cfg, &self.metrics, "load dedup window", || {
+                facts::load_dedup(store, topic, partition, window)
+            })
+            .await?;
+            (stored, dedup)
+        } else {
+            (i64::MAX, DedupCache::new(Duration::ZERO))
+        };
+        let projected = match &self.flusher {
+            FlusherSlot::Idle(f) => f
+                .projector
+                .as_ref()
+                .map_or(i64::MAX, |p| p.projected(topic, partition)),
+            // Unreachable in practice: the single-process roles load every partition before
+            // the first flush, and the facts role (no projector) never leaves a flush in
+            // flight. Should it happen, projecting the partition again is safe (every
+            // projector write is idempotent).
+            _ if self.cfg.role == Role::Facts => i64::MAX,
+            _ => -1,
+        };
+        debug!(
+            topic,
+            partition,
+            stored,
+            projected,
+            dedup = dedup.len(),
+            "partition ready"
+        );
+        Ok(PartitionState {
+            topic: topic.to_owned(),
+            partition,
+            stored,
+            projected,
+            dedup,
+            facts: Vec::new(),
+            dead: Vec::new(),
+            bytes: 0,
+            last_offset: -1,
+            expected: None,
+            oldest: None,
+            consumed: self.metrics.consumed.with_label_values(&[topic]),
+        })
+    }
+
+    /// After a group rebalance: forget the partitions this process lost (their new owner
+    /// rereads them from the committed offset, which never passes what is stored), and
+    /// reread the resume point of those it kept, dropping buffered records that another
+    /// owner stored meanwhile. Buffers of kept partitions stay: their records may not be
+    /// fetched again.
+    pub(super) async fn after_rebalance(&mut self) -> Result<(), IngestError> {
+        if !self
+            .rebalanced
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let assigned: std::collections::HashSet<(String, i32)> = self
+            .consumer
+            .assignment()?
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        self.parts.retain(|k, _| assigned.contains(k));
+        for st in self.parts.values_mut() {
+            let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
+                facts::stored_max_offset(&self.store, &st.topic, st.partition)
+            })
+            .await?;
+            if stored > st.stored {
+                st.stored = stored;
+                st.facts.retain(|(o, _)| *o > stored);
+                st.dead.retain(|d| d.offset > stored);
+            }
+        }
+        self.buffered = self.parts.values().fold((0, 0), |(r, b), p| {
+            (r + p.facts.len() + p.dead.len(), b + p.bytes)
+        });
+        info!(partitions = assigned.len(), "rebalanced");
+        Ok(())
+    }
+
+    /// Decode a record while it is still borrowed from librdkafka: a valid one is copied
+    /// once, into its fact; only a rejected one is copied whole, for the dead-letter topic.
+    pub(super) fn decode_record(&self, m: &BorrowedMessage<'_>) -> DecodedRecord {
+        let borrowed = m.headers();
+        let headers: Vec<(&str, &[u8])> = borrowed
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(|h| (h.key, h.value.unwrap_or_default()))
+            .collect();
+        let r = Record {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            value: m.payload(),
+            headers: &headers,
+            timestamp_ms: m.timestamp().to_millis(),
+        };
+        let size = m.payload().map_or(0, <[u8]>::len);
+        let decoded = if size > self.cfg.max_message_bytes {
+            Err(decode::Rejection {
+                code: "too_large",
+                message: format!(
+                    "record value of {size} bytes is over max_message_bytes ({})",
+                    self.cfg.max_message_bytes
+                ),
+            })
+        } else {
+            decode::decode(&r, &self.cfg.topics, &self.ids)
+        };
+        let decoded = decoded.map_err(|reason| {
+            Box::new(DeadLetter {
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().unwrap_or_default().to_vec(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+                    .collect(),
+                offset: m.offset(),
+                reason,
+            })
+        });
+        DecodedRecord {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            decoded,
+        }
+    }
+
+    /// Buffer one decoded record; returns true when a batch is full.
+    pub(super) async fn accept(&mut self, rec: DecodedRecord) -> Result<bool, IngestError> {
+        self.totals.consumed += 1;
+        let (max_rows, max_bytes) = (self.cfg.batch_max_rows, self.cfg.batch_max_bytes);
+        let role = self.cfg.role;
+        let metrics = self.metrics.clone();
+        let buffered = self.buffered;
+        let st = self.partition_state(&rec.topic, rec.partition).await?;
+        st.consumed.inc();
+        if let Some(expected) = st.expected.filter(|e| rec.offset > *e) {
+            warn!(
+                topic = %rec.topic,
+                partition = rec.partition,
+                expected,
+                got = rec.offset,
+                "the broker skipped offsets: records in between were never delivered"
+            );
+            metrics
+                .offset_gaps
+                .with_label_values(&[&rec.topic])
+                .inc_by((rec.offset - expected) as u64);
+        }
+        // A backwards move is a reset: the resume point lay beyond the log's end, and the
+        // broker sent us back to its start. (In the facts role the group protocol rewinds to
+        // the committed offset legitimately; there the stored offsets guard instead.)
+        if let Some(expected) = st
+            .expected
+            .filter(|e| rec.offset < *e && role != Role::Facts)
+        {
+            return Err(IngestError::Rewound {
+                topic: rec.topic,
+                partition: rec.partition,
+                expected,
+                got: rec.offset,
+            });
+        }
+        st.expected = Some(rec.offset + 1);
+        let need_fact = role != Role::Narratives && rec.offset > st.stored;
+        let need_projection = rec.offset > st.projected;
+        st.last_offset = st.last_offset.max(rec.offset);
+        if !need_fact && !need_projection {
+            self.metrics.replay_skipped.inc();
+            return Ok(false);
+        }
+        st.oldest.get_or_insert_with(Instant::now);
+        metrics.health.waiting();
+        let (mut rows, mut bytes) = buffered;
+        match rec.decoded {
+            Ok(fact) => {
+                let n = fact.envelope.payload.get().len();
+                st.bytes += n;
+                (rows, bytes) = (rows + 1, bytes + n);
+                st.facts.push((rec.offset, fact));
+            }
+            Err(dead) if need_fact => {
+                let n = dead.value.len();
+                st.bytes += n;
+                (rows, bytes) = (rows + 1, bytes + n);
+                st.dead.push(*dead);
+            }
+            // The facts role owns dead-lettering; a projector-only pass just skips.
+            Err(_) => {}
+        }
+        self.buffered = (rows, bytes);
+        Ok(rows >= max_rows || bytes >= max_bytes)
+    }
+}

@@ -1,0 +1,457 @@
+//! The flusher: dead letters, one facts insert for the batch, the narrative pass.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::FutureProducer;
+use tokio::sync::watch;
+use tracing::{debug, error, info, instrument, warn};
+
+use super::batch::FlushPart;
+use super::consume::RebalanceWatch;
+use super::{backoff, now_micros, IngestConfig, Role};
+use crate::facts;
+use crate::metrics::IngestMetrics;
+use crate::narrative::projector::{ProjectBatch, Projector};
+use crate::telemetry::{BatchRow, Sample, Telemetry};
+use weft_store::{insert, EventRow, Store, StoreError};
+
+/// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
+/// decodes the next batch while it runs, and waits for it before starting another.
+pub(super) enum FlusherSlot {
+    Idle(Box<Flusher>),
+    Busy(tokio::task::JoinHandle<(Box<Flusher>, FlushResult)>),
+    /// Lost with a flush task that panicked; the process stops.
+    Gone,
+}
+
+/// Everything a flush needs besides its records, moved into the flush task and back, so the
+/// flush (dead letters, the facts insert, the narrative pass) runs on another thread while
+/// the loop goes on decoding.
+pub(super) struct Flusher {
+    pub(super) cfg: IngestConfig,
+    pub(super) store: Store,
+    pub(super) consumer: Arc<StreamConsumer<RebalanceWatch>>,
+    pub(super) dlq: FutureProducer,
+    pub(super) metrics: Arc<IngestMetrics>,
+    pub(super) projector: Option<Projector>,
+    pub(super) stop: watch::Receiver<bool>,
+    pub(super) telemetry: Telemetry,
+}
+
+/// What a landed flush did, applied to the partitions' resume points and the totals.
+pub(super) struct FlushDone {
+    /// (topic, partition, last offset) of each partition flushed.
+    pub(super) parts: Vec<(String, i32, i64)>,
+    pub(super) inserted: u64,
+    pub(super) dead_lettered: u64,
+}
+
+/// Where one partition's rows sit in a batch insert: topic, partition, the rows' index
+/// range, and the highest offset among them.
+pub(super) type Span = (String, i32, std::ops::Range<usize>, i64);
+
+/// A flush abandoned because the process is stopping; its records are replayed next time.
+#[derive(Debug)]
+pub(super) struct Stopped;
+
+pub(super) type FlushResult = Result<FlushDone, Stopped>;
+
+impl Flusher {
+    /// Flush `parts`, retrying until it lands or the process stops; hands itself back.
+    pub(super) async fn run(
+        mut self: Box<Self>,
+        mut parts: Vec<FlushPart>,
+    ) -> (Box<Self>, FlushResult) {
+        let result = self.flush_batch(&mut parts).await;
+        (self, result)
+    }
+
+    pub(super) async fn flush_batch(&mut self, parts: &mut [FlushPart]) -> FlushResult {
+        // 1. Dead letters first: once their offsets are committed they must be safe elsewhere.
+        let mut dead_lettered = 0;
+        for p in parts.iter() {
+            if !p.dead.is_empty() {
+                self.dead_letter(&p.topic, p.partition, &p.dead).await?;
+                dead_lettered += p.dead.len() as u64;
+            }
+        }
+        // 2. Facts: the rows of one atomic insert for every partition: one part in
+        //    ClickHouse, however many partitions the batch spans.
+        let ingested_at = now_micros();
+        let (rows, spans) = fact_rows(parts, ingested_at);
+        // 3. The facts insert and the narrative pass run concurrently: while ClickHouse
+        //    writes the facts, weft computes the narratives. Neither reads what the other
+        //    writes (the projector reads only narrative tables), and each keeps its own
+        //    resume point, so either may land first or alone.
+        let batches = project_batches(parts);
+        let mut projector = self.projector.take();
+        let (inserted, projected) = {
+            let this = &*self;
+            let insert = async {
+                if rows.is_empty() {
+                    Ok(0.0)
+                } else {
+                    this.insert_facts(&rows, &spans).await
+                }
+            };
+            let project = async {
+                match projector.as_mut() {
+                    Some(p) if !batches.is_empty() => this.project(p, &batches).await,
+                    _ => Ok(()),
+                }
+            };
+            tokio::join!(insert, project)
+        };
+        self.projector = projector;
+        let insert_ms = inserted?;
+        if self.cfg.role != Role::Narratives {
+            self.report(parts, &spans, &rows, insert_ms, ingested_at);
+        }
+        projected?;
+        // 4. Let rdkafka commit the next offsets.
+        for p in parts.iter() {
+            if let Err(e) = self
+                .consumer
+                .store_offset(&p.topic, p.partition, p.last_offset)
+            {
+                debug!(error = %e, "store_offset failed (the offset is still safe in ClickHouse)");
+            }
+        }
+        Ok(FlushDone {
+            parts: parts
+                .iter()
+                .map(|p| (p.topic.clone(), p.partition, p.last_offset))
+                .collect(),
+            inserted: rows.len() as u64,
+            dead_lettered,
+        })
+    }
+
+    /// One narrative pass over a flush's facts, retried until it lands. A failed pass may have
+    /// moved the in-memory graph ahead of ClickHouse, so before a retry the graph is rebuilt
+    /// from ClickHouse, as a restart would.
+    pub(super) async fn project(
+        &self,
+        projector: &mut Projector,
+        batches: &[ProjectBatch<'_>],
+    ) -> Result<(), Stopped> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            match projector.apply(batches).await {
+                Ok(stats) => {
+                    self.metrics.narratives_moved.inc_by(stats.moved as u64);
+                    break;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    self.metrics.insert_retries.inc();
+                    warn!(error = %e, attempt, "narrative projection failed; retrying");
+                    if *self.stop.borrow() {
+                        return Err(Stopped);
+                    }
+                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    // Replaying onto the moved-ahead graph would find nothing to change and
+                    // lose the pass's moves (the progress row, written last, was not).
+                    match Projector::load(self.store.clone()).await {
+                        Ok(fresh) => *projector = fresh,
+                        Err(e) => {
+                            warn!(error = %e, "reloading the narrative graph failed; retrying");
+                            continue;
+                        }
+                    }
+                }
+            }
+        }
+        self.metrics
+            .projector_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Insert the batch's facts (`spans` says which rows came from which partition) as one
+    /// insert, retrying until ClickHouse has them. Before a retry it asks ClickHouse how far
+    /// each partition is stored and sends only the rows beyond that, so rows whose insert
+    /// answer was lost are never stored twice. Returns the insert's milliseconds.
+    #[instrument(skip_all, fields(rows = rows.len(), partitions = spans.len()))]
+    pub(super) async fn insert_facts(
+        &self,
+        rows: &[EventRow<'_>],
+        spans: &[Span],
+    ) -> Result<f64, Stopped> {
+        let mut attempt = 0u32;
+        let first = Instant::now();
+        let mut pending: Option<Vec<EventRow<'_>>> = None;
+        loop {
+            let started = Instant::now();
+            let batch = pending.as_deref().unwrap_or(rows);
+            match insert::<EventRow<'static>>(&self.store, "weft_events", batch).await {
+                Ok(()) => {
+                    self.metrics
+                        .insert_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    self.metrics.batch_rows.observe(batch.len() as f64);
+                    self.metrics.clickhouse_up.set(1);
+                    return Ok(first.elapsed().as_secs_f64() * 1e3);
+                }
+                Err(e) => {
+                    attempt += 1;
+                    self.metrics.clickhouse_up.set(0);
+                    self.metrics.insert_retries.inc();
+                    if e.is_transient() {
+                        warn!(error = %e, attempt, "insert failed; offsets not committed, retrying");
+                    } else {
+                        error!(error = %e, attempt, "ClickHouse rejected the insert (schema out of date? run `weft migrate`); retrying");
+                    }
+                    if *self.stop.borrow() {
+                        return Err(Stopped);
+                    }
+                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    if let Ok(left) = self.rows_not_stored(rows, spans).await {
+                        if left.is_empty() {
+                            info!("the failed-looking insert had landed; not repeating it");
+                            self.metrics.clickhouse_up.set(1);
+                            return Ok(first.elapsed().as_secs_f64() * 1e3);
+                        }
+                        if left.len() < rows.len() {
+                            info!(
+                                left = left.len(),
+                                "part of the insert had landed; sending the rest"
+                            );
+                        }
+                        pending = Some(left);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The rows of `rows` beyond what ClickHouse has stored for their partition.
+    pub(super) async fn rows_not_stored<'r>(
+        &self,
+        rows: &[EventRow<'r>],
+        spans: &[Span],
+    ) -> Result<Vec<EventRow<'r>>, StoreError> {
+        let mut stored = Vec::with_capacity(spans.len());
+        for (topic, partition, _, _) in spans {
+            stored.push(facts::stored_max_offset(&self.store, topic, *partition).await?);
+        }
+        Ok(rows_beyond(rows, spans, &stored))
+    }
+
+    /// After the insert landed: one telemetry row per partition that had records, and the
+    /// per-kind insert and freshness metrics.
+    fn report(
+        &self,
+        parts: &[FlushPart],
+        spans: &[Span],
+        rows: &[EventRow<'_>],
+        insert_ms: f64,
+        ingested_at: i64,
+    ) {
+        // Telemetry: one row per partition that had records, after the insert landed.
+        let at = now_micros();
+        let role = self.cfg.role.as_str();
+        for p in parts.iter() {
+            let ins = spans
+                .iter()
+                .find(|(t, n, _, _)| *t == p.topic && *n == p.partition);
+            if ins.is_none() && p.dead.is_empty() {
+                continue;
+            }
+            self.telemetry.record(Sample::Batch(BatchRow {
+                at,
+                topic: p.topic.clone(),
+                partition: p.partition,
+                rows: ins.map_or(0, |(_, _, r, _)| r.len() as u32),
+                dead: p.dead.len() as u32,
+                bytes: p.bytes as u64,
+                insert_ms: if ins.is_some() { insert_ms } else { 0.0 },
+                role,
+            }));
+        }
+        for r in rows {
+            self.metrics.inserted.with_label_values(&[r.kind]).inc();
+            let age = (ingested_at - r.emitted_at) as f64 / 1e6;
+            self.metrics
+                .freshness_seconds
+                .with_label_values(&[r.kind])
+                .observe(age.max(0.0));
+        }
+    }
+}
+
+/// The rows of one atomic insert for every partition of a batch (one part in ClickHouse,
+/// however many partitions the batch spans): every fact the dedup decisions keep, in offset
+/// order per partition. Per partition with rows, a [`Span`]: where its rows sit in the insert,
+/// and the highest offset among them.
+pub(super) fn fact_rows(parts: &[FlushPart], ingested_at: i64) -> (Vec<EventRow<'_>>, Vec<Span>) {
+    let mut rows = Vec::new();
+    let mut spans: Vec<Span> = Vec::new();
+    for p in parts {
+        let start = rows.len();
+        for ((offset, f), keep) in p.facts.iter().zip(&p.keep) {
+            if let Some(conflict) = *keep {
+                rows.push(EventRow::new(
+                    f,
+                    &p.topic,
+                    p.partition,
+                    *offset,
+                    ingested_at,
+                    conflict,
+                ));
+            }
+        }
+        if let Some(last) = rows[start..].iter().map(|r| r.offset as i64).max() {
+            spans.push((p.topic.clone(), p.partition, start..rows.len(), last));
+        }
+    }
+    (rows, spans)
+}
+
+/// The narrative pass's share of a batch: per partition, the facts beyond its projected
+/// offset (copies of stored events included: the projector links them idempotently).
+pub(super) fn project_batches(parts: &[FlushPart]) -> Vec<ProjectBatch<'_>> {
+    parts
+        .iter()
+        .filter(|p| p.last_offset > p.projected)
+        .map(|p| ProjectBatch {
+            topic: &p.topic,
+            partition: p.partition,
+            facts: p
+                .facts
+                .iter()
+                .filter(|(o, _)| *o > p.projected)
+                .map(|(_, f)| f)
+                .collect(),
+            last_offset: p.last_offset,
+        })
+        .collect()
+}
+
+/// What to resend after an insert whose answer was lost: per span, the rows above the offset
+/// ClickHouse has stored for its partition (`stored[i]` for `spans[i]`); nothing of a span
+/// stored up to its last row.
+pub(super) fn rows_beyond<'r>(
+    rows: &[EventRow<'r>],
+    spans: &[Span],
+    stored: &[i64],
+) -> Vec<EventRow<'r>> {
+    let mut left = Vec::new();
+    for ((_, _, range, last), &stored) in spans.iter().zip(stored) {
+        if stored < *last {
+            left.extend(
+                rows[range.clone()]
+                    .iter()
+                    .filter(|r| r.offset as i64 > stored)
+                    .cloned(),
+            );
+        }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Fact;
+    use crate::ingest::batch::tests::fact;
+
+    fn part(partition: i32, facts: Vec<(i64, Fact)>, keep: Vec<Option<bool>>) -> FlushPart {
+        let last_offset = facts.iter().map(|(o, _)| *o).max().unwrap_or(-1);
+        FlushPart {
+            topic: "t".into(),
+            partition,
+            facts,
+            keep,
+            dead: Vec::new(),
+            bytes: 0,
+            last_offset,
+            projected: -1,
+        }
+    }
+
+    fn parts() -> Vec<FlushPart> {
+        vec![
+            part(
+                0,
+                vec![
+                    (4, fact("a", "flow_started")),
+                    (5, fact("b", "flow_started")),
+                    (6, fact("c", "flow_started")),
+                    (7, fact("a", "flow_started")),
+                ],
+                vec![Some(false), Some(true), Some(false), None],
+            ),
+            part(1, vec![(2, fact("d", "flow_started"))], vec![None]),
+            part(
+                2,
+                vec![
+                    (0, fact("e", "flow_started")),
+                    (1, fact("f", "flow_started")),
+                ],
+                vec![Some(false), Some(false)],
+            ),
+        ]
+    }
+
+    #[test]
+    fn one_insert_for_every_partition_with_a_span_each() {
+        let parts = parts();
+        let (rows, spans) = fact_rows(&parts, 42);
+        let ids: Vec<(u32, u64, bool)> = rows
+            .iter()
+            .map(|r| (r.partition, r.offset, r.conflict == 1))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (0, 4, false),
+                (0, 5, true),
+                (0, 6, false),
+                (2, 0, false),
+                (2, 1, false)
+            ]
+        );
+        // Partition 0's last kept row is offset 6 (7 was a copy); partition 1 kept nothing.
+        assert_eq!(spans, [("t".into(), 0, 0..3, 6), ("t".into(), 2, 3..5, 1)]);
+        assert!(rows.iter().all(|r| r.ingested_at == 42));
+    }
+
+    #[test]
+    fn after_a_lost_answer_only_the_rows_beyond_what_is_stored_are_resent() {
+        let parts = parts();
+        let (rows, spans) = fact_rows(&parts, 0);
+        let offsets = |left: Vec<EventRow<'_>>| -> Vec<(u32, u64)> {
+            left.iter().map(|r| (r.partition, r.offset)).collect()
+        };
+        // Nothing stored: everything again.
+        assert_eq!(offsets(rows_beyond(&rows, &spans, &[-1, -1])).len(), 5);
+        // Partition 0 stored up to 4, partition 2 wholly: resend 5 and 6 only.
+        assert_eq!(
+            offsets(rows_beyond(&rows, &spans, &[4, 1])),
+            [(0, 5), (0, 6)]
+        );
+        // The whole insert landed.
+        assert!(rows_beyond(&rows, &spans, &[6, 9]).is_empty());
+    }
+
+    #[test]
+    fn the_narrative_pass_takes_every_fact_beyond_the_projected_offset() {
+        let mut parts = parts();
+        parts[0].projected = 5;
+        parts[2].projected = 1;
+        let batches = project_batches(&parts);
+        let got: Vec<(i32, Vec<&str>, i64)> = batches
+            .iter()
+            .map(|b| {
+                let ids = b.facts.iter().map(|f| f.id.as_str()).collect();
+                (b.partition, ids, b.last_offset)
+            })
+            .collect();
+        // Copies (offset 7, partition 1's) are projected too; partition 2 is projected already.
+        assert_eq!(got, [(0, vec!["c", "a"], 7), (1, vec!["d"], 2)]);
+    }
+}

@@ -1,0 +1,323 @@
+//! `weft ingest`: the consumer that turns the weaver topics into facts and narratives.
+//!
+//! One loop reads records, decodes them ([`crate::decode`]), and buffers them per source
+//! partition. A flush (at `batch_max_rows` or `batch_max_bytes` buffered over all partitions,
+//! or every `flush_interval`) takes every partition with data through the same steps:
+//! 1. dead-letter the records that cannot be ingested (original bytes and headers, plus the
+//!    reason), and wait for the broker to acknowledge them;
+//! 2. drop copies of stored events, flag id conflicts, and insert the rest of every
+//!    partition into `weft_events` as one atomic insert (retried until ClickHouse answers);
+//! 3. project the batch onto the narratives (when this process runs the projector);
+//! 4. store the Kafka offset, which rdkafka commits in the background.
+//!
+//! Where to resume is read from ClickHouse, not from Kafka (see [`crate::facts`]), so a crash
+//! between any two steps replays at most one batch, and nothing in it is stored twice.
+//!
+//! Steps 1 and 2 also report what they did (dead letters once acknowledged, per-partition
+//! batch figures once inserted), and the lag monitor its samples, to ClickHouse through
+//! [`crate::telemetry`]: best effort, never waited for, never holding an offset.
+
+mod batch;
+mod config;
+mod consume;
+mod dead_letter;
+mod flush;
+mod lag;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::StreamConsumer;
+use rdkafka::producer::FutureProducer;
+use serde::Serialize;
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+use weft_schemas::wire::SchemaIds;
+
+use crate::metrics::IngestMetrics;
+use crate::narrative::projector::Projector;
+use crate::telemetry::Telemetry;
+use batch::PartitionState;
+use config::{ensure_topics, kafka_config};
+use consume::RebalanceWatch;
+use flush::{Flusher, FlusherSlot};
+use lag::spawn_lag_monitor;
+use weft_store::{EventRow, Store, StoreError};
+
+pub use config::{listen_addr, IngestConfig, Role};
+
+/// Fatal ingest errors (everything transient is retried inside the loop).
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// A Kafka client or admin call failed.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The event or dead-letter topics do not exist and could not be created.
+    #[error(transparent)]
+    Topics(#[from] weft_kafka::TopicError),
+    /// A ClickHouse failure that ingest does not retry.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The status server address `listen` does not parse.
+    #[error("invalid listen address `{0}`")]
+    Listen(String),
+    /// The broker moved a partition's position backwards, below what weft has stored: the
+    /// topic was deleted and recreated, or truncated. Going on would skip its new records as
+    /// "already stored", so ingest stops and says so.
+    #[error(
+        "{topic}[{partition}]: the broker's log is at offset {got}, below weft's resume point \
+         {expected}: the topic was recreated or truncated since weft stored its offsets. Its new records \
+         would be taken for stored ones, so ingest stops. Use a new topic prefix or a new \
+         ClickHouse database for the new log"
+    )]
+    Rewound {
+        /// Topic whose log moved back.
+        topic: String,
+        /// Partition whose log moved back.
+        partition: i32,
+        /// The offset weft would resume at.
+        expected: i64,
+        /// The broker's high watermark, or the offset it delivered.
+        got: i64,
+    },
+}
+
+/// Counts reported when ingest stops, and by tests.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct IngestTotals {
+    /// Records read from Kafka.
+    pub consumed: u64,
+    /// Facts inserted into `weft_events`.
+    pub inserted: u64,
+    /// Copies of stored events, dropped.
+    pub deduplicated: u64,
+    /// Records the dead-letter topic acknowledged.
+    pub dead_lettered: u64,
+}
+
+/// The ingest process.
+pub struct Ingestor {
+    cfg: IngestConfig,
+    store: Store,
+    ids: SchemaIds,
+    /// Shared so the run loop can hold a received message while it borrows `self`, and
+    /// the flush task can store offsets.
+    consumer: Arc<StreamConsumer<RebalanceWatch>>,
+    rebalanced: Arc<std::sync::atomic::AtomicBool>,
+    metrics: Arc<IngestMetrics>,
+    /// What flushes need besides the records: idle here, or inside the flush in flight.
+    flusher: FlusherSlot,
+    parts: BTreeMap<(String, i32), PartitionState>,
+    /// Records and payload bytes buffered over all partitions: the batch thresholds apply
+    /// to these, so one flush makes one large insert whatever the partition count.
+    buffered: (usize, usize),
+    totals: IngestTotals,
+    /// Next offset to store per partition, read by the lag monitor thread.
+    positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
+    /// Set on SIGINT/SIGTERM: retry loops give up (nothing is committed, so nothing is lost).
+    stop: watch::Receiver<bool>,
+    /// Best-effort figures for ClickHouse (batches, dead letters, lag); never blocks.
+    telemetry: Telemetry,
+}
+
+fn backoff(attempt: u32, max_ms: u64) -> Duration {
+    Duration::from_millis((100u64 << attempt.min(10)).min(max_ms))
+}
+
+impl Ingestor {
+    /// Connect, create missing topics, migrate nothing (run `weft migrate` first), load the
+    /// projector state and the resume points.
+    pub async fn start(
+        cfg: IngestConfig,
+        store: Store,
+        metrics: Arc<IngestMetrics>,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Self, IngestError> {
+        ensure_topics(&cfg).await?;
+        if cfg.role != Role::Narratives {
+            retry_store(&cfg, &metrics, "check weft_events", || {
+                weft_store::check_columns::<EventRow>(&store, "weft_events")
+            })
+            .await?;
+        }
+        if cfg.role == Role::All {
+            // The only writer of weft_events in this role: an insert running now is a killed
+            // predecessor's, and the resume points must be read after it lands.
+            retry_store(&cfg, &metrics, "wait for earlier inserts", || {
+                store.wait_for_running_inserts(&["weft_events"], Duration::from_secs(60))
+            })
+            .await?;
+        }
+        let watch = RebalanceWatch::default();
+        let rebalanced = watch.0.clone();
+        let consumer: StreamConsumer<RebalanceWatch> = kafka_config(&cfg)
+            .set("group.id", cfg.kafka_group())
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            // A ClickHouse outage blocks the loop while it retries; do not let the group
+            // evict us for it.
+            .set("max.poll.interval.ms", "3600000")
+            .set("fetch.wait.max.ms", "100")
+            .create_with_context(watch)?;
+        let dlq: FutureProducer = kafka_config(&cfg)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", "30000")
+            // Room for weft's headers around a record of max_message_bytes.
+            .set(
+                "message.max.bytes",
+                (cfg.max_message_bytes + (64 << 10)).to_string(),
+            )
+            .create()?;
+        let projector = match cfg.role {
+            Role::Facts => None,
+            Role::All | Role::Narratives => Some(
+                retry_store(&cfg, &metrics, "load narratives", || {
+                    Projector::load(store.clone())
+                })
+                .await?,
+            ),
+        };
+        let telemetry = Telemetry::start(store.clone(), metrics.clone()).await;
+        let consumer = Arc::new(consumer);
+        let flusher = Flusher {
+            cfg: cfg.clone(),
+            store: store.clone(),
+            consumer: consumer.clone(),
+            dlq,
+            metrics: metrics.clone(),
+            projector,
+            stop: stop.clone(),
+            telemetry: telemetry.clone(),
+        };
+        let mut me = Self {
+            cfg,
+            store,
+            ids: SchemaIds::default(),
+            consumer,
+            rebalanced,
+            metrics,
+            flusher: FlusherSlot::Idle(Box::new(flusher)),
+            parts: BTreeMap::new(),
+            buffered: (0, 0),
+            totals: IngestTotals::default(),
+            positions: Arc::default(),
+            stop,
+            telemetry,
+        };
+        me.subscribe().await?;
+        Ok(me)
+    }
+
+    /// Totals so far.
+    pub fn totals(&self) -> IngestTotals {
+        self.totals
+    }
+
+    /// Run until `shutdown` becomes true, then flush what is buffered and return.
+    pub async fn run(mut self) -> Result<IngestTotals, IngestError> {
+        let mut shutdown = self.stop.clone();
+        let flush_every = Duration::from_millis(self.cfg.flush_interval_ms);
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        let mut since_check = 0u32;
+        let consumer = self.consumer.clone();
+        spawn_lag_monitor(
+            kafka_config(&self.cfg),
+            self.positions.clone(),
+            self.metrics.clone(),
+            self.telemetry.clone(),
+            shutdown.clone(),
+        );
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    info!("shutting down: flushing buffered records");
+                    // One last, short attempt; if ClickHouse or Kafka is down (or a dead
+                    // letter cannot go out) it gives up, and the records are replayed from
+                    // the stored offsets next time.
+                    let last = async {
+                        if self.flush().await.is_ok() {
+                            let _ = self.settle_flush().await;
+                        }
+                    };
+                    if tokio::time::timeout(Duration::from_secs(7), last).await.is_err() {
+                        warn!("the last flush did not finish within 7 s; stopping without it");
+                    }
+                    return Ok(self.totals);
+                }
+                msg = consumer.recv() => {
+                    match msg {
+                        Ok(m) => {
+                            let rec = self.decode_record(&m);
+                            drop(m);
+                            self.after_rebalance().await?;
+                            let full = self.accept(rec).await?;
+                            // Under constant load `recv` always wins the biased select, so the
+                            // timer branch may never run: check the flush deadline here too.
+                            since_check += 1;
+                            let due = since_check >= 256 && {
+                                since_check = 0;
+                                self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every))
+                            };
+                            if (full || due) && self.flush().await.is_err() { return Ok(self.totals); }
+                        }
+                        Err(e) => warn!(error = %e, "kafka consumer error (retrying)"),
+                    }
+                }
+                _ = tick.tick() => {
+                    self.after_rebalance().await?;
+                    // A flush that landed while the stream went quiet: take its resume points
+                    // now, not at the next flush, so lag and totals do not wait for traffic.
+                    let landed = matches!(&self.flusher, FlusherSlot::Busy(t) if t.is_finished());
+                    if landed && self.settle_flush().await.is_err() { return Ok(self.totals); }
+                    let due = self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every));
+                    if due && self.flush().await.is_err() { return Ok(self.totals); }
+                }
+            }
+        }
+    }
+}
+
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// Retry a ClickHouse operation while ClickHouse is unreachable (start-up reads must not give
+/// up while it restarts); a query it rejects is returned at once.
+async fn retry_store<T, F, Fut>(
+    cfg: &IngestConfig,
+    metrics: &IngestMetrics,
+    what: &str,
+    mut f: F,
+) -> Result<T, IngestError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if !e.is_transient() => {
+                error!(error = %e, "{what}: ClickHouse rejected the query (did `weft migrate` run?)");
+                return Err(e.into());
+            }
+            Err(e) => {
+                attempt += 1;
+                metrics.clickhouse_up.set(0);
+                if attempt == 1 || attempt % 10 == 0 {
+                    error!(error = %e, attempt, "{what}: clickhouse unavailable; retrying");
+                }
+                tokio::time::sleep(backoff(attempt, cfg.max_backoff_ms)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The state shared by the delivery callback, the spool writer and the replayer, and the
+//! moves between direct sending and spool mode.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
+use tracing::{info, warn};
+
+use super::delivery::{Ctx, Pending};
+use super::receipt::Reply;
+use super::writer::WriterMsg;
+use super::PublishError;
+use crate::metrics::Metrics;
+use crate::spool::{Spool, SpoolRecord};
+
+/// One event on its way to the spool, with whoever waits for it.
+pub(super) struct Job {
+    pub(super) record: SpoolRecord,
+    pub(super) size: u64,
+    pub(super) reply: Option<Reply>,
+    pub(super) started: Instant,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) spooling: bool,
+    /// The replayer is sending the spool's last batch; new events wait in `held`.
+    pub(super) handover: bool,
+    /// Live (non-replay) messages inside librdkafka.
+    pub(super) in_flight: u64,
+    /// Spool-mode events waiting for the in-flight ones to resolve.
+    pub(super) held: VecDeque<Job>,
+    pub(super) held_bytes: u64,
+    /// Bytes sent to the writer and not yet appended.
+    pub(super) queued_bytes: u64,
+    /// Records sent towards the spool (incl. what a restart found) ...
+    pub(super) to_spool: u64,
+    /// ... and how many of them are settled: replayed to Kafka, or failed to append.
+    pub(super) settled: u64,
+    pub(super) closed: bool,
+}
+
+impl State {
+    /// Spool-mode routing of a new event: held in memory while older messages are in flight
+    /// (they may yet fail and must be spooled first) or a handover is under way; otherwise
+    /// handed back, to be appended now.
+    pub(super) fn hold(&mut self, job: Job) -> Option<Job> {
+        if self.in_flight > 0 || self.handover {
+            self.held_bytes += job.size;
+            self.held.push_back(job);
+            None
+        } else {
+            Some(job)
+        }
+    }
+
+    /// The oldest held event, once it may follow the failed ones into the spool: nothing in
+    /// flight and no handover.
+    pub(super) fn next_releasable(&mut self) -> Option<Job> {
+        if self.in_flight > 0 || self.handover {
+            return None;
+        }
+        let job = self.held.pop_front()?;
+        self.held_bytes -= job.size;
+        Some(job)
+    }
+
+    /// Whether spool mode may end: everything sent towards the spool is settled, nothing is
+    /// in flight, and nothing is held (or it is held for the end of a handover).
+    pub(super) fn drained(&self) -> bool {
+        self.spooling
+            && self.in_flight == 0
+            && (self.held.is_empty() || self.handover)
+            && self.settled == self.to_spool
+    }
+
+    /// Bound check for a new spool-bound event, given what the spool holds on disk.
+    pub(super) fn room(&self, size: u64, on_disk: u64, max: u64) -> Result<(), PublishError> {
+        let used = on_disk + self.queued_bytes + self.held_bytes;
+        if used + size > max {
+            return Err(PublishError::SpoolFull { used, max });
+        }
+        Ok(())
+    }
+}
+
+/// Everything the delivery callback, the writer and the replayer share.
+pub(super) struct Shared {
+    pub(super) state: Mutex<State>,
+    /// Signalled when the state changes (waiters for in_flight == 0 or drain) ...
+    pub(super) changed: Condvar,
+    pub(super) spool: Mutex<Spool>,
+    /// ... and this one wakes the replayer when records were appended.
+    pub(super) wake: Condvar,
+    pub(super) writer: Mutex<mpsc::Sender<WriterMsg>>,
+    /// The current Kafka producer; replaced when tainted (see the module docs).
+    pub(super) producer: RwLock<Option<Kafka>>,
+    pub(super) kafka_config: ClientConfig,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) spool_bytes: AtomicU64,
+    pub(super) max_bytes: u64,
+    /// [`crate::PublisherConfig::max_in_flight`] (0: no bound).
+    pub(super) max_in_flight: u64,
+    pub(super) shutdown: AtomicBool,
+}
+
+pub(super) type Kafka = ThreadedProducer<Ctx>;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Pacing: while sending directly with `max_in_flight` events unacknowledged, wait (at
+    /// most `timeout_ms`) for the broker to acknowledge some, so a slow broker slows the
+    /// caller instead of letting messages time out in librdkafka's queue.
+    pub(super) fn paced<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        timeout_ms: u64,
+    ) -> MutexGuard<'a, State> {
+        let max = self.max_in_flight;
+        if max == 0 || st.in_flight < max || st.spooling {
+            return st;
+        }
+        let deadline = Instant::now() + std::time::Duration::from_millis(timeout_ms);
+        while st.in_flight >= max && !st.spooling && !st.closed {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = self
+                .changed
+                .wait_timeout(
+                    st,
+                    (deadline - now).min(std::time::Duration::from_millis(50)),
+                )
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        st
+    }
+
+    /// Queue a job for the spool writer (state lock held, so order is the lock's order).
+    pub(super) fn to_writer(&self, st: &mut State, job: Job) {
+        st.to_spool += 1;
+        st.queued_bytes += job.size;
+        if let Err(mpsc::SendError(WriterMsg::Append(job))) =
+            lock(&self.writer).send(WriterMsg::Append(job))
+        {
+            st.queued_bytes -= job.size;
+            st.settled += 1;
+            if let Some(r) = job.reply {
+                let _ = r.send(Err(PublishError::Closed));
+            }
+        }
+    }
+
+    /// Once nothing is in flight, held events may follow the failed ones into the spool.
+    pub(super) fn release_held(&self, st: &mut State) {
+        while let Some(job) = st.next_releasable() {
+            self.to_writer(st, job);
+        }
+    }
+
+    /// Leave spool mode when everything spooled is delivered and nothing is pending.
+    pub(super) fn maybe_resume_direct(&self, st: &mut State) {
+        if st.drained() && !self.producer_tainted() {
+            st.spooling = false;
+            st.handover = false;
+            info!(
+                held = st.held.len(),
+                "spool drained; publishing directly to Kafka again"
+            );
+            self.send_held_direct(st);
+        }
+    }
+
+    /// End of a handover: the held events go straight to Kafka, oldest first. If librdkafka
+    /// refuses one (queue full), the rest stay held and spool mode resumes.
+    pub(super) fn send_held_direct(&self, st: &mut State) {
+        let guard = read(&self.producer);
+        let Some(producer) = guard.as_ref() else {
+            return;
+        };
+        while let Some(job) = st.held.pop_front() {
+            st.held_bytes -= job.size;
+            let Some(reply) = job.reply else { continue };
+            let r = &job.record;
+            let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+            for (k, v) in &r.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_slice()),
+                });
+            }
+            let mut record = BaseRecord::with_opaque_to(
+                &r.topic,
+                Box::new(Pending::Live {
+                    reply,
+                    started: job.started,
+                }),
+            )
+            .payload(&r.value)
+            .headers(headers);
+            if let Some(k) = &r.key {
+                record = record.key(k.as_slice());
+            }
+            st.in_flight += 1;
+            if let Err((e, rec)) = producer.send(record) {
+                st.in_flight -= 1;
+                warn!(error = %e, "handing held events to Kafka failed; spooling again");
+                st.spooling = true;
+                if let Pending::Live { reply, .. } = *rec.delivery_opaque {
+                    st.held_bytes += job.size;
+                    st.held.push_front(Job {
+                        reply: Some(reply),
+                        ..job
+                    });
+                }
+                // Behind any events just sent: they may still fail and be spooled first.
+                self.release_held(st);
+                return;
+            }
+        }
+    }
+
+    /// Spool-mode routing: hold while older messages are in flight, else append.
+    pub(super) fn held_or_write(&self, st: &mut State, job: Job) {
+        if let Some(job) = st.hold(job) {
+            self.to_writer(st, job);
+        }
+    }
+
+    /// Bound check for a new spool-bound event.
+    pub(super) fn check_room(&self, st: &State, size: u64) -> Result<(), PublishError> {
+        st.room(
+            size,
+            self.spool_bytes.load(Ordering::Relaxed),
+            self.max_bytes,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(n: u8) -> Job {
+        Job {
+            record: SpoolRecord {
+                topic: "t".into(),
+                key: None,
+                value: vec![n; 10],
+                headers: Vec::new(),
+            },
+            size: 10,
+            reply: None,
+            started: Instant::now(),
+        }
+    }
+
+    fn ids(jobs: impl IntoIterator<Item = Job>) -> Vec<u8> {
+        jobs.into_iter().map(|j| j.record.value[0]).collect()
+    }
+
+    fn release_all(st: &mut State) -> Vec<Job> {
+        std::iter::from_fn(|| st.next_releasable()).collect()
+    }
+
+    #[test]
+    fn spool_mode_holds_new_events_behind_the_in_flight_ones_and_releases_them_in_order() {
+        let mut st = State {
+            spooling: true,
+            in_flight: 2,
+            ..State::default()
+        };
+        assert!(st.hold(job(1)).is_none() && st.hold(job(2)).is_none());
+        assert_eq!(st.held_bytes, 20);
+        assert!(st.next_releasable().is_none(), "two still in flight");
+        st.in_flight = 1;
+        assert!(st.next_releasable().is_none(), "one still in flight");
+        st.in_flight = 0;
+        assert_eq!(ids(release_all(&mut st)), [1, 2]);
+        assert_eq!(st.held_bytes, 0);
+        // With nothing in flight, a new event goes straight to the spool.
+        assert_eq!(st.hold(job(3)).map(|j| j.record.value[0]), Some(3));
+    }
+
+    #[test]
+    fn a_handover_holds_events_even_with_nothing_in_flight() {
+        let mut st = State {
+            spooling: true,
+            handover: true,
+            ..State::default()
+        };
+        assert!(st.hold(job(1)).is_none());
+        assert!(st.next_releasable().is_none(), "held for the direct path");
+        // Held events wait for the handover's end: they do not block the drain.
+        assert!(st.drained());
+        // A failed last batch ends the handover: they follow into the spool.
+        st.handover = false;
+        assert!(!st.drained(), "held events still to be spooled");
+        assert_eq!(ids(release_all(&mut st)), [1]);
+    }
+
+    #[test]
+    fn spool_mode_ends_only_when_every_spooled_record_is_settled() {
+        let mut st = State {
+            spooling: true,
+            to_spool: 3,
+            settled: 2,
+            ..State::default()
+        };
+        assert!(!st.drained(), "one record not yet replayed");
+        st.settled = 3;
+        assert!(st.drained());
+        st.in_flight = 1;
+        assert!(!st.drained(), "a live message may still fail");
+        st.in_flight = 0;
+        st.spooling = false;
+        assert!(!st.drained(), "not in spool mode at all");
+    }
+
+    #[test]
+    fn the_bound_counts_disk_queue_and_held_bytes() {
+        let mut st = State {
+            queued_bytes: 30,
+            ..State::default()
+        };
+        assert!(st.hold(job(1)).is_some(), "nothing in flight: not held");
+        st.in_flight = 1;
+        assert!(st.hold(job(2)).is_none());
+        // 50 on disk + 30 queued + 10 held = 90 used.
+        assert!(st.room(10, 50, 100).is_ok());
+        match st.room(11, 50, 100) {
+            Err(PublishError::SpoolFull { used, max }) => assert_eq!((used, max), (90, 100)),
+            other => panic!("expected SpoolFull, got {other:?}"),
+        }
+    }
+}

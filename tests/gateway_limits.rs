@@ -1,0 +1,243 @@
+//! Bounded work per request at the gateway, written as the attacks: an 8.4 MB array of tiny
+//! items (once answered with 913 MB and a 2.95 GB peak RSS) is refused with 422 at once, an
+//! 8.4 MB batch of valid events within the limits is answered with a bounded body, and the
+//! gateway process's peak resident memory (`VmHWM`) stays under 1 GiB throughout. Every
+//! refusal of a whole request carries the one error body `{"error":{"code","message"}}`.
+
+mod common;
+mod publish_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use publish_support::trace_payload;
+use serde_json::Value;
+
+const KEY: &str = "limits-key-0123456789abcdef";
+
+struct Gateway {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gateway {
+    fn start(max_body: usize) -> Self {
+        let prefix = common::unique("gwlim") + ".";
+        let spool = std::env::temp_dir().join(common::unique("gwlim-spool"));
+        let mut child = common::weft()
+            .env("WEFT_KAFKA_BROKERS", common::brokers())
+            .env("RUST_LOG", "warn")
+            .args(["gateway", "--listen", "127.0.0.1:0"])
+            .arg("--keys")
+            .arg(format!("{KEY}=acme"))
+            .arg("--max-body-bytes")
+            .arg(max_body.to_string())
+            .arg("--topic-prefix")
+            .arg(&prefix)
+            .arg("--spool-dir")
+            .arg(&spool)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self { child, url }
+    }
+
+    /// Peak resident set size of the gateway process so far, in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmHWM in /proc/PID/status");
+        kb * 1024
+    }
+
+    async fn post(&self, key: Option<&str>, body: String) -> (u16, usize, Value) {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}/v1/events", self.url))
+            .header("content-type", "application/json")
+            .timeout(Duration::from_secs(120))
+            .body(body);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON answer: {text}"));
+        (status, text.len(), v)
+    }
+}
+
+fn is_error_body(v: &Value, code: &str) -> bool {
+    v["error"]["code"] == code
+        && v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+        && v.as_object().is_some_and(|o| o.len() == 1)
+}
+
+const GIB: u64 = 1 << 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_8_4_mb_request_is_answered_within_bounds() {
+    let gw = Gateway::start(9_000_000);
+
+    // The attack: 8.4 MB of tiny items, each of which used to get its own answer.
+    let n = 8_400_000 / 3;
+    let mut tiny = String::with_capacity(8_400_100);
+    tiny.push('[');
+    for i in 0..n {
+        if i > 0 {
+            tiny.push(',');
+        }
+        tiny.push_str("{}");
+    }
+    tiny.push(']');
+    assert!(tiny.len() >= 8_400_000, "{}", tiny.len());
+    let t0 = std::time::Instant::now();
+    let (status, len, v) = gw.post(Some(KEY), tiny).await;
+    assert_eq!(status, 422, "{v}");
+    assert!(is_error_body(&v, "too_many_items"), "{v}");
+    assert!(len < 1024, "answer of {len} bytes");
+    eprintln!(
+        "8.4 MB of {n} tiny items: {status} in {:?}, peak RSS {} MiB",
+        t0.elapsed(),
+        gw.peak_rss() >> 20
+    );
+
+    // Within the limits: 10,000 valid events (the default max_items) of ~840 bytes each.
+    let item = |i: usize, pad: &str| {
+        let payload = trace_payload(&format!("lim{pad}"), i);
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-{}","payload":{payload}}}"#,
+            i % 97
+        )
+    };
+    // The tag appears three times in a payload: pad it so an item is ~845 bytes.
+    let pad = "p".repeat((845 - item(5000, "").len()) / 3);
+    let items: Vec<String> = (0..10_000).map(|i| item(i, &pad)).collect();
+    let body = format!("[{}]", items.join(","));
+    assert!(
+        body.len() >= 8_400_000 && body.len() < 9_000_000,
+        "{}",
+        body.len()
+    );
+    let t0 = std::time::Instant::now();
+    let (status, len, v) = gw.post(Some(KEY), body).await;
+    assert_eq!(
+        status,
+        200,
+        "{}",
+        &v.to_string()[..2000.min(v.to_string().len())]
+    );
+    assert_eq!(v["accepted"], 10_000);
+    // Bounded answer: one entry per item (its index, status and id), at most max_items.
+    let id_len = format!("te-lim{pad}-9999").len();
+    assert!(len < 10_000 * (id_len + 60), "answer of {len} bytes");
+    let peak = gw.peak_rss();
+    eprintln!(
+        "8.4 MB of 10000 valid events: {status} in {:?}, answer {len} bytes, peak RSS {} MiB",
+        t0.elapsed(),
+        peak >> 20
+    );
+    assert!(peak < GIB, "gateway peak RSS {} MiB", peak >> 20);
+
+    // Over the body limit: 413 with the one error body, before the body is read.
+    let (status, _, v) = gw.post(Some(KEY), "x".repeat(9_000_001)).await;
+    assert_eq!(status, 413);
+    assert!(is_error_body(&v, "body_too_large"), "{v}");
+    assert!(gw.peak_rss() < GIB);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_fields_duplicate_keys_and_bad_keys_get_clear_4xx() {
+    let gw = Gateway::start(8 << 20);
+    let (status, _, v) = gw.post(None, "[]".into()).await;
+    assert_eq!(status, 401);
+    assert!(is_error_body(&v, "missing_api_key"), "{v}");
+    let (status, _, v) = gw
+        .post(Some("wrong-key-0123456789abcdef"), "[]".into())
+        .await;
+    assert_eq!(status, 401);
+    assert!(is_error_body(&v, "invalid_api_key"), "{v}");
+
+    // A request id over 1024 bytes: 422, with a bounded message.
+    let long_id = "r".repeat(100_000);
+    let item = format!(
+        r#"{{"kind":"trace_event","request_id":"{long_id}","payload":{}}}"#,
+        trace_payload("lim", 1)
+    );
+    let (status, len, v) = gw.post(Some(KEY), item).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["results"][0]["error"]["code"], "string_too_long");
+    assert!(len < 2048, "answer of {len} bytes");
+
+    // A payload over max_message_bytes (1,000,000): 413, bounded message.
+    let big = format!(
+        r#"{{"event_id":"big","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z","error_message":"{}"}}"#,
+        "e".repeat(1_100_000)
+    );
+    let (status, len, v) = gw
+        .post(
+            Some(KEY),
+            format!(r#"{{"kind":"trace_event","payload":{big}}}"#),
+        )
+        .await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["results"][0]["error"]["code"], "too_large");
+    assert!(len < 2048, "answer of {len} bytes");
+
+    // The duplicate-key attack through the gateway, next to a good item.
+    let dup = r#"{"token_id":"tok-gw","principal":"agent-7","scope":["org.myapp.search_docs"],"scope":["org.myapp.delete_everything"],"issued_at":"2026-03-08T06:00:00Z","expires_at":"2026-03-08T07:00:00Z","single_use":false,"issuer":"kernel-1"}"#;
+    let body = format!(
+        r#"[{{"kind":"capability_token","payload":{dup}}},{{"kind":"trace_event","payload":{}}}]"#,
+        trace_payload("lim", 2)
+    );
+    let (status, _, v) = gw.post(Some(KEY), body).await;
+    assert_eq!(status, 207, "{v}");
+    assert_eq!(v["results"][0]["error"]["code"], "duplicate_key", "{v}");
+    assert!(v["results"][0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/scope"));
+    assert_eq!(v["results"][1]["status"], "accepted");
+
+    // Nonconforming extension keys are counted, not refused, by default.
+    let odd = r#"{"event_id":"odd-1","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z","weaver_reserved":1,"x_acme_ok":2}"#;
+    let (status, _, v) = gw
+        .post(
+            Some(KEY),
+            format!(r#"{{"kind":"trace_event","payload":{odd}}}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let metrics = reqwest::get(format!("{}/metrics", gw.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("weft_gateway_nonconforming_keys_total 1"),
+        "{metrics}"
+    );
+}

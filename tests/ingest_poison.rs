@@ -1,0 +1,269 @@
+//! No poison record stops ingest, written as the attacks: a 1,050,000-byte random value and
+//! a 5 MB spec-valid event on a `trace_events` partition between good events (the first once
+//! stopped all of ingest for good: its dead-letter copy was over the producer's limit and was
+//! retried forever); an event at the configured maximum stored end to end; a stall forced by
+//! taking `weft_events` away turns `/healthz` to 503 and shows in `/metrics`; SIGTERM in that
+//! state ends the process within 10 s.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::pipeline::{distinct_facts, free_port, wait_for_port, Pipeline};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sha2::{Digest, Sha256};
+
+fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", common::brokers())
+        .set("message.max.bytes", "8000000")
+        .create()
+        .unwrap()
+}
+
+async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
+    p.send(
+        FutureRecord::to(topic).key(key).payload(value).partition(0),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|(e, _)| e)
+    .unwrap();
+}
+
+/// A spec-valid trace event of about `size` bytes (a long `error_message`).
+fn big_event(id: &str, size: usize) -> Vec<u8> {
+    let head = format!(
+        r#"{{"event_id":"{id}","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z","error_message":""#
+    );
+    let mut v = head.into_bytes();
+    v.resize(size - 2, b'e');
+    v.extend_from_slice(b"\"}");
+    v
+}
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    // xorshift: reproducible noise that is neither JSON nor Avro.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+type Dead = BTreeMap<String, BTreeMap<String, Vec<u8>>>;
+
+/// Key -> (header name -> value, plus "" -> the value) of every dead letter.
+fn dead_letters(dlq: &str, want: usize) -> Dead {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", common::brokers())
+        .set("group.id", common::unique("dlq"))
+        .create()
+        .unwrap();
+    let md = consumer
+        .fetch_metadata(Some(dlq), Duration::from_secs(10))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for part in md.topics()[0].partitions() {
+        tpl.add_partition_offset(dlq, part.id(), Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut got = Dead::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < want && Instant::now() < deadline {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let mut h: BTreeMap<String, Vec<u8>> = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        h.insert(String::new(), m.payload().unwrap_or_default().to_vec());
+        let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+        assert!(
+            got.insert(key.clone(), h).is_none(),
+            "{key} dead-lettered twice"
+        );
+    }
+    got
+}
+
+fn text(h: &BTreeMap<String, Vec<u8>>, k: &str) -> String {
+    String::from_utf8_lossy(h.get(k).map(Vec::as_slice).unwrap_or_default()).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_records_between_good_events_do_not_stop_ingest() {
+    let p = Pipeline::new("it_poison");
+    p.simulate(&["--events", "300", "--seed", "41", "--clean"]);
+    let before = p.path("events.jsonl");
+    std::fs::rename(p.path("events.jsonl"), p.path("before.jsonl")).unwrap();
+    let before = before.with_file_name("before.jsonl");
+    p.publish(&before);
+    let topic = format!("{}trace_events", p.prefix);
+    let prod = producer();
+    let noise = random_bytes(1_050_000);
+    let five_mb = big_event("te-5mb", 5_000_000);
+    send(&prod, &topic, "poison-random", &noise).await;
+    send(&prod, &topic, "poison-5mb", &five_mb).await;
+    p.simulate(&["--events", "300", "--seed", "42", "--clean"]);
+    let after = p.path("events.jsonl");
+    p.publish(&after);
+    let good = distinct_facts(&[&before, &after]);
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _ingest = p.ingest(Some(&addr));
+    p.wait_for_facts(good, Duration::from_secs(180)).await;
+    let rows = p.scalar("SELECT count() FROM weft_events").await;
+    let ids = p
+        .scalar("SELECT uniqExact(tenant, kind, id) FROM weft_events")
+        .await;
+    assert_eq!(
+        (rows, ids),
+        (good, good),
+        "every good event stored exactly once"
+    );
+
+    let dl = dead_letters(&format!("{}dead_letter", p.prefix), 2);
+    assert_eq!(dl.len(), 2, "{:?}", dl.keys().collect::<Vec<_>>());
+    for (key, original, reason) in [
+        ("poison-random", &noise, "too_large"),
+        ("poison-5mb", &five_mb, "too_large"),
+    ] {
+        let h = &dl[key];
+        assert_eq!(text(h, "weft-dlq-reason"), reason, "{key}");
+        assert_eq!(text(h, "weft-dlq-truncated"), "1", "{key}: bounded form");
+        assert_eq!(
+            text(h, "weft-dlq-original-bytes"),
+            original.len().to_string()
+        );
+        assert_eq!(
+            text(h, "weft-dlq-sha256"),
+            hex::encode(Sha256::digest(original)),
+            "{key}"
+        );
+        assert_eq!(text(h, "weft-dlq-topic"), topic);
+        assert_eq!(text(h, "weft-dlq-partition"), "0");
+        assert!(!text(h, "weft-dlq-offset").is_empty());
+        let cut = &h[""];
+        assert!(
+            cut.len() > 900_000 && cut.len() < 1_000_000,
+            "{key}: {}",
+            cut.len()
+        );
+        assert_eq!(
+            cut.as_slice(),
+            &original[..cut.len()],
+            "{key}: a prefix of the original"
+        );
+    }
+    assert!(wait_for_port(&addr, Duration::from_secs(5)));
+    let health = reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_at_the_configured_maximum_is_stored() {
+    let p = Pipeline::new("it_maxsize");
+    let none = p.path("none.jsonl");
+    std::fs::write(&none, "").unwrap();
+    p.publish(&none); // the topics
+    let topic = format!("{}trace_events", p.prefix);
+    let max = 2_000_000;
+    let at_max = big_event("te-at-max", max);
+    let over = big_event("te-over-max", max + 1);
+    send(&producer(), &topic, "at-max", &at_max).await;
+    send(&producer(), &topic, "over-max", &over).await;
+    let _ingest = p.ingest_args(None, &[], &["--max-message-bytes", &max.to_string()]);
+    p.wait_for_facts(1, Duration::from_secs(120)).await;
+    let stored = p
+        .scalar("SELECT length(payload) FROM weft_events WHERE id = 'te-at-max'")
+        .await;
+    assert_eq!(stored, max as u64, "stored whole");
+    let dl = dead_letters(&format!("{}dead_letter", p.prefix), 1);
+    assert_eq!(text(&dl["over-max"], "weft-dlq-reason"), "too_large");
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_stall_turns_healthz_503_and_sigterm_still_ends_within_10_s() {
+    let p = Pipeline::new("it_stall");
+    p.simulate(&["--events", "200", "--seed", "43", "--clean"]);
+    let file = p.path("events.jsonl");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let ingest = p.ingest_args(Some(&addr), &[], &["--stall-after-secs", "3"]);
+    assert!(wait_for_port(&addr, Duration::from_secs(30)));
+    common::wait_for(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        log.contains("assigned every partition").then_some(())
+    })
+    .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
+    let get = |path: &str| {
+        let url = format!("http://{addr}{path}");
+        async move { reqwest::get(url).await.unwrap() }
+    };
+    assert_eq!(get("/healthz").await.status(), 200);
+    // Take the facts table away: every insert fails and is retried, nothing is stored.
+    p.client()
+        .query("RENAME TABLE weft_events TO weft_events_away")
+        .execute()
+        .await
+        .unwrap();
+    p.publish(&file);
+    let stalled = common::wait_for(Duration::from_secs(60), || {
+        let s = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async { get("/healthz").await.status() })
+        });
+        (s == 503).then_some(())
+    });
+    assert!(
+        stalled.is_some(),
+        "healthz never turned 503:\n{}",
+        p.ingest_log()
+    );
+    let body: serde_json::Value = get("/healthz").await.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "stalled", "{body}");
+    let metrics = get("/metrics").await.text().await.unwrap();
+    assert!(metrics.contains("weft_ingest_stalled 1"), "{metrics}");
+
+    // SIGTERM while the insert is being retried: the process ends within 10 s.
+    let t0 = Instant::now();
+    let status = ingest.terminate();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?} to stop");
+    assert!(status.code().is_some(), "{status}");
+    eprintln!("SIGTERM during a stalled insert: stopped in {took:?} ({status})");
+
+    // Back: the table returns, a new ingest stores everything once and is healthy.
+    p.client()
+        .query("RENAME TABLE weft_events_away TO weft_events")
+        .execute()
+        .await
+        .unwrap();
+    let addr2 = format!("127.0.0.1:{}", free_port());
+    let _ingest = p.ingest_args(Some(&addr2), &[], &["--stall-after-secs", "3"]);
+    let want = distinct_facts(&[&file]);
+    p.wait_for_facts(want, Duration::from_secs(120)).await;
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, want);
+    assert!(wait_for_port(&addr2, Duration::from_secs(10)));
+    let s = reqwest::get(format!("http://{addr2}/healthz"))
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(s, 200);
+}
