@@ -209,11 +209,13 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
         .check("evaluation_artifact", &art)
         .unwrap()
         .is_empty());
-    let rows: Vec<(String, f64, u8)> = p
+    let rows: Vec<(String, f64, u8, String)> = p
         .client()
         .query(
             "SELECT d.candidate_id, JSONExtractFloat(d.payload, 'metadata', 'x_weft_propensity'), \
-                    toUInt8(JSONExtractBool(f.payload, 'success')) \
+                    toUInt8(JSONExtractBool(f.payload, 'success')), \
+                    arrayStringConcat(arrayMap(x -> JSONExtractString(x, 'candidate_id'), \
+                             JSONExtractArrayRaw(d.payload, 'fallback_candidates')), ',') \
              FROM (SELECT id, candidate_id, payload FROM weft_events \
                    WHERE kind = 'execution_routing_decision') AS d \
              INNER JOIN (SELECT JSONExtractString(payload, 'decision_id') AS did, payload \
@@ -232,23 +234,43 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
             .collect();
         (v.iter().sum::<f64>(), v.len() as f64)
     };
-    // Greedy on the in-sample fit: highest posterior mean success (Beta(1, 1) prior).
-    let target = ARMS
+    // Greedy on the in-sample fit: highest posterior mean success (Beta(1, 1) prior) among
+    // each decision's own admissible set (its choice and fallbacks: a candidate waiting on
+    // its risk budget at the start was not offered), ties to the first id.
+    let posterior = |c: &str| {
+        let (s, k) = mean(c);
+        (s + 1.0) / (k + 2.0)
+    };
+    let greedy = |offered: Vec<&str>| -> String {
+        let mut offered = offered;
+        offered.sort_unstable();
+        let mut best = offered[0];
+        for c in offered {
+            if posterior(c) > posterior(best) {
+                best = c;
+            }
+        }
+        best.to_owned()
+    };
+    let targets: Vec<String> = rows
         .iter()
-        .map(|a| a.0)
-        .max_by(|a, b| {
-            let (sa, na) = mean(a);
-            let (sb, nb) = mean(b);
-            ((sa + 1.0) / (na + 2.0)).total_cmp(&((sb + 1.0) / (nb + 2.0)))
+        .map(|r| {
+            greedy(
+                std::iter::once(r.0.as_str())
+                    .chain(r.3.split(',').filter(|c| !c.is_empty()))
+                    .collect(),
+            )
         })
-        .unwrap();
+        .collect();
+    let target = greedy(ARMS.iter().map(|a| a.0).collect());
     let q = |c: &str| {
         let (s, k) = mean(c);
         s / k
     };
     let w: Vec<f64> = rows
         .iter()
-        .map(|r| if r.0 == target { 1.0 / r.1 } else { 0.0 })
+        .zip(&targets)
+        .map(|(r, t)| if &r.0 == t { 1.0 / r.1 } else { 0.0 })
         .collect();
     let ips = rows
         .iter()
@@ -265,7 +287,8 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
     let dr = rows
         .iter()
         .zip(&w)
-        .map(|(r, w)| q(target) + w * (r.2 as f64 - q(&r.0)))
+        .zip(&targets)
+        .map(|((r, w), t)| q(t) + w * (r.2 as f64 - q(&r.0)))
         .sum::<f64>()
         / n;
     let m = &art["metrics"];

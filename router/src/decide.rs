@@ -230,7 +230,7 @@ pub fn examples(req: &RouteRequest, admissible: &[usize]) -> (Vec<Feature>, Vec<
 
 /// The candidate type's wire name (as stored, so a rebuilt model hashes it the same way).
 pub fn candidate_type(c: &ExecutionCandidate) -> String {
-    match serde_json::to_value(&c.candidate_type) {
+    match serde_json::to_value(c.candidate_type) {
         Ok(Value::String(s)) => s,
         _ => "other".into(),
     }
