@@ -71,10 +71,16 @@ async fn fault_supervisor_restarts_a_killed_broker_and_nothing_is_lost() {
     });
     let new_lines = restarted.unwrap_or_else(|| {
         let log = std::fs::read_to_string(&supervisor_log).unwrap_or_default();
-        panic!("the supervisor did not restart the broker:\n{}", &log[before.len().min(log.len())..])
+        panic!(
+            "the supervisor did not restart the broker:\n{}",
+            &log[before.len().min(log.len())..]
+        )
     });
     assert!(kafka_pid().is_some_and(|new| new != pid), "{new_lines}");
-    eprintln!("broker SIGKILLed; restarted by the supervisor after {:?}", t0.elapsed());
+    eprintln!(
+        "broker SIGKILLed; restarted by the supervisor after {:?}",
+        t0.elapsed()
+    );
 
     let out = tokio::task::spawn_blocking(move || publish.wait_with_output())
         .await
