@@ -5,12 +5,15 @@
 //! declared together on [`GlobalArgs`] (clap reads both); the TOML file maps onto
 //! [`Settings`], whose sections are the libraries' own config types.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
-use weft_consumers::store::ClickHouseConfig;
+use tracing::warn;
+use weft_kafka::{ClientRole, KafkaConfig, RoleOverride};
+use weft_store::ClickHouseConfig;
 
 /// Options every subcommand accepts.
 #[derive(Debug, Clone, Args)]
@@ -72,26 +75,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// Kafka connection settings shared by every Kafka client weft creates.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KafkaSettings {
-    pub brokers: String,
-}
-
-impl Default for KafkaSettings {
-    fn default() -> Self {
-        Self {
-            brokers: "127.0.0.1:19092".into(),
-        }
-    }
-}
-
 /// The merged configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
-    pub kafka: KafkaSettings,
+    /// Every Kafka client: brokers and librdkafka properties (SASL/TLS) once, and
+    /// `[kafka.ingest]`, `[kafka.publisher]`, `[kafka.router]` overrides.
+    pub kafka: KafkaConfig,
     pub clickhouse: ClickHouseConfig,
     /// `weft publish`, `weft gateway`, `weft bench`: the Publisher (empty brokers = `[kafka]`).
     pub publisher: weft_producers::PublisherConfig,
@@ -99,6 +89,13 @@ pub struct Settings {
     pub gateway: weft_producers::gateway::GatewayConfig,
     /// `weft ingest`: consumer group, batching, roles (empty brokers = `[kafka]`).
     pub ingest: weft_consumers::ingest::IngestConfig,
+    /// `weft router`: its flags by name (`listen`, `refresh_ms`, `policy`...), see
+    /// [`crate::config_flags`].
+    pub router: toml::Table,
+    /// `weft eval`: its flags by name.
+    pub eval: toml::Table,
+    /// `weft audit`: its flags by name.
+    pub audit: toml::Table,
 }
 
 impl Settings {
@@ -116,6 +113,7 @@ impl Settings {
         if let Some(v) = &args.brokers {
             s.kafka.brokers = v.clone();
         }
+        s.resolve_kafka();
         let ch = &mut s.clickhouse;
         if let Some(v) = &args.clickhouse_url {
             ch.url = v.clone();
@@ -130,6 +128,59 @@ impl Settings {
             ch.password = v.clone();
         }
         Ok(s)
+    }
+
+    /// Fill the publisher's and ingest's client settings from `[kafka]` and their role's
+    /// overrides, folding in the deprecated per-section keys (`[publisher] brokers`,
+    /// `[publisher.kafka_properties]`, and the same under `[ingest]`) with a warning. As
+    /// before, the deprecated publisher keys also reach the router, which had no others.
+    fn resolve_kafka(&mut self) {
+        let p = &mut self.publisher;
+        for role in [&mut self.kafka.publisher, &mut self.kafka.router] {
+            fold_deprecated(role, &p.brokers, &p.kafka_properties);
+        }
+        warn_deprecated("publisher", &p.brokers, &p.kafka_properties);
+        let i = &mut self.ingest;
+        fold_deprecated(&mut self.kafka.ingest, &i.brokers, &i.kafka_properties);
+        warn_deprecated("ingest", &i.brokers, &i.kafka_properties);
+        let c = self.kafka.client(ClientRole::Publisher);
+        (self.publisher.brokers, self.publisher.kafka_properties) = (c.brokers, c.properties);
+        let c = self.kafka.client(ClientRole::Ingest);
+        (self.ingest.brokers, self.ingest.kafka_properties) = (c.brokers, c.properties);
+    }
+
+    /// The settings `weft router` publishes with: the publisher's, with the router's own
+    /// Kafka client settings (`[kafka.router]` over `[kafka]`).
+    pub fn for_router(&self) -> Settings {
+        let mut s = self.clone();
+        let c = self.kafka.client(ClientRole::Router);
+        (s.publisher.brokers, s.publisher.kafka_properties) = (c.brokers, c.properties);
+        s
+    }
+}
+
+/// A deprecated section key becomes the role's override where the role sets none.
+fn fold_deprecated(role: &mut RoleOverride, brokers: &str, props: &BTreeMap<String, String>) {
+    if role.brokers.is_empty() {
+        role.brokers = brokers.to_owned();
+    }
+    for (k, v) in props {
+        role.properties
+            .entry(k.clone())
+            .or_insert_with(|| v.clone());
+    }
+}
+
+fn warn_deprecated(section: &str, brokers: &str, props: &BTreeMap<String, String>) {
+    if !brokers.is_empty() {
+        warn!(
+            "`[{section}] brokers` is deprecated: use `[kafka.{section}] brokers` (or `[kafka] brokers` for every client)"
+        );
+    }
+    if !props.is_empty() {
+        warn!(
+            "`[{section}.kafka_properties]` is deprecated: use `[kafka.{section}.properties]` (or `[kafka.properties]` for every client)"
+        );
     }
 }
 
@@ -175,6 +226,51 @@ mod tests {
         let s: Settings = toml::from_str(include_str!("../deploy/weft.example.toml")).unwrap();
         assert_eq!(s.ingest.batch_max_rows, 50_000);
         assert_eq!(s.publisher.topics.prefix, "weaver.");
+    }
+
+    fn load(text: &str) -> Settings {
+        let mut s: Settings = toml::from_str(text).unwrap();
+        s.resolve_kafka();
+        s
+    }
+
+    #[test]
+    fn kafka_properties_written_once_reach_every_client_and_roles_override() {
+        let s = load(
+            "[kafka]\nbrokers = \"k:1\"\n[kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\
+             [kafka.router]\nbrokers = \"r:1\"\n",
+        );
+        assert_eq!(s.publisher.brokers, "k:1");
+        assert_eq!(s.ingest.brokers, "k:1");
+        for props in [&s.publisher.kafka_properties, &s.ingest.kafka_properties] {
+            assert_eq!(props["security.protocol"], "SASL_SSL");
+        }
+        let r = s.for_router();
+        assert_eq!(r.publisher.brokers, "r:1");
+        assert_eq!(
+            r.publisher.kafka_properties["security.protocol"],
+            "SASL_SSL"
+        );
+    }
+
+    #[test]
+    fn the_deprecated_section_keys_still_work() {
+        let s = load(
+            "[kafka]\nbrokers = \"k:1\"\n[publisher]\nbrokers = \"p:1\"\n\
+             [publisher.kafka_properties]\n\"sasl.mechanism\" = \"PLAIN\"\n\
+             [ingest.kafka_properties]\n\"sasl.mechanism\" = \"SCRAM-SHA-256\"\n",
+        );
+        assert_eq!(s.publisher.brokers, "p:1");
+        assert_eq!(s.publisher.kafka_properties["sasl.mechanism"], "PLAIN");
+        assert_eq!(s.ingest.brokers, "k:1");
+        assert_eq!(s.ingest.kafka_properties["sasl.mechanism"], "SCRAM-SHA-256");
+        // As before: the router publishes with the publisher's settings...
+        let r = s.for_router();
+        assert_eq!(r.publisher.brokers, "p:1");
+        assert_eq!(r.publisher.kafka_properties["sasl.mechanism"], "PLAIN");
+        // ... unless it has its own, which win.
+        let s = load("[publisher]\nbrokers = \"p:1\"\n[kafka.router]\nbrokers = \"r:1\"\n");
+        assert_eq!(s.for_router().publisher.brokers, "r:1");
     }
 
     #[test]

@@ -3,10 +3,11 @@
 
 mod cmd;
 mod config;
+mod config_flags;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{GlobalArgs, LogFormat, Settings};
@@ -28,7 +29,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=weft=debug) to change the level.
 #[derive(Debug, Parser)]
 #[command(name = "weft", version, propagate_version = true)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
     #[command(subcommand)]
@@ -65,13 +66,28 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     init_logging(cli.global.log_format);
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parse the command line, with the config file's values for the flags of the commands
+/// configured by flag name (`[router]`, `[eval]`, `[audit]`; see `config_flags`).
+fn parse_cli() -> Cli {
+    let cmd = Cli::command();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = cmd.clone().get_matches_from(argv.clone());
+    match config_flags::with_file_values(&cmd, argv, &matches) {
+        Ok(argv) => Cli::parse_from(argv),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
         }
     }
 }

@@ -402,3 +402,158 @@ async fn verify_a_range_from_the_checkpoint_before_it() {
         "{r}"
     );
 }
+
+/// Nothing sealed: every column derived from the payload (by `weft_store::typed_columns`)
+/// and the MATERIALIZED token columns the I-06 check reads are checked against the payload on
+/// unsealed rows. Each column is changed alone, on a row of its own, with ALTER UPDATE (the
+/// MATERIALIZED ones, which ClickHouse will not UPDATE, on an inserted copy), and `verify`
+/// names that row and that column (before, a forged decision_id, frame_id or handle_id passed
+/// as INTACT). The next seal holds those rows back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsealed_rows_are_checked_column_by_column() {
+    let p = Pipeline::new("it_unsealed");
+    let truth = p.simulate(&["--flows", "20", "--seed", "91"]);
+    let _ingest = p.ingest(None);
+    p.publish(&p.path("events.jsonl"));
+    p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["unsealed"], truth.totals.distinct_events, "{r}");
+
+    let c = p.client().with_setting("mutations_sync", "2");
+    // (column, its forged value as SQL, the rows that may carry it)
+    let forgeries = [
+        ("decision_id", "'pd-forged'", "notEmpty(decision_id)"),
+        ("frame_id", "'fr-forged'", "notEmpty(frame_id)"),
+        ("handle_id", "'h-forged'", "notEmpty(handle_id)"),
+        ("handle_refs", "['h-forged']", "notEmpty(handle_refs)"),
+        ("candidate_id", "'c-forged'", "notEmpty(candidate_id)"),
+        ("flow_id", "'flow-forged'", "notEmpty(flow_id)"),
+        ("token_id", "'tok-forged'", "notEmpty(token_id)"),
+        ("links", "[]", "notEmpty(links)"),
+        // MATERIALIZED: ClickHouse refuses to UPDATE them, so they are forged on a copy of a
+        // token inserted with its own values (the only way to write them).
+        (
+            "token_scope",
+            "['forged.scope']",
+            "kind = 'capability_token'",
+        ),
+        (
+            "token_single_use",
+            "1 - token_single_use",
+            "kind = 'capability_token'",
+        ),
+    ];
+    let columns: Vec<String> = c
+        .query("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = 'weft_events' ORDER BY position")
+        .fetch_all()
+        .await
+        .unwrap();
+    let mut altered: Vec<String> = Vec::new();
+    for (n, (col, value, which)) in forgeries.into_iter().enumerate() {
+        let id: String = c
+            .query(&format!(
+                "SELECT id FROM weft_events WHERE {which} AND NOT has(CAST(? AS Array(String)), id) ORDER BY id LIMIT 1"
+            ))
+            .bind(&altered)
+            .fetch_one()
+            .await
+            .unwrap_or_else(|e| panic!("no row with {col}: {e}"));
+        if col.starts_with("token_s") {
+            let select: Vec<String> = columns
+                .iter()
+                .map(|k| match k.as_str() {
+                    k if k == col => format!("{value} AS {k}"),
+                    "offset" => format!("offset + {} AS offset", 5_000_000 + n),
+                    k => k.to_owned(),
+                })
+                .collect();
+            c.clone()
+                .with_setting("insert_allow_materialized_columns", "1")
+                .query(&format!(
+                    "INSERT INTO weft_events ({}) SELECT {} FROM weft_events WHERE id = ?",
+                    columns.join(", "),
+                    select.join(", ")
+                ))
+                .bind(&id)
+                .execute()
+                .await
+                .unwrap_or_else(|e| panic!("INSERT forged {col}: {e}"));
+        } else {
+            c.query(&format!(
+                "ALTER TABLE weft_events UPDATE {col} = {value} WHERE id = ?"
+            ))
+            .bind(&id)
+            .execute()
+            .await
+            .unwrap_or_else(|e| panic!("ALTER UPDATE {col}: {e}"));
+        }
+        altered.push(id.clone());
+        let out = audit(&p, &["verify", "--format", "json"]);
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{col}: {r}");
+        let named: Vec<&Value> = r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["id"] == id.as_str())
+            .collect();
+        assert_eq!(named.len(), 1, "{col}: {r}");
+        assert_eq!(named[0]["what"], "altered", "{col}: {r}");
+        let detail = named[0]["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&format!("{col} is not its payload's")),
+            "{col}: {detail}"
+        );
+        // Only this row's column, and one problem per altered row so far.
+        assert_eq!(
+            detail.matches("is not its payload's").count(),
+            1,
+            "{col}: {detail}"
+        );
+        assert_eq!(
+            r["problems"].as_array().unwrap().len(),
+            altered.len(),
+            "{r}"
+        );
+    }
+
+    // Sealing does not launder them: each partition is sealed up to its first bad row, the
+    // seal says so (exit 1), and verify still names every altered row.
+    let out = audit(&p, &["seal"]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for id in &altered {
+        assert!(
+            stderr.contains(&format!(":{id} at ")),
+            "{id} not held: {stderr}"
+        );
+    }
+    let sealed = p.scalar("SELECT count() FROM weft_audit_chain").await;
+    assert!(
+        sealed > 0 && sealed + 8 <= truth.totals.distinct_events,
+        "{sealed}"
+    );
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for id in &altered {
+        assert!(named(&r, "altered", id), "{id}: {r}");
+    }
+    assert_eq!(
+        r["problems"].as_array().unwrap().len(),
+        altered.len(),
+        "{r}"
+    );
+    assert_eq!(r["verified"], sealed, "{r}");
+    // Two sealers at once write the same links twice: harmless copies, read once.
+    c.query("INSERT INTO weft_audit_chain SELECT * FROM weft_audit_chain")
+        .execute()
+        .await
+        .unwrap();
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r2: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r2["problems"], r["problems"], "{r2}");
+    assert_eq!(r2["verified"], sealed, "{r2}");
+}

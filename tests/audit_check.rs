@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::pipeline::{truth_membership, Pipeline};
 use serde_json::Value;
-use weft_producers::simulate::{Invariant, Scenario};
+use weft_sim::{Invariant, Scenario};
 
 fn run(p: &Pipeline, args: &[&str]) -> Output {
     p.weft().arg("audit").args(args).output().unwrap()

@@ -532,7 +532,7 @@ async fn every_panel_query_runs_on_simulated_data() {
     let clean: BTreeSet<&str> = truth
         .requests
         .iter()
-        .filter(|r| r.scenario == weft_producers::simulate::Scenario::Clean)
+        .filter(|r| r.scenario == weft_sim::Scenario::Clean)
         .map(|r| r.request_id.as_str())
         .collect();
     let http = reqwest::Client::new();
@@ -645,7 +645,7 @@ fn check_eval(artifact: &Value, cols: &[String], rows: &[Vec<Value>], failures: 
 
 /// The violation table names exactly the injected violations: (rule, subject kind, id).
 fn check_violations(
-    truth: &weft_producers::simulate::GroundTruth,
+    truth: &weft_sim::GroundTruth,
     cols: &[String],
     rows: &[Vec<Value>],
     failures: &mut Vec<String>,

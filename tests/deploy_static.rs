@@ -4,7 +4,7 @@
 //! every image (compose, manifests, Dockerfile stages) is pinned; the Kafka topic settings
 //! agree with the script that applies them and with weft's topic names; the ClickHouse
 //! cluster migrations cover every table of the default set with replicated or distributed
-//! engines.
+//! engines, column for column (name, type, codec, MATERIALIZED expression, in order).
 
 mod common;
 
@@ -119,6 +119,7 @@ fn compose_services_ports_volumes_and_dependencies_agree() {
         "ingest",
         "router",
         "gateway",
+        "audit",
     ] {
         assert!(names.contains(want), "compose has no service {want}");
     }
@@ -395,6 +396,7 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
         "weft-ingest",
         "weft-ingest-facts",
         "weft-ingest-narratives",
+        "weft-audit",
     ] {
         assert!(
             deployments.contains_key(want),
@@ -406,8 +408,9 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
         let r = deployments[scaled]["spec"]["replicas"].as_u64().unwrap();
         assert!(r >= 2, "{scaled} has {r} replicas");
     }
-    // Only one process may project narratives, and role all must never run twice.
-    for single in ["weft-ingest", "weft-ingest-narratives"] {
+    // Only one process may project narratives, and role all must never run twice; one
+    // sealer is enough.
+    for single in ["weft-ingest", "weft-ingest-narratives", "weft-audit"] {
         let d = &deployments[single];
         assert_eq!(d["spec"]["replicas"].as_u64(), Some(1), "{single}");
         assert_eq!(
@@ -617,6 +620,51 @@ fn clickhouse_cluster_migrations_cover_the_default_set() {
                     "{name} must be a Distributed table on the cluster"
                 );
             }
+        }
+    }
+}
+
+/// Every table of the default migrations has, in the cluster set, an `X_local` and a
+/// Distributed `X` with the same columns in the same order, each with the same type, codec
+/// and MATERIALIZED expression (read by `weft_store::ddl` from both sets of files).
+#[test]
+fn clickhouse_cluster_columns_match_the_migrations_one_by_one() {
+    use weft_store::ddl;
+    let default = ddl::tables(
+        weft_schemas::migrations::all()
+            .iter()
+            .flat_map(|m| m.statements()),
+    );
+    let cluster = ddl::tables(
+        files(&deploy().join("clickhouse-cluster"), "sql")
+            .iter()
+            .flat_map(|f| {
+                let sql: &'static str =
+                    Box::leak(std::fs::read_to_string(f).unwrap().into_boxed_str());
+                weft_schemas::migrations::Migration {
+                    version: 0,
+                    name: String::new(),
+                    sql,
+                }
+                .statements()
+            }),
+    );
+    assert!(default.len() >= 12, "{:?}", default.keys());
+    let shape = |cols: &[ddl::Column]| -> Vec<(String, String)> {
+        cols.iter()
+            .map(|c| (c.name.clone(), c.definition.clone()))
+            .collect()
+    };
+    for (name, cols) in &default {
+        for t in [format!("{name}_local"), name.clone()] {
+            let there = cluster
+                .get(&t)
+                .unwrap_or_else(|| panic!("the cluster set lacks {t}"));
+            assert_eq!(
+                shape(there),
+                shape(cols),
+                "deploy/clickhouse-cluster: {t} differs from schemas/clickhouse: {name}"
+            );
         }
     }
 }

@@ -13,9 +13,9 @@ use publish_support::{config, consume, count, trace_payload};
 use serde_json::{json, Value};
 use weft_http::ApiKeys;
 use weft_producers::gateway::{self, Gateway};
-use weft_producers::simulate::{generate, SimConfig};
 use weft_producers::Publisher;
 use weft_schemas::Kind;
+use weft_sim::{generate, SimConfig};
 
 const KEY_ACME: &str = "acme-key-0123456789abcdef";
 const KEY_GLOBEX: &str = "globex-key-0123456789abcdef";

@@ -9,9 +9,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::pipeline::{distinct_facts, truth_membership, Pipeline};
-use weft_consumers::narrative::query;
-use weft_consumers::store::{ClickHouseConfig, Store};
 use weft_schemas::links::NodeKind;
+use weft_store::narrative::query;
+use weft_store::{ClickHouseConfig, Store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn narratives_match_the_ground_truth_whatever_the_arrival_order() {

@@ -17,7 +17,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::pipeline::{distinct_facts, truth_membership, Pipeline};
+use common::pipeline::{distinct_facts, free_port, truth_membership, Pipeline};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_facts_member_leaves_and_the_survivor_takes_its_partitions_over() {
@@ -57,15 +57,49 @@ async fn survivor_takes_over(stop: Stop, name: &str) {
     let want = distinct_facts(&[&file]);
     p.publish(&file);
 
-    let a = p.ingest_args(None, &[], &["--role", "facts", "--batch-max-rows", "500"]);
-    let b = p.ingest_args(None, &[], &["--role", "facts", "--batch-max-rows", "500"]);
+    let (a_addr, b_addr) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let args = ["--role", "facts", "--batch-max-rows", "500"];
+    let a = p.ingest_args(Some(&a_addr), &[], &args);
+    let b = p.ingest_args(Some(&b_addr), &[], &args);
     let narratives = p.ingest_args(None, &[], &["--role", "narratives"]);
     p.wait_for_facts(want / 3, Duration::from_secs(300)).await;
+    // The member that stops must hold partitions and have stored from them, or the test
+    // would prove nothing about taking partitions over.
+    let a_stored = wait_until_stored(&a_addr).await;
+    let b_before = stored_by(&b_addr).await.unwrap_or(0);
     match stop {
         Stop::Leave => assert_eq!(a.terminate().code(), Some(0)),
         Stop::Kill => a.sigkill(),
     }
     p.wait_for_facts(want, Duration::from_secs(300)).await;
+    // Between them the members stored every event once, and the survivor stored what the
+    // stopped member left behind. (The stopped member's own total: its exit line, the only
+    // one in the log so far; a killed member writes none, so there only the sum is bounded.)
+    let b_after = stored_by(&b_addr).await.expect("the survivor's metrics");
+    let log = p.ingest_log();
+    let a_final: Option<u64> = log.lines().find_map(|l| {
+        let rest = l.split("ingest stopped: ").nth(1)?;
+        rest.split(", ")
+            .nth(1)?
+            .strip_suffix(" stored")?
+            .parse()
+            .ok()
+    });
+    match a_final {
+        Some(a_final) => assert_eq!(
+            a_final + b_after,
+            want,
+            "the stopped member stored {a_final} (>= {a_stored}), the survivor {b_after}"
+        ),
+        None => assert!(a_stored + b_after <= want, "a row stored twice"),
+    }
+    assert!(
+        b_after > b_before && b_after < want,
+        "the survivor stored {b_before} -> {b_after} of {want}: it did not take over"
+    );
 
     assert_eq!(
         p.scalar("SELECT count() FROM weft_events").await,
@@ -80,4 +114,35 @@ async fn survivor_takes_over(stop: Stop, name: &str) {
     p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(120))
         .await;
     drop((b, narratives));
+}
+
+/// Rows a facts member has stored, from its `/metrics` (`weft_ingest_inserted_total`).
+async fn stored_by(addr: &str) -> Option<u64> {
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("weft_ingest_inserted_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
+/// Wait until the member at `addr` has stored rows (it holds partitions); returns how many.
+async fn wait_until_stored(addr: &str) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(n) = stored_by(addr).await.filter(|n| *n > 0) {
+            return n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the member at {addr} never stored a row: it held no partition"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -13,10 +13,10 @@ mod common;
 use common::pipeline::Pipeline;
 use weft_consumers::decode::{decode, Fact, Record};
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_consumers::narrative::query;
-use weft_consumers::store::{ClickHouseConfig, Store};
 use weft_schemas::wire::SchemaIds;
 use weft_schemas::Topics;
+use weft_store::narrative::query;
+use weft_store::{ClickHouseConfig, Store};
 
 const ROUTING: &str = r#"{"decision_id":"erd-1","candidate":{"candidate_id":"flow-a","candidate_type":"flow"},"confidence":0.8,"reason_codes":["capability_match"],"created_at":"2026-05-25T07:59:00Z"}"#;
 const FEEDBACK: &str = r#"{"decision_id":"erd-1","candidate_id":"flow-a","success":true,"timestamp":"2026-05-25T08:00:00Z"}"#;

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use publish_support::{config, consume, count, trace_envelope};
 use serde_json::Value;
-use weft_producers::simulate::{generate, SimConfig};
 use weft_producers::{Delivery, PublishError, Publisher, ValueFormat};
 use weft_schemas::wire::header;
 use weft_schemas::{Envelope, Kind};
+use weft_sim::{generate, SimConfig};
 
 async fn close(p: Publisher) {
     tokio::task::spawn_blocking(move || p.close(Duration::from_secs(10)))

@@ -153,17 +153,25 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
     assert!(second_half < first_half, "regret must grow sublinearly");
     assert!(log.iter().all(|x| x.2 > 0.0 && x.2 <= 1.0));
 
-    // Everything reached ClickHouse: every decision with its propensity, every outcome
-    // in the aggregates.
-    p.wait_for_facts(2 * CYCLES as u64, Duration::from_secs(60))
-        .await;
-    // Polled too: once this count trailed the total seen just before it (cause not found).
+    // Everything reached ClickHouse: every decision with its propensity, every outcome in
+    // the aggregates. Each kind's own count is waited for (decisions are published without
+    // waiting for their ack, feedback only once durable, on two topics ingest flushes
+    // separately), then the totals are checked exactly, once, with no polling around them.
+    for kind in ["execution_routing_decision", "execution_feedback"] {
+        let sql = format!("SELECT count() FROM weft_events WHERE kind = '{kind}'");
+        let n = p
+            .wait_for_count(&sql, CYCLES as u64, Duration::from_secs(60))
+            .await;
+        assert_eq!(n, CYCLES as u64, "{kind}");
+    }
+    assert_eq!(
+        p.scalar("SELECT count() FROM weft_events").await,
+        2 * CYCLES as u64
+    );
     let with_prop = p
-        .wait_for_count(
+        .scalar(
             "SELECT count() FROM weft_events WHERE kind = 'execution_routing_decision' \
              AND JSONExtractFloat(payload, 'metadata', 'x_weft_propensity') > 0",
-            CYCLES as u64,
-            Duration::from_secs(60),
         )
         .await;
     assert_eq!(with_prop, CYCLES as u64);

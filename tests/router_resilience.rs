@@ -1,6 +1,8 @@
 //! The router keeps answering when ClickHouse is unreachable: from its priors, or from the
 //! snapshot file it started from, and says so in the reason codes. ClickHouse is simulated
 //! as down by pointing the router at a closed port (the shared ClickHouse is left alone).
+//! Each part first waits (with a deadline) until the router reports a failed refresh in
+//! `/metrics`, so the answers checked are those given after ClickHouse was found down.
 
 mod common;
 
@@ -39,6 +41,32 @@ fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
     (Proc(child), format!("http://{addr}"))
 }
 
+/// Wait until `/metrics` counts at least one failed refresh; the metrics text then.
+async fn wait_for_failed_refresh(base: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let failed = text
+            .lines()
+            .find_map(|l| l.strip_prefix("weft_router_snapshot_refresh_errors_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if failed >= 1 {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed refresh after 30 s:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn request() -> Value {
     json!({
         "context": {"intent": "search", "request_id": "req-1"},
@@ -73,8 +101,9 @@ fn codes(v: &Value) -> Vec<String> {
 #[tokio::test]
 async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down() {
     // No snapshot: priors, and the answer says so.
+    // The default policy (squarecb) serves without any data.
     let (_p, base) = start_router("router_res_priors", &[]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let metrics = wait_for_failed_refresh(&base).await;
     let (status, v) = route(&base, &request()).await;
     assert_eq!(status, 200, "{v}");
     let c = codes(&v);
@@ -84,12 +113,6 @@ async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down()
         .check("execution_routing_decision", &v)
         .unwrap()
         .is_empty());
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     assert!(
         metrics.contains("weft_router_snapshot_stale 1"),
         "{metrics}"
@@ -111,8 +134,11 @@ async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down()
         .join(common::unique("router_snap"))
         .with_extension("json");
     std::fs::write(&file, serde_json::to_string(&snap).unwrap()).unwrap();
-    let (_p2, base2) = start_router("router_res_snap", &["--snapshot", file.to_str().unwrap()]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_p2, base2) = start_router(
+        "router_res_snap",
+        &["--policy", "greedy", "--snapshot", file.to_str().unwrap()],
+    );
+    wait_for_failed_refresh(&base2).await;
     for _ in 0..20 {
         let (status, v) = route(&base2, &request()).await;
         assert_eq!(status, 200, "{v}");

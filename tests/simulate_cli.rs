@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use weft_producers::simulate::GroundTruth;
+use weft_sim::GroundTruth;
 
 fn simulate(dir: &Path, tag: &str, seed: &str) -> (String, String, GroundTruth) {
     let out = dir.join(format!("{tag}.jsonl"));

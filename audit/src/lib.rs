@@ -29,7 +29,7 @@ pub mod serve;
 pub mod sign;
 pub mod timeline;
 
-use weft_consumers::store::StoreError;
+use weft_store::StoreError;
 
 /// Everything that can go wrong in an audit operation.
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +129,7 @@ pub(crate) fn short(s: &str) -> String {
     out
 }
 
-pub use weft_consumers::store::Store;
+pub use weft_store::Store;
 
 /// Wrap a ClickHouse error with the URL it came from.
 pub(crate) fn ch_err(store: &Store) -> impl Fn(clickhouse::error::Error) -> AuditError + '_ {

@@ -3,10 +3,12 @@
 //!
 //! Results are ordered by `(ts, kind, id, content_hash)`; the cursor is the last row's key,
 //! so a page is one range read whatever the depth (no OFFSET), and pages stay stable while
-//! new events arrive later in time. Empty filters match everything.
+//! new events arrive later in time. Empty filters match everything. The row, its query and
+//! the CSV header are `weft_store::search`.
 
-use clickhouse::Row;
 use serde::{Deserialize, Serialize};
+use weft_store::search::SQL;
+pub use weft_store::search::{Hit, CSV_HEADER};
 
 use crate::{ch_err, AuditError, Range, Store};
 
@@ -35,37 +37,20 @@ pub struct Filter {
     pub request: String,
 }
 
-/// One event of a search result.
-#[derive(Debug, Clone, PartialEq, Row, Serialize, Deserialize)]
-pub struct Hit {
-    /// Event time, microseconds since the epoch.
-    pub ts: i64,
-    /// Event kind.
-    pub kind: String,
-    /// The event's identity.
-    pub id: String,
-    /// SHA-256 of the canonical payload, lowercase hex; tells conflicting versions apart.
-    pub content_hash: String,
-    /// Request id, empty when none.
-    pub request_id: String,
-    /// Payload `event_type`.
-    pub event_type: String,
-    /// Who acted.
-    pub principal: String,
-    /// Capability id.
-    pub capability_id: String,
-    /// Payload `decision`.
-    pub decision: String,
-    /// Payload `outcome`.
-    pub outcome: String,
-    /// Capability token id.
-    pub token_id: String,
-    /// Authorization decision id.
-    pub decision_id: String,
-    /// 1 when the identity was stored before with different content.
-    pub conflict: u8,
-    /// The producer's payload JSON text, as stored.
-    pub payload: String,
+impl Filter {
+    /// Every filter with its name as the API and the CLI spell it.
+    pub fn fields(&self) -> [(&'static str, &String); 8] {
+        [
+            ("kind", &self.kind),
+            ("principal", &self.principal),
+            ("capability", &self.capability),
+            ("event_type", &self.event_type),
+            ("decision", &self.decision),
+            ("outcome", &self.outcome),
+            ("token", &self.token),
+            ("request", &self.request),
+        ]
+    }
 }
 
 /// One page of results and the cursor of the next page (`None` at the end).
@@ -91,27 +76,6 @@ fn decode_cursor(c: &str) -> Result<(i64, String, String, String), AuditError> {
     serde_json::from_slice(&bytes).map_err(|_| bad())
 }
 
-const SQL: &str = "
-SELECT toUnixTimestamp64Micro(ts) AS ts, kind, id, lower(hex(content_hash)) AS content_hash,
-       request_id, event_type, principal, capability_id, decision, outcome, token_id,
-       decision_id, conflict, payload
-FROM weft_events
-WHERE tenant = {t:String}
-  AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC')
-  AND ({kind:String} = '' OR kind = {kind:String})
-  AND ({principal:String} = '' OR principal = {principal:String})
-  AND ({capability:String} = '' OR capability_id = {capability:String})
-  AND ({event_type:String} = '' OR event_type = {event_type:String})
-  AND ({decision:String} = '' OR decision = {decision:String})
-  AND ({outcome:String} = '' OR outcome = {outcome:String})
-  AND ({token:String} = '' OR token_id = {token:String})
-  AND ({request:String} = '' OR request_id = {request:String})
-  AND ({has_cursor:UInt8} = 0 OR (toUnixTimestamp64Micro(ts), kind, id, lower(hex(content_hash)))
-       > ({cts:Int64}, {ckind:String}, {cid:String}, {chash:String}))
-ORDER BY ts, kind, id, content_hash
-LIMIT {limit:UInt64}
-";
-
 /// One page of events of `tenant` in `range` matching `filter`, after `cursor`.
 pub async fn page(
     store: &Store,
@@ -126,16 +90,7 @@ pub async fn page(
             "limit must be 1..={MAX_LIMIT}"
         )));
     }
-    for (name, v) in [
-        ("kind", &filter.kind),
-        ("principal", &filter.principal),
-        ("capability", &filter.capability),
-        ("event_type", &filter.event_type),
-        ("decision", &filter.decision),
-        ("outcome", &filter.outcome),
-        ("token", &filter.token),
-        ("request", &filter.request),
-    ] {
+    for (name, v) in filter.fields() {
         if v.len() > 1024 {
             return Err(AuditError::BadRequest(format!(
                 "{name} is longer than 1024 bytes"
@@ -177,10 +132,6 @@ pub async fn page(
     Ok(Page { hits, next_cursor })
 }
 
-/// The CSV header matching [`csv_line`] (the payload is left out of CSV).
-pub const CSV_HEADER: &str =
-    "ts,kind,id,content_hash,request_id,event_type,principal,capability_id,decision,outcome,token_id,decision_id,conflict";
-
 fn csv_field(s: &str) -> String {
     // Quote always; a leading =,+,-,@ is prefixed with ' so spreadsheets do not run it.
     let s = if s.starts_with(['=', '+', '-', '@']) {
@@ -191,7 +142,7 @@ fn csv_field(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-/// One hit as a CSV line (RFC 4180 quoting, formula-injection safe).
+/// One hit as a CSV line under [`CSV_HEADER`] (RFC 4180 quoting, formula-injection safe).
 pub fn csv_line(h: &Hit) -> String {
     [
         weft_schemas::time::micros_to_rfc3339(h.ts),

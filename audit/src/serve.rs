@@ -302,17 +302,9 @@ async fn search_route(
         token: q.token,
         request: q.request,
     };
-    for (name, v) in [
-        ("kind", &filter.kind),
-        ("principal", &filter.principal),
-        ("capability", &filter.capability),
-        ("event_type", &filter.event_type),
-        ("decision", &filter.decision),
-        ("outcome", &filter.outcome),
-        ("token", &filter.token),
-        ("request", &filter.request),
-        ("cursor", q.cursor.as_ref().unwrap_or(&String::new())),
-    ] {
+    let no_cursor = String::new();
+    let cursor = ("cursor", q.cursor.as_ref().unwrap_or(&no_cursor));
+    for (name, v) in filter.fields().into_iter().chain([cursor]) {
         if let Err(e) = weft_http::check_len(name, v, MAX_ID_BYTES) {
             return e.into_response();
         }
@@ -463,7 +455,12 @@ async fn checkpoints_route(AuditCaller(c): AuditCaller, State(s): State<AppState
 }
 
 /// Seal every tenant's new facts every `every`, until the process stops.
-pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Duration) {
+pub async fn seal_loop(
+    store: Store,
+    key: Option<Arc<Key>>,
+    every: std::time::Duration,
+    copy_window_secs: u64,
+) {
     loop {
         tokio::time::sleep(every).await;
         let tenants: Result<Vec<String>, _> = store
@@ -474,8 +471,13 @@ pub async fn seal_loop(store: Store, key: Option<Arc<Key>>, every: std::time::Du
         match tenants {
             Ok(ts) => {
                 for t in ts {
-                    if let Err(e) = chain::seal(&store, &t, key.as_deref()).await {
-                        tracing::warn!(tenant = %t, error = %e, "seal failed");
+                    match chain::seal(&store, &t, key.as_deref(), copy_window_secs).await {
+                        Ok(r) if !r.held.is_empty() => tracing::error!(
+                            tenant = %t, held = r.held.len(), first = %r.held[0].detail,
+                            "rows left unsealed: they disagree with their payload (run weft audit verify)"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(tenant = %t, error = %e, "seal failed"),
                     }
                 }
             }

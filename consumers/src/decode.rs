@@ -5,9 +5,9 @@
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use weft_schemas::links::{self, Link};
-use weft_schemas::wire::{self, ContentType, SchemaIds};
-use weft_schemas::{identity, time, Envelope, Topics};
+use weft_schemas::links;
+use weft_schemas::wire::{self, SchemaIds};
+use weft_schemas::{identity, time, Topics};
 
 /// A record as read from Kafka, borrowed from the consumer's message.
 #[derive(Debug, Clone, Copy)]
@@ -28,26 +28,7 @@ pub struct Record<'a> {
     pub timestamp_ms: Option<i64>,
 }
 
-/// A valid event, with everything the stores need computed once.
-#[derive(Debug, Clone)]
-pub struct Fact {
-    /// The decoded envelope: kind, tenant, request id, producer fields and raw payload.
-    pub envelope: Envelope,
-    /// The payload parsed and validated against its kind's schema.
-    pub payload: Value,
-    /// The natural identity (see `weft_schemas::identity`).
-    pub id: String,
-    /// SHA-256 of the payload's RFC 8785 canonical form.
-    pub content_hash: [u8; 32],
-    /// The event's own time (micros), falling back to emitted_at, then the broker time.
-    pub ts_micros: i64,
-    /// When the event entered weft (micros): `emitted_at`, else the broker time, else 0.
-    pub emitted_micros: i64,
-    /// The id links of the payload, used for narratives and the `links` column.
-    pub links: Vec<Link>,
-    /// Wire encoding the record arrived in, stored as `content_type`.
-    pub content_type: ContentType,
-}
+pub use weft_store::Fact;
 
 /// Why a record cannot be ingested; becomes the dead-letter headers.
 #[derive(Debug, Clone, PartialEq, Eq)]

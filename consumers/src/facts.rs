@@ -1,4 +1,5 @@
-//! The facts table (`weft_events`): rows, identity deduplication, and exactly-once progress.
+//! The facts table (`weft_events`, rows in `weft_store::events`): identity deduplication and
+//! exactly-once progress.
 //!
 //! **Exactly-once effect.** One insert at a time carries a batch's rows of every source
 //! partition, and every insert is one part (one `ingested_at` per batch, hence one table
@@ -17,156 +18,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use clickhouse::Row;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::decode::Fact;
-use crate::store::{Store, StoreError};
-
-/// One row of `weft_events`, in column order. It borrows every string from the [`Fact`] it
-/// describes (and the partition's topic), so building a batch copies no payloads.
-#[derive(Debug, Clone, Row, Serialize)]
-pub struct EventRow<'a> {
-    /// Tenant from the envelope; every audit query is scoped by it.
-    pub tenant: &'a str,
-    /// Event kind (`trace_event`, `policy_decision`...); part of the identity and the sort key.
-    pub kind: &'static str,
-    /// Natural identity of the event (see `weft_schemas::identity`).
-    pub id: &'a str,
-    /// SHA-256 of the canonical payload; tells copies from conflicting content.
-    pub content_hash: [u8; 32],
-    /// The event's own time (micros); the time range audit queries filter on.
-    pub ts: i64,
-    /// Request the event belongs to, empty when it carries none; groups narratives.
-    pub request_id: &'a str,
-    /// Process that emitted the event (the publisher sets it), empty when unknown.
-    pub producer_id: &'a str,
-    /// Per-producer sequence number (the publisher sets it), 0 when unknown.
-    pub seq: u64,
-    /// When the event entered weft (micros).
-    pub emitted_at: i64,
-    /// When ingest stored the batch (micros); one value per batch, so one table partition.
-    pub ingested_at: i64,
-    /// Payload `event_type`, empty when absent.
-    pub event_type: &'a str,
-    /// Payload `principal`: who acted; searched by audits.
-    pub principal: &'a str,
-    /// Payload `capability_id`, empty when absent.
-    pub capability_id: &'a str,
-    /// Payload `decision`, empty when absent.
-    pub decision: &'a str,
-    /// Payload `outcome`, empty when absent.
-    pub outcome: &'a str,
-    /// Payload `token_id`: the capability token used or issued.
-    pub token_id: &'a str,
-    /// Authorization decision id, on trace events and policy decisions only (feedback keeps its routing decision in `links`).
-    pub decision_id: &'a str,
-    /// Payload `frame_id`, on trace events and frames only.
-    pub frame_id: &'a str,
-    /// Payload `handle_id`, on trace events, frames and handles only.
-    pub handle_id: &'a str,
-    /// Payload `handle_refs`: handles the event refers to.
-    pub handle_refs: Vec<&'a str>,
-    /// Routed candidate, on execution feedback and execution routing decisions only.
-    pub candidate_id: &'a str,
-    /// Payload `metadata.flow_id`, empty when absent.
-    pub flow_id: &'a str,
-    /// Every id link of the payload as (via, target kind, target id).
-    pub links: Vec<(&'static str, &'static str, &'a str)>,
-    /// 1 when this identity was seen before with different content.
-    pub conflict: u8,
-    /// Source topic, for exactly-once progress.
-    pub topic: &'a str,
-    /// Source partition; the `progress` projection keeps its highest offset.
-    pub partition: u32,
-    /// Source offset; ingest resumes after the highest one stored.
-    pub offset: u64,
-    /// Wire encoding the record arrived in.
-    pub content_type: &'static str,
-    /// The producer's exact payload JSON text.
-    pub payload: &'a str,
-}
-
-/// The string at `key` of a JSON object, or "".
-fn s<'a>(v: &'a serde_json::Value, key: &str) -> &'a str {
-    v.get(key)
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or_default()
-}
-
-impl<'a> EventRow<'a> {
-    /// Build the row for a fact read at `topic/partition/offset`.
-    pub fn new(
-        f: &'a Fact,
-        topic: &'a str,
-        partition: i32,
-        offset: i64,
-        ingested_at: i64,
-        conflict: bool,
-    ) -> Self {
-        use weft_schemas::Kind;
-        let p = &f.payload;
-        let kind = f.envelope.kind;
-        // On feedback, decision_id is the routing decision: kept in the links, not here, so
-        // `decision_id` always means an authorization decision.
-        let decision_id = match kind {
-            Kind::TraceEvent | Kind::PolicyDecision => s(p, "decision_id"),
-            _ => "",
-        };
-        let candidate_id = match kind {
-            Kind::ExecutionFeedback => s(p, "candidate_id"),
-            Kind::ExecutionRoutingDecision => {
-                p.get("candidate").map_or("", |c| s(c, "candidate_id"))
-            }
-            _ => "",
-        };
-        let (frame_id, handle_id) = match kind {
-            Kind::TraceEvent | Kind::Frame => (s(p, "frame_id"), s(p, "handle_id")),
-            Kind::Handle => ("", s(p, "handle_id")),
-            _ => ("", ""),
-        };
-        let handle_refs = p
-            .get("handle_refs")
-            .and_then(serde_json::Value::as_array)
-            .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
-            .unwrap_or_default();
-        EventRow {
-            tenant: &f.envelope.tenant,
-            kind: kind.as_str(),
-            id: &f.id,
-            content_hash: f.content_hash,
-            ts: f.ts_micros,
-            request_id: f.envelope.request_id.as_deref().unwrap_or_default(),
-            producer_id: f.envelope.producer_id.as_deref().unwrap_or_default(),
-            seq: f.envelope.seq.unwrap_or(0),
-            emitted_at: f.emitted_micros,
-            ingested_at,
-            event_type: s(p, "event_type"),
-            principal: s(p, "principal"),
-            capability_id: s(p, "capability_id"),
-            decision: s(p, "decision"),
-            outcome: s(p, "outcome"),
-            token_id: s(p, "token_id"),
-            decision_id,
-            frame_id,
-            handle_id,
-            handle_refs,
-            candidate_id,
-            flow_id: p.get("metadata").map_or("", |m| s(m, "flow_id")),
-            links: f
-                .links
-                .iter()
-                .map(|l| (l.via.as_str(), l.to_kind.as_str(), l.to_id.as_str()))
-                .collect(),
-            conflict: u8::from(conflict),
-            topic,
-            partition: partition as u32,
-            offset: offset as u64,
-            content_type: f.content_type.as_str(),
-            payload: f.envelope.payload.get(),
-        }
-    }
-}
+use weft_store::{Store, StoreError};
 
 /// 128-bit digest of (tenant, kind, id): the dedup key. Collisions are negligible at any
 /// realistic volume (birthday bound ~2^64 events).

@@ -10,8 +10,8 @@ use axum::{Json, Router};
 use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
 
 use crate::metrics::IngestMetrics;
-use crate::narrative::query;
-use crate::store::Store;
+use weft_store::narrative::query;
+use weft_store::Store;
 
 /// What the handlers share.
 #[derive(Clone)]

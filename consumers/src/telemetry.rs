@@ -14,79 +14,15 @@ use clickhouse::Row;
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
+pub use weft_store::telemetry::{BatchRow, DeadLetterRow, LagRow, BATCHES, DEAD_LETTERS, LAG};
+use weft_store::{check_columns, insert, Store};
 
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::{check_columns, insert};
-use crate::store::Store;
-
-/// Table of per-partition flush figures.
-pub const BATCHES: &str = "weft_ingest_batches";
-/// Table of dead-lettered records (ReplacingMergeTree on topic, partition, offset).
-pub const DEAD_LETTERS: &str = "weft_dead_letters";
-/// Table of consumer lag samples.
-pub const LAG: &str = "weft_ingest_lag";
 
 /// Samples waiting for the writer; beyond this many, new ones are dropped (and counted).
 const QUEUE: usize = 8_192;
 /// How often the writer inserts what it has collected.
 const EVERY: Duration = Duration::from_secs(1);
-
-/// One source partition's share of one flush, written after its facts insert succeeded.
-#[derive(Debug, Clone, Row, Serialize)]
-pub struct BatchRow {
-    /// Microseconds since the epoch.
-    pub at: i64,
-    /// Source topic.
-    pub topic: String,
-    /// Source partition.
-    pub partition: i32,
-    /// Facts inserted (after deduplication).
-    pub rows: u32,
-    /// Records dead-lettered in this flush.
-    pub dead: u32,
-    /// Payload bytes buffered for the flush.
-    pub bytes: u64,
-    /// Latency of the facts insert (0 when nothing was inserted).
-    pub insert_ms: f64,
-    /// The process's role (`all`, `facts`, `narratives`).
-    pub role: &'static str,
-}
-
-/// One record the dead-letter topic acknowledged.
-#[derive(Debug, Clone, Row, Serialize)]
-pub struct DeadLetterRow {
-    /// When the broker acknowledged the dead letter (micros since the epoch).
-    pub at: i64,
-    /// Source topic of the rejected record.
-    pub topic: String,
-    /// Source partition of the rejected record.
-    pub partition: i32,
-    /// Source offset; with topic and partition, the row's key.
-    pub offset: i64,
-    /// The `weft-dlq-reason` code.
-    pub reason: &'static str,
-    /// Human-readable rejection detail.
-    pub message: String,
-    /// The record's `weft-tenant` header, empty when it had none.
-    pub tenant: String,
-}
-
-/// One lag sample of one source partition.
-#[derive(Debug, Clone, Row, Serialize)]
-pub struct LagRow {
-    /// When the sample was taken (micros since the epoch).
-    pub at: i64,
-    /// Source topic.
-    pub topic: String,
-    /// Source partition.
-    pub partition: i32,
-    /// The next offset ingest will read: one past what is both stored and projected.
-    pub next_offset: i64,
-    /// The broker's high watermark for the partition.
-    pub high_watermark: i64,
-    /// High watermark minus next offset, never negative.
-    pub lag: i64,
-}
 
 /// A telemetry sample on its way to ClickHouse.
 #[derive(Debug)]

@@ -77,7 +77,16 @@ say "compliance audit: invariant checks, then the tamper-evident hash chain"
 echo "this run injected (simulator ground truth): $(python3 -c "import json;print(json.load(open('$RUN/truth.json'))['totals']['violations'])")"
 # Simulated time starts at 2026-11-01 in every run, so earlier demo runs are counted too.
 $WEFT audit check --from 2026-10-01T00:00:00Z --to 2027-01-01T00:00:00Z --grace-secs 0 --summary
-$WEFT audit seal >/dev/null && $WEFT audit verify | tail -3
+# The sealing key (ed25519, made once, kept in the run directory with mode 0600, never in
+# ClickHouse; keyring.json is its public half for verifiers). The audit service below seals
+# every minute from now on; this first seal is done by hand so the verify shows the chain.
+[ -s "$RUN/seal.key" ] || $WEFT audit keygen --kid demo-seal --out "$RUN/seal.key" >"$RUN/keyring.json"
+$WEFT audit seal --sign-key "$RUN/seal.key" >/dev/null && $WEFT audit verify | tail -3
+if ! { [ -f "$RUN/audit.pid" ] && kill -0 "$(cat "$RUN/audit.pid")" 2>/dev/null; }; then
+  WEFT_AUDIT_KEYS="demo-audit-key-0123456789abcdef=default" setsid "$WEFT" audit serve \
+    --seal-every-secs 60 --sign-key "$RUN/seal.key" >"$RUN/audit.log" 2>&1 &
+  echo $! >"$RUN/audit.pid"
+fi
 
 say "the feedback loop: weft router learns from ExecutionFeedback aggregated in ClickHouse"
 ROUTER_KEY=demo-router-key-0123456789abcdef
@@ -115,10 +124,11 @@ PY
 say "done"
 cat <<MSG
 weft ingest (pid $(cat "$RUN/ingest.pid"), log $RUN/ingest.log) and weft router
-(pid $(cat "$RUN/router.pid"), log $RUN/router.log) keep running.
+(pid $(cat "$RUN/router.pid"), log $RUN/router.log) keep running, and so does weft audit serve
+(pid $(cat "$RUN/audit.pid"), log $RUN/audit.log), sealing the hash chain every 60 s.
 Explore:   $WEFT narrative req-$SEED-2 --format json
            $WEFT audit timeline --request req-$SEED-2
            $WEFT audit search --decision deny --format csv
            the evaluation artifact: $RUN/eval.json
-Stop all:  kill \$(cat $RUN/ingest.pid) \$(cat $RUN/router.pid); bash deploy/local/stack.sh down
+Stop all:  kill \$(cat $RUN/ingest.pid) \$(cat $RUN/router.pid) \$(cat $RUN/audit.pid); bash deploy/local/stack.sh down
 MSG

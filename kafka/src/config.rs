@@ -4,9 +4,12 @@ use std::collections::BTreeMap;
 
 use rdkafka::config::ClientConfig;
 use serde::{Deserialize, Serialize};
+use weft_schemas::ports;
 
 /// Where a local stack's broker listens (`deploy/local/stack.sh`): the default of `brokers`.
-pub const DEFAULT_BROKERS: &str = "127.0.0.1:19092";
+pub fn default_brokers() -> String {
+    ports::loopback(ports::KAFKA).to_string()
+}
 
 /// The Kafka clients weft makes, each of which may override the shared settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +63,7 @@ pub struct KafkaConfig {
 impl Default for KafkaConfig {
     fn default() -> Self {
         Self {
-            brokers: DEFAULT_BROKERS.into(),
+            brokers: default_brokers(),
             properties: BTreeMap::new(),
             ingest: RoleOverride::default(),
             publisher: RoleOverride::default(),
@@ -172,7 +175,7 @@ mod tests {
     fn an_empty_section_is_the_local_stack_and_typos_fail() {
         let k: KafkaConfig = toml::from_str("").unwrap();
         assert_eq!(k, KafkaConfig::default());
-        assert_eq!(k.client(ClientRole::Publisher).brokers, DEFAULT_BROKERS);
+        assert_eq!(k.client(ClientRole::Publisher).brokers, "127.0.0.1:19092");
         assert!(toml::from_str::<KafkaConfig>("[ingest]\nbroker = \"x\"").is_err());
     }
 }

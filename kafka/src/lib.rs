@@ -13,5 +13,5 @@ mod admin;
 mod config;
 
 pub use admin::{ensure_topics, TopicError, TopicLayout};
-pub use config::{ClientRole, ClientSettings, KafkaConfig, RoleOverride, DEFAULT_BROKERS};
+pub use config::{default_brokers, ClientRole, ClientSettings, KafkaConfig, RoleOverride};
 pub use weft_schemas::Topics;

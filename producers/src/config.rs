@@ -119,7 +119,9 @@ impl<'de> Deserialize<'de> for FsyncPolicy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PublisherConfig {
-    /// Kafka bootstrap servers, comma-separated. Empty means "use `[kafka] brokers`".
+    /// Kafka bootstrap servers, comma-separated. The CLI fills it from `[kafka]` and
+    /// `[kafka.publisher]`; in the file, `[publisher] brokers` is a deprecated alias of
+    /// `[kafka.publisher] brokers`.
     pub brokers: String,
     /// Topic names (one per kind). Consumers read the same section, so both sides agree.
     pub topics: Topics,
@@ -168,6 +170,8 @@ pub struct PublisherConfig {
     /// `publish` up front, because Kafka would refuse them forever and block the spool.
     pub max_message_bytes: usize,
     /// Extra librdkafka properties, applied last (e.g. `"socket.keepalive.enable" = "true"`).
+    /// The CLI fills them from `[kafka.properties]` and `[kafka.publisher.properties]`; in
+    /// the file, `[publisher.kafka_properties]` is a deprecated alias of the latter.
     pub kafka_properties: BTreeMap<String, String>,
     /// Directory of the durable spool. It must be stable across restarts (a restart replays
     /// it) and owned by one process at a time (a lock file enforces that).

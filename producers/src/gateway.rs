@@ -55,7 +55,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            listen: weft_schemas::ports::loopback(weft_schemas::ports::GATEWAY),
             keys: Default::default(),
             keys_file: None,
             max_body_bytes: 8 << 20,

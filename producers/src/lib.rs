@@ -4,13 +4,11 @@
 //!   once it is durable (acknowledged by Kafka, or written to the on-disk [`spool`]);
 //! - [`spool`]: append-only, checksummed segments that hold events while Kafka cannot;
 //! - [`gateway`]: the HTTP ingest endpoint for producers that are not written in Rust;
-//! - [`config`], [`metrics`], [`registry`]: what those need (API keys live in `weft-http`);
-//! - [`floor`]: the bare-librdkafka baseline `weft bench publish --raw` compares against.
+//! - [`config`], [`metrics`], [`registry`]: what those need (API keys live in `weft-http`).
 
 #![warn(missing_docs)]
 
 pub mod config;
-pub mod floor;
 pub mod gateway;
 pub mod metrics;
 pub mod publisher;
@@ -20,5 +18,3 @@ pub mod spool;
 pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};
 pub use metrics::Metrics;
 pub use publisher::{Delivery, PublishError, Publisher, PublisherError, Receipt};
-
-pub mod simulate;

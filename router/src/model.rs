@@ -100,6 +100,10 @@ pub struct Snapshot {
     pub half_life_s: f64,
     /// tenant -> context key -> candidate id -> statistics.
     pub tenants: BTreeMap<String, BTreeMap<String, Arms>>,
+    /// tenant -> the contextual model (`squarecb`), as rebuilt from the stored decisions
+    /// and their feedback; absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contextual: BTreeMap<String, crate::learner::TenantModel>,
 }
 
 impl Snapshot {
@@ -112,6 +116,7 @@ impl Snapshot {
             source: source.into(),
             half_life_s: 0.0,
             tenants: BTreeMap::new(),
+            contextual: BTreeMap::new(),
         }
     }
 

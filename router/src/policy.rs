@@ -14,6 +14,10 @@ use crate::rng::Rng;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyName {
+    /// The default: SquareCB (inverse-gap weighting) over the contextual model
+    /// ([`crate::learner`]); exact propensities.
+    #[serde(rename = "squarecb")]
+    SquareCb,
     /// Highest expected utility; ties go to the earliest candidate. Deterministic.
     Greedy,
     /// Greedy with probability 1 - epsilon, else uniform over the admissible candidates.
@@ -28,7 +32,8 @@ pub enum PolicyName {
 
 impl PolicyName {
     /// Every policy, in the order [`PolicyName::parse`] tries them.
-    pub const ALL: [PolicyName; 5] = [
+    pub const ALL: [PolicyName; 6] = [
+        PolicyName::SquareCb,
         PolicyName::Greedy,
         PolicyName::EpsilonGreedy,
         PolicyName::Thompson,
@@ -39,6 +44,7 @@ impl PolicyName {
     /// The name used in configuration, requests and logged decisions.
     pub fn as_str(self) -> &'static str {
         match self {
+            PolicyName::SquareCb => "squarecb",
             PolicyName::Greedy => "greedy",
             PolicyName::EpsilonGreedy => "epsilon_greedy",
             PolicyName::Thompson => "thompson",
@@ -111,12 +117,14 @@ pub struct PolicyConfig {
     pub min_obs: f64,
     /// Utility weights that rank candidates.
     pub weights: Weights,
+    /// Settings of the contextual policy (`squarecb`).
+    pub learner: crate::learner::LearnerConfig,
 }
 
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
-            policy: PolicyName::Greedy,
+            policy: PolicyName::SquareCb,
             version: "1".into(),
             epsilon: 0.1,
             ucb_c: 1.0,
@@ -126,6 +134,7 @@ impl Default for PolicyConfig {
             prior_quality: 0.5,
             min_obs: 5.0,
             weights: Weights::default(),
+            learner: crate::learner::LearnerConfig::default(),
         }
     }
 }
@@ -231,6 +240,13 @@ impl Constraints {
         }
     }
 
+    /// Whether a constraint is set whose figure the estimate does not know yet.
+    pub fn unknown(&self, e: &Estimate) -> bool {
+        (self.max_latency_ms.is_some() && e.latency_ms.is_none())
+            || (self.max_cost.is_some() && e.cost.is_none())
+            || (self.min_quality.is_some() && e.quality.is_none())
+    }
+
     /// The first constraint an estimate violates, as a reason code. Unknown figures pass.
     pub fn violation(&self, e: &Estimate) -> Option<&'static str> {
         if let (Some(max), Some(l)) = (self.max_latency_ms, e.latency_ms) {
@@ -334,7 +350,9 @@ pub fn probabilities(
     }
     let scores = point_scores(policy, cfg, ests);
     match policy {
-        PolicyName::Greedy | PolicyName::Ucb => p[argmax(&scores)] = 1.0,
+        // SquareCB needs the contextual model: `weft eval` computes it from there; on
+        // aggregate estimates alone it is greedy.
+        PolicyName::Greedy | PolicyName::Ucb | PolicyName::SquareCb => p[argmax(&scores)] = 1.0,
         PolicyName::Static => p[0] = 1.0,
         PolicyName::EpsilonGreedy => {
             let eps = cfg.epsilon.clamp(0.0, 1.0);
@@ -404,7 +422,7 @@ pub fn choose_with_counts(
     let best = argmax(&scores);
     let samples = counts.iter().sum::<f64>().max(1.0);
     let (chosen, propensity) = match policy {
-        PolicyName::Greedy | PolicyName::Ucb => (best, 1.0),
+        PolicyName::Greedy | PolicyName::Ucb | PolicyName::SquareCb => (best, 1.0),
         PolicyName::Static => (0, 1.0),
         PolicyName::EpsilonGreedy => {
             let eps = cfg.epsilon.clamp(0.0, 1.0);

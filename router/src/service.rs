@@ -1,37 +1,41 @@
 //! The HTTP service behind `weft router`: `POST /v1/route`, `POST /v1/feedback`,
 //! `GET /healthz`, `GET /metrics`.
 //!
-//! A decision reads only the in-memory [`Snapshot`], which a background task refreshes from
-//! ClickHouse every `refresh_period`; a decision never waits on ClickHouse. While ClickHouse
-//! is unreachable the last snapshot (or the priors) keeps serving, and every decision says so
-//! with the reason code `snapshot_stale` (or `priors_only`). Decisions are advisory: they
-//! grant nothing, and the service never calls a tool.
-
-// Handlers return their error answer (an HTTP response) directly; it is built once per
-// failed request, so its size does not matter.
-#![allow(clippy::result_large_err)]
+//! A decision reads only in-memory state: the aggregates [`Snapshot`] and the contextual
+//! model ([`Live`]), both refreshed from ClickHouse by a background task every
+//! `refresh_period`; a decision never waits on ClickHouse. Feedback posted here is learnt by
+//! the contextual model at once. While ClickHouse is unreachable the last state (or the
+//! priors) keeps serving, and every decision says so with the reason code `snapshot_stale`
+//! (or `priors_only`). Decisions are advisory: they grant nothing, and the service never
+//! calls a tool.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router as AxumRouter};
-use serde::Deserialize;
+use parking_lot::{Mutex, RwLock};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use weft_http::ApiKeys;
 use weft_producers::Publisher;
-use weft_schemas::contracts::{ExecutionCandidate, ExecutionRoutingDecision};
 use weft_schemas::{Envelope, Kind};
 
+use crate::decide::{self, limits, Context, Remembered, RouteRequest};
+use crate::error::RouterError;
+use crate::learner::{Observation, Outcome};
+use crate::live::Live;
+use crate::metrics::RouterMetrics;
 use crate::model::Snapshot;
-use crate::policy::{self, Constraints, PolicyConfig, PolicyName, PosteriorMemo};
+use crate::policy::{PolicyConfig, PosteriorMemo};
 use crate::rng::Rng;
+
+pub use crate::decide::context_key;
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -40,68 +44,60 @@ pub struct ServiceConfig {
     pub policy: PolicyConfig,
     /// How often the snapshot is re-read from ClickHouse (zero: never).
     pub refresh_period: Duration,
-    /// Aggregates older than this are ignored.
+    /// Aggregates (and outcomes, for the contextual model) older than this are ignored.
     pub window_s: u64,
-    /// Decay half-life applied when reading (0: none).
+    /// Decay half-life applied when reading the aggregates (0: none).
     pub half_life_s: f64,
     /// Source label of snapshots read from ClickHouse.
     pub source: String,
 }
 
-#[derive(Default)]
-struct Counters {
-    decisions: AtomicU64,
-    no_fit: AtomicU64,
-    rejected: AtomicU64,
-    feedback: AtomicU64,
-    publish_errors: AtomicU64,
-    refresh_ok: AtomicU64,
-    refresh_errors: AtomicU64,
-    decision_us_sum: AtomicU64,
-    /// Decision time histogram, buckets in microseconds (see `BUCKETS_US`).
-    decision_us_buckets: [AtomicU64; 8],
-}
-
-const BUCKETS_US: [u64; 8] = [50, 100, 250, 500, 1000, 2500, 10_000, u64::MAX];
-
-/// Bounded memory of recent decisions: decision id -> context key, so feedback sent
-/// through this service can be stamped with the context its decision was made in.
+/// Bounded memory of recent decisions, keyed by (tenant, decision id): what their feedback
+/// needs (the context key to stamp, the features to learn from). A tenant's feedback can
+/// only ever find its own decisions here.
 #[derive(Default)]
 struct Recent {
-    map: HashMap<String, String>,
-    order: VecDeque<String>,
+    map: HashMap<(String, String), Arc<Remembered>>,
+    order: VecDeque<(String, String)>,
 }
 
-const RECENT_MAX: usize = 200_000;
+/// Decisions remembered at most.
+pub const RECENT_MAX: usize = 200_000;
 
-/// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times: its counts
-/// serve every decision until the posterior changes, so they are worth more draws than one
-/// decision's (1024 by default, about 0.2 ms once per posterior state).
+/// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
-
-/// Posterior states memoised at most (then the memo starts afresh); a few hundred bytes each.
+/// Posterior states memoised at most (then the memo starts afresh).
 const MEMO_CAPACITY: usize = 16_384;
+/// Re-read this much before the last visible row at each refresh (rows of an insert in
+/// flight become visible after their `ingested_at`); identities already learnt are skipped.
+const VISIBILITY_MARGIN_US: i64 = 10_000_000;
+/// Incremental refreshes between two full rebuilds of the contextual model.
+pub const REBUILD_EVERY: u32 = 60;
 
 impl Recent {
-    fn insert(&mut self, id: String, ctx: String) {
+    fn insert(&mut self, key: (String, String), r: Arc<Remembered>) {
         if self.order.len() >= RECENT_MAX {
             if let Some(old) = self.order.pop_front() {
                 self.map.remove(&old);
             }
         }
-        self.order.push_back(id.clone());
-        self.map.insert(id, ctx);
+        self.order.push_back(key.clone());
+        self.map.insert(key, r);
     }
 }
 
 struct Health {
-    /// When the current snapshot was read (or loaded).
     loaded_at: Instant,
-    /// `false` until a snapshot came from ClickHouse or a file.
     has_data: bool,
-    /// The last refresh failed.
     stale: bool,
     last_error: Option<String>,
+    /// Visibility watermark of the contextual model's rows (µs); `None` before the first
+    /// successful read (which rebuilds the model from the whole window).
+    watermark: Option<i64>,
+    /// Incremental refreshes since the last full rebuild.
+    since_rebuild: u32,
+    /// The last incremental read learnt a row out of the visibility order.
+    late: bool,
 }
 
 /// The router's shared state.
@@ -112,46 +108,21 @@ pub struct Service {
     snapshot: RwLock<Arc<Snapshot>>,
     health: Mutex<Health>,
     recent: Mutex<Recent>,
-    counters: Counters,
-    seq: AtomicU64,
-    started: u64,
-    receipt_errors: Arc<AtomicU64>,
-    /// Posterior counts per posterior state (see [`PosteriorMemo`]).
+    metrics: Arc<RouterMetrics>,
+    live: Live,
     memo: PosteriorMemo,
 }
 
-/// A route request.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteRequest {
-    /// Request context; `x_weft_context` (else `intent`) picks the statistics, `tenant` must match the key's.
-    #[serde(default)]
-    pub context: Map<String, Value>,
-    /// Candidates to choose from, in preference order for the static policy.
-    pub candidates: Vec<ExecutionCandidate>,
-    /// Limits on expected latency, cost and quality; see [`Constraints`].
-    #[serde(default)]
-    pub constraints: Option<Map<String, Value>>,
-    /// Policy for this request instead of the configured one.
-    #[serde(default)]
-    pub policy: Option<String>,
-}
-
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message.into()}})),
-    )
-        .into_response()
-}
-
-/// The context key of a request: `x_weft_context`, else `intent`, else "".
-pub fn context_key(ctx: &Map<String, Value>) -> String {
-    ctx.get("x_weft_context")
-        .or_else(|| ctx.get("intent"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
+/// 128 random bits from the OS, as the decision id `erd-<32 hex>`.
+fn random_decision_id() -> Result<String, RouterError> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| RouterError::Internal(format!("no randomness: {e}")))?;
+    let mut s = String::with_capacity(36);
+    s.push_str("erd-");
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    Ok(s)
 }
 
 impl Service {
@@ -163,10 +134,10 @@ impl Service {
         initial: Option<Snapshot>,
     ) -> Arc<Self> {
         let has_data = initial.is_some();
-        let started = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
+        let live = Live::default();
+        if let Some(s) = &initial {
+            live.load(s.contextual.clone());
+        }
         Arc::new(Service {
             memo: PosteriorMemo::new(MEMO_DRAW_FACTOR * cfg.policy.mc_samples, MEMO_CAPACITY),
             cfg,
@@ -180,53 +151,93 @@ impl Service {
                 has_data,
                 stale: false,
                 last_error: None,
+                watermark: None,
+                since_rebuild: 0,
+                late: false,
             }),
             recent: Mutex::new(Recent::default()),
-            counters: Counters::default(),
-            seq: AtomicU64::new(0),
-            started,
-            receipt_errors: Arc::default(),
+            metrics: Arc::default(),
+            live,
         })
     }
 
-    /// The current snapshot.
+    /// The current aggregates snapshot, with the contextual models.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.read().unwrap().clone()
+        self.snapshot.read().clone()
     }
 
-    /// Re-read the aggregates once; on failure keep the last snapshot and mark it stale.
-    pub async fn refresh(&self, client: &clickhouse::Client) -> bool {
-        let read = tokio::time::timeout(
-            Duration::from_secs(10),
-            crate::store::read_stats(
-                client,
-                &self.cfg.source,
-                self.cfg.window_s,
-                self.cfg.half_life_s,
-            ),
+    /// The contextual models served (per tenant).
+    pub fn live(&self) -> &Live {
+        &self.live
+    }
+
+    /// Read the aggregates, and the contextual model's new outcomes: incrementally, or a
+    /// full rebuild (built off to the side, then installed) on the first refresh, every
+    /// [`REBUILD_EVERY`] refreshes (so outcomes older than the window leave the model) and
+    /// after a row came out of the visibility order.
+    async fn read_all(&self, client: &clickhouse::Client) -> Result<(), RouterError> {
+        let stats = crate::store::read_stats(
+            client,
+            &self.cfg.source,
+            self.cfg.window_s,
+            self.cfg.half_life_s,
         )
-        .await;
-        let mut h = self.health.lock().unwrap();
+        .await?;
+        let (since, full) = {
+            let h = self.health.lock();
+            (
+                h.watermark,
+                h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late,
+            )
+        };
+        let pc = &self.cfg.policy;
+        let top = if full {
+            let fresh = crate::live::rebuild(client, pc, self.cfg.window_s).await?;
+            let top = fresh.top;
+            self.live.install(&pc.learner, fresh);
+            top
+        } else {
+            let after = since.map_or(0, |w| w - VISIBILITY_MARGIN_US);
+            let rows = crate::store::read_outcomes(client, (after, ""), self.cfg.window_s).await?;
+            self.metrics.refresh_rows.inc_by(rows.len() as u64);
+            let top = rows.iter().map(|r| r.visible_us).max();
+            let late = self
+                .live
+                .reconcile(&pc.learner, crate::live::observations(rows, pc));
+            self.health.lock().late = late;
+            top
+        };
+        *self.snapshot.write() = Arc::new(stats);
+        let mut h = self.health.lock();
+        if full {
+            h.since_rebuild = 0;
+            h.late = false;
+        } else {
+            h.since_rebuild += 1;
+        }
+        h.watermark = Some(top.unwrap_or(0).max(h.watermark.unwrap_or(0)));
+        Ok(())
+    }
+
+    /// Re-read ClickHouse once; on failure keep the last state and mark it stale.
+    pub async fn refresh(&self, client: &clickhouse::Client) -> bool {
+        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(client))
+            .await
+            .unwrap_or(Err(RouterError::Timeout));
+        let mut h = self.health.lock();
         match read {
-            Ok(Ok(s)) => {
-                *self.snapshot.write().unwrap() = Arc::new(s);
+            Ok(()) => {
                 h.loaded_at = Instant::now();
                 h.has_data = true;
                 h.stale = false;
                 h.last_error = None;
-                self.counters.refresh_ok.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refresh_ok.inc();
                 true
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 h.stale = true;
                 h.last_error = Some(e.to_string());
-                self.counters.refresh_errors.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-            Err(_) => {
-                h.stale = true;
-                h.last_error = Some("timed out".into());
-                self.counters.refresh_errors.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refresh_errors.inc();
                 false
             }
         }
@@ -244,8 +255,8 @@ impl Service {
             tick.tick().await;
             let ok = self.refresh(&client).await;
             if was_ok && !ok {
-                let h = self.health.lock().unwrap();
-                tracing::warn!(error = ?h.last_error, "router snapshot refresh failed; serving the last snapshot");
+                let err = self.health.lock().last_error.clone();
+                tracing::warn!(error = ?err, "router snapshot refresh failed; serving the last snapshot");
             } else if ok && !was_ok {
                 tracing::info!("router snapshot refresh recovered");
             }
@@ -253,192 +264,101 @@ impl Service {
         }
     }
 
-    fn next_decision_id(&self) -> String {
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
-        format!("erd-{:x}-{:x}-{n}", self.started, std::process::id())
-    }
-
-    /// Decide one request for `tenant`; the decision's JSON text, as published. `Err`
-    /// carries the HTTP answer.
-    ///
-    /// The decision is built once as the contract type (the request's candidates are moved
-    /// into it, not copied), serialized once, and the same text is both published and
-    /// answered.
+    /// Decide one request for `tenant`; the decision's JSON text, as published.
+    #[tracing::instrument(level = "debug", skip_all, fields(tenant))]
     pub fn decide(
         &self,
         tenant: &str,
         req: RouteRequest,
         rng: &mut Rng,
     ) -> Result<Box<RawValue>, Response> {
-        if req.candidates.is_empty() {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                "no_candidates",
-                "candidates is empty",
-            ));
-        }
-        if let Some(t) = req.context.get("tenant").and_then(Value::as_str) {
-            if t != tenant {
-                return Err(error(
-                    StatusCode::FORBIDDEN,
-                    "tenant_forbidden",
-                    "context.tenant is not the key's tenant",
-                ));
-            }
-        }
-        let policy = match req.policy.as_deref() {
-            None => self.cfg.policy.policy,
-            Some(p) => PolicyName::parse(p).ok_or_else(|| {
-                error(
-                    StatusCode::BAD_REQUEST,
-                    "unknown_policy",
-                    format!(
-                        "policy `{p}` is not one of greedy, epsilon_greedy, thompson, ucb, static"
-                    ),
-                )
-            })?,
-        };
         let cfg = &self.cfg.policy;
-        let ctx = context_key(&req.context);
-        let snap = self.snapshot();
-        let arms = snap.arms(tenant, &ctx);
-        let ests = policy::estimates(
-            cfg,
-            req.candidates
-                .iter()
-                .map(|c| (c.candidate_id.as_str(), c.metadata.as_ref())),
-            arms,
-        );
-        drop(snap);
-        let constraints = Constraints::from_map(req.constraints.as_ref());
-        let mut admissible = Vec::with_capacity(ests.len());
-        let mut adm_ests = Vec::with_capacity(ests.len());
-        let mut excluded = Map::new();
-        for (i, e) in ests.iter().enumerate() {
-            match constraints.violation(e) {
-                None => {
-                    admissible.push(i);
-                    adm_ests.push(e.clone());
-                }
-                Some(code) => {
-                    excluded.insert(e.candidate_id.clone(), Value::from(code));
-                }
-            }
-        }
-        let (has_data, stale, age) = {
-            let h = self.health.lock().unwrap();
+        let policy = decide::check(&req, tenant, cfg.policy).map_err(|e| {
+            self.metrics.rejected.inc();
+            e.into_response()
+        })?;
+        let live = self.live.model(tenant);
+        let adm = decide::admit(cfg, &req, &self.snapshot(), tenant, &live, |c| {
+            self.live.inflight(tenant, c)
+        });
+        let (has_data, stale, age_s) = {
+            let h = self.health.lock();
             (h.has_data, h.stale, h.loaded_at.elapsed().as_secs_f64())
         };
-        let mut reasons: Vec<String> = Vec::with_capacity(6);
-        if admissible.is_empty() {
-            self.counters.no_fit.fetch_add(1, Ordering::Relaxed);
-            let scores_all: Vec<f64> = ests.iter().map(|e| e.mean_utility(cfg)).collect();
-            let mut order: Vec<usize> = (0..ests.len()).collect();
-            order.sort_by(|a, b| scores_all[*b].total_cmp(&scores_all[*a]));
-            reasons.push("no_candidate_fits".into());
-            if !has_data {
-                reasons.push("priors_only".into());
-            }
-            if stale {
-                reasons.push("snapshot_stale".into());
-            }
-            return Err((
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Json(json!({
-                    "error": {"code": "no_candidate_fits", "message": "every candidate violates the constraints"},
-                    "reason_codes": reasons,
-                    "excluded": excluded,
-                    "fallback_candidates": order.iter().map(|i| &req.candidates[*i]).collect::<Vec<_>>(),
-                })),
-            )
-                .into_response());
+        if adm.admissible.is_empty() {
+            return Err(self.no_fit(&req, &adm, has_data, stale));
         }
-        // Posterior counts (confidence; Thompson's propensity) come from the memo: the
-        // Monte-Carlo work is done once per posterior state, not once per request.
-        let counts = self.memo.counts(cfg, &adm_ests, rng);
-        let choice = policy::choose_with_counts(policy, cfg, &adm_ests, rng, &counts);
-        let chosen = admissible[choice.chosen];
-        reasons.push(format!("policy_{}", policy.as_str()));
-        if !has_data {
-            reasons.push("priors_only".into());
-        }
-        if stale {
-            reasons.push("snapshot_stale".into());
-        }
-        let best =
-            choice
-                .scores
-                .iter()
-                .enumerate()
-                .fold(0, |b, (i, s)| if *s > choice.scores[b] { i } else { b });
-        reasons.push(
-            if choice.chosen == best {
-                "exploit"
-            } else {
-                "explore"
-            }
-            .into(),
-        );
-        if ests[chosen].n < cfg.min_obs {
-            reasons.push("cold_start".into());
-        }
-        if !excluded.is_empty() {
-            reasons.push("constraints_excluded_candidates".into());
-        }
-        // Fallbacks: the other admissible candidates, best score first.
-        let mut fb: Vec<usize> = (0..admissible.len())
-            .filter(|i| *i != choice.chosen)
-            .collect();
-        fb.sort_by(|a, b| choice.scores[*b].total_cmp(&choice.scores[*a]));
-        let scores: Map<String, Value> = adm_ests
-            .into_iter()
-            .zip(&choice.scores)
-            .map(|(e, s)| (e.candidate_id, Value::from(*s)))
-            .collect();
-        let decision_id = self.next_decision_id();
-        let mut metadata = Map::new();
-        metadata.insert("x_weft_policy".into(), policy.as_str().into());
-        metadata.insert("x_weft_policy_version".into(), cfg.version.clone().into());
-        metadata.insert("x_weft_propensity".into(), choice.propensity.into());
-        metadata.insert("x_weft_scores".into(), Value::Object(scores));
-        metadata.insert("x_weft_context".into(), ctx.clone().into());
-        metadata.insert("x_weft_excluded".into(), Value::Object(excluded));
-        metadata.insert("x_weft_snapshot_age_s".into(), age.into());
-        metadata.insert("x_weft_advisory".into(), true.into());
+        let ch = decide::choose(policy, cfg, &adm, &req, &live, &self.memo, rng);
+        let live_n = |id: &str| live.arms.get(id).map_or(0.0, |a| a.n);
+        let cx = Context {
+            policy,
+            cfg,
+            has_data,
+            stale,
+            age_s,
+            live_n: &live_n,
+        };
+        let reasons = decide::reasons(&cx, &adm, &ch);
+        let (ctx_features, _) = decide::examples(&req, &[]);
+        let key = context_key(&req.context);
         let request_id = req
             .context
             .get("request_id")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        // Move the candidates into the decision: the choice, then the fallbacks in order.
-        let mut cands: Vec<Option<ExecutionCandidate>> =
-            req.candidates.into_iter().map(Some).collect();
-        let mut take = |i: usize| cands[i].take();
-        let Some(candidate) = take(chosen) else {
-            return Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "candidate taken twice",
-            ));
-        };
-        let fallback_candidates: Vec<ExecutionCandidate> =
-            fb.iter().filter_map(|i| take(admissible[*i])).collect();
-        let decision = ExecutionRoutingDecision {
-            decision_id: decision_id.clone(),
-            candidate,
-            confidence: Some(Some(choice.confidence)),
-            reason_codes: Some(reasons),
-            reason: None,
-            fallback_candidates: Some(fallback_candidates),
-            constraints: Some(req.constraints.unwrap_or_default()),
-            policy_context_ref: None,
-            trace_ref: None,
-            created_at: Some(Some(weft_schemas::time::now_rfc3339())),
-            metadata: Some(metadata),
-            extra: Map::new(),
-        };
+        let decision_id = random_decision_id().map_err(IntoResponse::into_response)?;
+        let decision = decide::build(&cx, decision_id.clone(), req, adm, &ch, reasons)
+            .map_err(IntoResponse::into_response)?;
+        let remembered = Arc::new(Remembered::of(&decision, ctx_features, key));
+        let chosen = decision.candidate.candidate_id.clone();
         let raw = serde_json::value::to_raw_value(&decision)
-            .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+            .map_err(|e| RouterError::Internal(e.to_string()).into_response())?;
+        self.publish_decision(tenant, request_id, raw.clone())?;
+        self.live.decided(tenant, &chosen);
+        self.recent
+            .lock()
+            .insert((tenant.to_owned(), decision_id), remembered);
+        self.metrics.decisions.inc();
+        Ok(raw)
+    }
+
+    fn no_fit(
+        &self,
+        req: &RouteRequest,
+        adm: &decide::Admission,
+        has_data: bool,
+        stale: bool,
+    ) -> Response {
+        self.metrics.no_fit.inc();
+        let cfg = &self.cfg.policy;
+        let scores: Vec<f64> = adm.ests.iter().map(|e| e.mean_utility(cfg)).collect();
+        let mut order: Vec<usize> = (0..adm.ests.len()).collect();
+        order.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]));
+        let mut reasons = vec!["no_candidate_fits"];
+        if !has_data {
+            reasons.push("priors_only");
+        }
+        if stale {
+            reasons.push("snapshot_stale");
+        }
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "error": {"code": "no_candidate_fits", "message": "every candidate violates the constraints"},
+                "reason_codes": reasons,
+                "excluded": adm.excluded,
+                "fallback_candidates": order.iter().map(|i| &req.candidates[*i]).collect::<Vec<_>>(),
+            })),
+        )
+            .into_response()
+    }
+
+    fn publish_decision(
+        &self,
+        tenant: &str,
+        request_id: Option<String>,
+        raw: Box<RawValue>,
+    ) -> Result<(), Response> {
         let env = Envelope {
             kind: Kind::ExecutionRoutingDecision,
             request_id,
@@ -446,189 +366,159 @@ impl Service {
             producer_id: None,
             seq: None,
             emitted_at: None,
-            payload: raw.clone(),
+            payload: raw,
         };
         let receipt = self.publisher.publish(env).map_err(|e| {
-            self.counters.publish_errors.fetch_add(1, Ordering::Relaxed);
-            error(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e.to_string())
+            self.metrics.publish_errors.inc();
+            RouterError::Publish(e.code(), e.to_string(), StatusCode::INTERNAL_SERVER_ERROR)
+                .into_response()
         })?;
-        let me = self.counters_handle();
+        // Receipts resolve after the handler returns; their failures are counted here.
+        let errors = self.metrics.publish_errors.clone();
         tokio::spawn(async move {
             if receipt.await.is_err() {
-                me.fetch_add(1, Ordering::Relaxed);
+                errors.inc();
             }
         });
-        self.recent.lock().unwrap().insert(decision_id, ctx);
-        self.counters.decisions.fetch_add(1, Ordering::Relaxed);
-        Ok(raw)
+        Ok(())
     }
 
-    fn counters_handle(&self) -> Arc<AtomicU64> {
-        // Receipts resolve after the handler returns; their failures are counted here.
-        self.receipt_errors.clone()
-    }
-
-    fn observe_latency(&self, us: u64) {
-        self.counters
-            .decision_us_sum
-            .fetch_add(us, Ordering::Relaxed);
-        let i = BUCKETS_US
-            .iter()
-            .position(|b| us <= *b)
-            .unwrap_or(BUCKETS_US.len() - 1);
-        self.counters.decision_us_buckets[i].fetch_add(1, Ordering::Relaxed);
+    /// Take one feedback for `tenant`: stamp the context key of its decision (when this
+    /// router made it, for this tenant), publish it, and once durable learn it at once.
+    async fn take_feedback(
+        &self,
+        tenant: &str,
+        mut v: Map<String, Value>,
+    ) -> Result<(), RouterError> {
+        let decision_id = v
+            .get("decision_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let candidate = v
+            .get("candidate_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if decision_id.len() > limits::ID_BYTES || candidate.len() > limits::ID_BYTES {
+            return Err(RouterError::TooLarge {
+                field: "decision_id",
+                message: format!("ids are at most {} bytes", limits::ID_BYTES),
+            });
+        }
+        let key = (tenant.to_owned(), decision_id.to_owned());
+        let candidate = candidate.to_owned();
+        let remembered = self.recent.lock().map.get(&key).cloned();
+        if let Some(r) = &remembered {
+            let has_ctx = v
+                .get("metadata")
+                .and_then(|m| m.get("x_weft_context"))
+                .is_some();
+            if !has_ctx {
+                let meta = v.entry("metadata").or_insert_with(|| json!({}));
+                if let Some(m) = meta.as_object_mut() {
+                    m.insert("x_weft_context".into(), json!(r.context_key));
+                }
+            }
+        }
+        let payload = Value::Object(v);
+        let feedback_id = weft_schemas::identity::identity(Kind::ExecutionFeedback, &payload)
+            .map_err(|e| RouterError::BadRequest(e.to_string()))?;
+        let env = Envelope::new(Kind::ExecutionFeedback, &payload)
+            .map_err(|e| RouterError::BadRequest(e.to_string()))?
+            .with_tenant(tenant);
+        let receipt = self.publisher.publish(env).map_err(|e| {
+            self.metrics.rejected.inc();
+            let status = if e.is_retriable() {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            RouterError::Publish(e.code(), e.to_string(), status)
+        })?;
+        receipt.await.map_err(|e| {
+            self.metrics.publish_errors.inc();
+            RouterError::Publish(e.code(), e.to_string(), StatusCode::SERVICE_UNAVAILABLE)
+        })?;
+        self.metrics.feedback.inc();
+        let example = remembered.and_then(|r| r.example(&candidate));
+        if let Some(example) = example {
+            let pc = &self.cfg.policy;
+            let obs = Observation {
+                feedback_id,
+                candidate_id: candidate,
+                example,
+                outcome: Outcome::from_feedback(&payload, &pc.weights, pc.prior_quality),
+            };
+            if self.live.learn_now(&pc.learner, tenant, obs) {
+                self.metrics.learned_now.inc();
+            }
+        }
+        Ok(())
     }
 
     /// Prometheus text.
     pub fn metrics_text(&self) -> String {
-        let c = &self.counters;
-        let h = self.health.lock().unwrap();
-        let snap = self.snapshot();
-        let mut out = String::new();
-        let mut line = |name: &str, help: &str, kind: &str, v: String| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            ));
-        };
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
-        line(
-            "weft_router_decisions_total",
-            "Decisions returned.",
-            "counter",
-            g(&c.decisions),
-        );
-        line(
-            "weft_router_no_fit_total",
-            "Requests where no candidate met the constraints.",
-            "counter",
-            g(&c.no_fit),
-        );
-        line(
-            "weft_router_rejected_total",
-            "Requests refused (auth, bad input).",
-            "counter",
-            g(&c.rejected),
-        );
-        line(
-            "weft_router_feedback_total",
-            "Feedback events accepted.",
-            "counter",
-            g(&c.feedback),
-        );
-        line(
-            "weft_router_publish_errors_total",
-            "Decisions or feedback that could not be published.",
-            "counter",
-            (c.publish_errors.load(Ordering::Relaxed)
-                + self.counters_handle().load(Ordering::Relaxed))
-            .to_string(),
-        );
-        line(
-            "weft_router_snapshot_refresh_total",
-            "Successful snapshot refreshes.",
-            "counter",
-            g(&c.refresh_ok),
-        );
-        line(
-            "weft_router_snapshot_refresh_errors_total",
-            "Failed snapshot refreshes.",
-            "counter",
-            g(&c.refresh_errors),
-        );
-        line(
-            "weft_router_snapshot_age_seconds",
-            "Age of the snapshot decisions are served from.",
-            "gauge",
-            format!("{:.3}", h.loaded_at.elapsed().as_secs_f64()),
-        );
-        line(
-            "weft_router_snapshot_stale",
-            "1 when the last refresh failed.",
-            "gauge",
-            u8::from(h.stale).to_string(),
-        );
-        line(
-            "weft_router_snapshot_cells",
-            "Tenant x context x candidate cells in the snapshot.",
-            "gauge",
-            snap.cells().to_string(),
-        );
+        let m = &self.metrics;
+        {
+            let h = self.health.lock();
+            m.snapshot_age.set(h.loaded_at.elapsed().as_secs_f64());
+            m.snapshot_stale.set(i64::from(h.stale));
+        }
+        m.snapshot_cells.set(self.snapshot().cells() as i64);
         let (hits, misses) = self.memo.stats();
-        line(
-            "weft_router_posterior_memo_hits_total",
-            "Decisions whose posterior counts were memoised.",
-            "counter",
-            hits.to_string(),
-        );
-        line(
-            "weft_router_posterior_memo_misses_total",
-            "Posterior states drawn afresh.",
-            "counter",
-            misses.to_string(),
-        );
-        if let Some(cpu) = process_cpu_seconds() {
-            line(
-                "process_cpu_seconds_total",
-                "User and system CPU time of this process.",
-                "counter",
-                format!("{cpu:.3}"),
-            );
-        }
-        out.push_str("# HELP weft_router_decision_seconds Server-side decision time.\n# TYPE weft_router_decision_seconds histogram\n");
-        let mut cum = 0;
-        for (i, b) in BUCKETS_US.iter().enumerate() {
-            cum += c.decision_us_buckets[i].load(Ordering::Relaxed);
-            let le = if *b == u64::MAX {
-                "+Inf".to_owned()
-            } else {
-                format!("{}", *b as f64 / 1e6)
-            };
-            out.push_str(&format!(
-                "weft_router_decision_seconds_bucket{{le=\"{le}\"}} {cum}\n"
-            ));
-        }
-        out.push_str(&format!(
-            "weft_router_decision_seconds_sum {}\nweft_router_decision_seconds_count {cum}\n",
-            c.decision_us_sum.load(Ordering::Relaxed) as f64 / 1e6
-        ));
-        out
+        RouterMetrics::mirror(&m.memo_hits, hits);
+        RouterMetrics::mirror(&m.memo_misses, misses);
+        m.text()
     }
 
-    fn authenticate(&self, headers: &HeaderMap) -> Result<String, Response> {
+    fn authenticate(&self, headers: &HeaderMap) -> Result<String, RouterError> {
         self.keys
             .authenticate(headers)
             .map(str::to_owned)
             .map_err(|e| {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                self.metrics.rejected.inc();
                 let (status, msg) = e.response();
-                error(status, "unauthorized", msg)
+                RouterError::Unauthorized(msg, status)
             })
+    }
+
+    /// Authenticate, then read a JSON body of at most `limit` bytes.
+    async fn read<T: serde::de::DeserializeOwned>(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        limit: usize,
+    ) -> Result<(String, T), RouterError> {
+        let tenant = self.authenticate(headers)?;
+        let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+            self.metrics.rejected.inc();
+            RouterError::BodyTooLarge {
+                got: limit + 1,
+                limit,
+            }
+        })?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| {
+            self.metrics.rejected.inc();
+            RouterError::BadRequest(e.to_string())
+        })?;
+        Ok((tenant, v))
     }
 }
 
-async fn route(
-    State(s): State<Arc<Service>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
+async fn route(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let tenant = match s.authenticate(&headers) {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let req: RouteRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string());
-        }
+    let (tenant, req) = match s
+        .read::<RouteRequest>(&headers, body, limits::ROUTE_BODY)
+        .await
+    {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
     };
     let mut rng = Rng::from_entropy();
     let out = s.decide(&tenant, req, &mut rng);
-    let us = started.elapsed().as_micros() as u64;
+    let elapsed = started.elapsed();
     match out {
         Ok(raw) => {
-            s.observe_latency(us);
+            s.metrics.decision_seconds.observe(elapsed.as_secs_f64());
             let body: Box<str> = raw.into();
             let mut r = (
                 [(
@@ -638,7 +528,7 @@ async fn route(
                 String::from(body),
             )
                 .into_response();
-            if let Ok(h) = HeaderValue::from_str(&us.to_string()) {
+            if let Ok(h) = HeaderValue::from_str(&elapsed.as_micros().to_string()) {
                 r.headers_mut().insert("x-weft-decision-us", h);
             }
             r
@@ -647,65 +537,26 @@ async fn route(
     }
 }
 
-async fn feedback(
-    State(s): State<Arc<Service>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let tenant = match s.authenticate(&headers) {
-        Ok(t) => t,
-        Err(r) => return r,
+async fn feedback(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
+    let (tenant, v) = match s
+        .read::<Map<String, Value>>(&headers, body, limits::FEEDBACK_BODY)
+        .await
+    {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
     };
-    let mut v: Map<String, Value> = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string());
-        }
-    };
-    // Stamp the decision's context key, so the aggregates file the outcome where it was decided.
-    let decision_id = v
-        .get("decision_id")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let has_ctx = v
-        .get("metadata")
-        .and_then(|m| m.get("x_weft_context"))
-        .is_some();
-    if !has_ctx {
-        if let Some(ctx) = s.recent.lock().unwrap().map.get(&decision_id).cloned() {
-            let meta = v.entry("metadata").or_insert_with(|| json!({}));
-            if let Some(m) = meta.as_object_mut() {
-                m.insert("x_weft_context".into(), json!(ctx));
-            }
-        }
+    match s.take_feedback(&tenant, v).await {
+        Ok(()) => (StatusCode::ACCEPTED, Json(json!({"status": "accepted"}))).into_response(),
+        Err(e) => e.into_response(),
     }
-    let env = match Envelope::new(Kind::ExecutionFeedback, &v) {
-        Ok(e) => e.with_tenant(&tenant),
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
-    };
-    let receipt = match s.publisher.publish(env) {
-        Ok(r) => r,
-        Err(e) => {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            let status = if e.is_retriable() {
-                StatusCode::SERVICE_UNAVAILABLE
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            return error(status, e.code(), e.to_string());
-        }
-    };
-    match receipt.await {
-        Ok(_) => {
-            s.counters.feedback.fetch_add(1, Ordering::Relaxed);
-            (StatusCode::ACCEPTED, Json(json!({"status": "accepted"}))).into_response()
-        }
-        Err(e) => {
-            s.counters.publish_errors.fetch_add(1, Ordering::Relaxed);
-            error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string())
-        }
+}
+
+/// `GET /v1/model`: the caller's tenant's contextual model as served (JSON), for operators
+/// and the replica test; another tenant's is never reachable.
+async fn model(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response {
+    match s.authenticate(&headers) {
+        Ok(tenant) => Json(s.live.served(&tenant)).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -722,41 +573,8 @@ pub fn app(s: Arc<Service>) -> AxumRouter {
     AxumRouter::new()
         .route("/v1/route", post(route))
         .route("/v1/feedback", post(feedback))
+        .route("/v1/model", get(model))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(s)
-}
-
-/// CPU seconds (user + system) this process has used, from `/proc/self/stat`; `None` where
-/// there is no procfs. `weft bench route` divides decisions by it: decisions per core.
-fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesised command name (which may hold spaces): utime and stime
-    // are the 12th and 13th of those, in clock ticks.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: f64 = fields.next()?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks > 0).then(|| (utime + stime) / ticks as f64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::process_cpu_seconds;
-
-    #[test]
-    fn cpu_seconds_grow_with_work() {
-        let before = process_cpu_seconds().expect("procfs on Linux");
-        // Burn a little CPU so the tick counter must move.
-        let started = std::time::Instant::now();
-        let mut x = 0u64;
-        while started.elapsed() < std::time::Duration::from_millis(300) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
-        std::hint::black_box(x);
-        let after = process_cpu_seconds().expect("procfs on Linux");
-        assert!(after > before, "{before} -> {after}");
-    }
 }

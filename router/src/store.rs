@@ -138,3 +138,58 @@ pub async fn read_logged(
     }
     Ok((out, missing))
 }
+
+/// One stored feedback joined to its stored decision (same tenant).
+#[derive(Debug, Row, Deserialize)]
+pub struct OutcomeRow {
+    /// Tenant of both rows.
+    pub tenant: String,
+    /// The feedback's identity (`weft_events.id`).
+    pub feedback_id: String,
+    /// When the pair became visible: the later of the two rows' `ingested_at` (µs).
+    pub visible_us: i64,
+    /// The decision's payload.
+    pub decision: String,
+    /// The feedback's payload.
+    pub feedback: String,
+}
+
+/// Rows read per refresh at most; the next refresh continues from the last one read.
+pub const OUTCOMES_PAGE: u64 = 200_000;
+
+/// Feedback joined with its decision by (tenant, decision_id), for pairs after `after`
+/// ((visibility µs, feedback id), exclusive) whose feedback was ingested in the last
+/// `window_s` seconds, one row per feedback identity, in (visibility, id) order, at most
+/// [`OUTCOMES_PAGE`].
+pub async fn read_outcomes(
+    client: &Client,
+    after: (i64, &str),
+    window_s: u64,
+) -> Result<Vec<OutcomeRow>, clickhouse::error::Error> {
+    client
+        .query(
+            "SELECT f.tenant AS tenant, f.id AS feedback_id,
+                    toUnixTimestamp64Micro(greatest(f.ingested_at, d.ingested_at)) AS visible_us,
+                    d.payload AS decision, f.payload AS feedback
+             FROM (SELECT tenant, id, ingested_at, payload,
+                          JSONExtractString(payload, 'decision_id') AS did
+                   FROM weft_events
+                   WHERE kind = 'execution_feedback' AND conflict = 0
+                     AND ingested_at >= now64(6) - toIntervalSecond(?)) AS f
+             INNER JOIN (SELECT tenant, id, ingested_at, payload FROM weft_events
+                   WHERE kind = 'execution_routing_decision' AND conflict = 0
+                     AND ingested_at >= now64(6) - toIntervalSecond(?)) AS d
+               ON f.tenant = d.tenant AND f.did = d.id
+             WHERE (visible_us, feedback_id) > (?, ?)
+             ORDER BY visible_us, feedback_id
+             LIMIT 1 BY feedback_id
+             LIMIT ?",
+        )
+        .bind(window_s)
+        .bind(window_s.saturating_mul(2))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(OUTCOMES_PAGE)
+        .fetch_all()
+        .await
+}

@@ -7,7 +7,8 @@
 //! - [`strict`]: JSON parsed with duplicate keys refused (one reading of a payload);
 //! - [`identity`]: natural ids and RFC 8785 content hashes;
 //! - [`wire`] and [`avro`]: the Kafka record layout and the JSON / Avro encodings;
-//! - [`migrations`]: the ClickHouse DDL, versioned.
+//! - [`migrations`]: the ClickHouse DDL, versioned;
+//! - [`ports`]: the default ports of every weft service and of the local stack.
 //!
 //! No I/O lives here: producers, consumers, the router and the audit tools all depend on
 //! this crate, so it stays small, synchronous and free of network clients.
@@ -23,6 +24,7 @@ pub mod identity;
 pub mod kind;
 pub mod links;
 pub mod migrations;
+pub mod ports;
 pub mod spec;
 pub mod strict;
 pub mod time;

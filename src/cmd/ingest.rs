@@ -7,8 +7,8 @@ use tokio::sync::watch;
 use weft_consumers::http::{self, AppState};
 use weft_consumers::ingest::{listen_addr, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
-use weft_consumers::store::Store;
 use weft_http::ApiKeys;
+use weft_store::Store;
 
 use crate::config::Settings;
 

@@ -1,7 +1,7 @@
 //! `weft migrate`: create or upgrade weft's ClickHouse schema.
 
 use clap::Args;
-use weft_consumers::store::Store;
+use weft_store::Store;
 
 use crate::config::Settings;
 

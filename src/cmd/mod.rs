@@ -2,9 +2,6 @@
 
 pub mod audit;
 pub mod bench;
-pub mod bench_ingest;
-pub mod bench_ingest_floor;
-pub mod bench_lookup;
 pub mod eval;
 pub mod gateway;
 pub mod ingest;

@@ -1,8 +1,8 @@
 //! `weft narrative`: print one per-request narrative.
 
 use clap::Args;
-use weft_consumers::narrative::query;
-use weft_consumers::store::Store;
+use weft_store::narrative::query;
+use weft_store::Store;
 
 use crate::config::Settings;
 
@@ -38,43 +38,7 @@ pub async fn run(a: NarrativeArgs, settings: Settings) -> anyhow::Result<bool> {
     };
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&n)?),
-        Format::Text => {
-            println!(
-                "narrative {}{} — {} events, {} links{}",
-                n.narrative_id,
-                n.request_id
-                    .as_deref()
-                    .map(|r| format!(" (request {r})"))
-                    .unwrap_or_default(),
-                n.entries.len(),
-                n.links.len(),
-                if n.related.is_empty() {
-                    String::new()
-                } else {
-                    format!(", related: {}", n.related.join(", "))
-                }
-            );
-            for e in &n.entries {
-                let detail = [
-                    "event_type",
-                    "decision",
-                    "outcome",
-                    "capability_id",
-                    "principal",
-                ]
-                .iter()
-                .filter_map(|k| e.payload.get(*k).and_then(|v| v.as_str()))
-                .collect::<Vec<_>>()
-                .join(" ");
-                println!("  {}  {:<27} {:<40} {}", e.timestamp, e.kind, e.id, detail);
-            }
-            for l in &n.links {
-                println!(
-                    "  link {} {} --{}--> {} {}",
-                    l.from.kind, l.from.id, l.via, l.to.kind, l.to.id
-                );
-            }
-        }
+        Format::Text => print!("{}", n.to_text()),
     }
     Ok(true)
 }

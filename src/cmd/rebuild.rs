@@ -2,7 +2,7 @@
 
 use clap::Args;
 use weft_consumers::narrative::rebuild;
-use weft_consumers::store::Store;
+use weft_store::Store;
 
 use crate::config::Settings;
 

@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use weft_consumers::store::Store;
 use weft_http::ApiKeys;
+use weft_router::learner::LearnerConfig;
 use weft_router::model::Snapshot;
 use weft_router::policy::{PolicyConfig, PolicyName, Weights};
 use weft_router::service::{self, Service, ServiceConfig};
+use weft_schemas::ports::{self, loopback};
+use weft_store::Store;
 
 use crate::cmd::publish::PublisherArgs;
 use crate::config::Settings;
@@ -49,7 +51,7 @@ pub struct RouterArgs {
     pub action: Option<RouterAction>,
 
     /// Address to listen on.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8790")]
+    #[arg(long, value_name = "ADDR", default_value_t = loopback(ports::ROUTER))]
     pub listen: SocketAddr,
 
     /// Allow a --listen address that is not loopback.
@@ -109,6 +111,10 @@ pub struct SnapshotArgs {
 
     #[command(flatten)]
     pub fit: FitArgs,
+
+    /// The reward weights and settings the contextual model is rebuilt with.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// How the aggregates are read.
@@ -126,9 +132,27 @@ pub struct FitArgs {
 /// Policy settings, shared by `weft router` and `weft eval`.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyArgs {
-    /// Default policy (a request may name another).
-    #[arg(long, value_parser = parse_policy, default_value = "greedy")]
+    /// Default policy (a request may name another): squarecb (contextual, exploring; the
+    /// default), greedy, epsilon_greedy, thompson, ucb or static.
+    #[arg(long, value_parser = parse_policy, default_value = "squarecb")]
     pub policy: PolicyName,
+
+    /// squarecb: gamma scale of the inverse-gap weighting (gamma = scale * updates^exponent).
+    #[arg(long, default_value_t = 10.0)]
+    pub squarecb_gamma: f64,
+
+    /// squarecb: gamma exponent.
+    #[arg(long, default_value_t = 0.5)]
+    pub squarecb_exponent: f64,
+
+    /// squarecb: ridge penalty of the contextual regression.
+    #[arg(long, default_value_t = 1.0)]
+    pub ridge: f64,
+
+    /// Decisions at most in flight for a candidate whose latency, cost or quality under a
+    /// constraint is still unknown (bounded-risk exploration).
+    #[arg(long, default_value_t = 1)]
+    pub risk_budget: u32,
 
     /// Policy version, logged with every decision.
     #[arg(long, default_value = "1")]
@@ -168,8 +192,9 @@ pub struct PolicyArgs {
 }
 
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
-    PolicyName::parse(s)
-        .ok_or_else(|| format!("`{s}`: expected greedy, epsilon_greedy, thompson, ucb or static"))
+    PolicyName::parse(s).ok_or_else(|| {
+        format!("`{s}`: expected squarecb, greedy, epsilon_greedy, thompson, ucb or static")
+    })
 }
 
 impl PolicyArgs {
@@ -186,6 +211,12 @@ impl PolicyArgs {
                 quality: self.w_quality,
                 cost: self.w_cost,
                 latency_per_s: self.w_latency_per_s,
+            },
+            learner: LearnerConfig {
+                ridge: self.ridge,
+                gamma_scale: self.squarecb_gamma,
+                gamma_exponent: self.squarecb_exponent,
+                risk_budget: self.risk_budget,
             },
             ..PolicyConfig::default()
         }
@@ -230,7 +261,7 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
         half_life_s: args.fit.half_life_s,
         source: format!("clickhouse:{}", settings.clickhouse.database),
     };
-    let mut pub_settings = settings.clone();
+    let mut pub_settings = settings.for_router();
     pub_settings.publisher.linger_ms = args.publish_linger_ms;
     let publisher = args.publisher.connect(&pub_settings).await?;
     let svc = Service::new(cfg, keys, publisher.clone(), initial);
@@ -249,9 +280,13 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
 async fn snapshot(a: SnapshotArgs, settings: Settings) -> anyhow::Result<()> {
     let ch = client(&settings)?;
     let source = format!("clickhouse:{}", settings.clickhouse.database);
-    let snap = weft_router::store::read_stats(&ch, &source, a.fit.window_s, a.fit.half_life_s)
+    let mut snap = weft_router::store::read_stats(&ch, &source, a.fit.window_s, a.fit.half_life_s)
         .await
         .context("reading weft_router_stats (run `weft migrate`?)")?;
+    snap.contextual = weft_router::live::rebuild(&ch, &a.policy.config(), a.fit.window_s)
+        .await
+        .context("rebuilding the contextual model from weft_events")?
+        .models();
     let text = serde_json::to_string_pretty(&snap)? + "\n";
     if a.out == "-" {
         print!("{text}");
@@ -259,170 +294,5 @@ async fn snapshot(a: SnapshotArgs, settings: Settings) -> anyhow::Result<()> {
         std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out))?;
         eprintln!("snapshot: {} cells written to {}", snap.cells(), a.out);
     }
-    Ok(())
-}
-
-/// Measure a running router over loopback HTTP: decisions/s with --concurrency keep-alive
-/// connections, client round-trip percentiles, and the server-side decision time (the
-/// `x-weft-decision-us` header: parse, decide, publish hand-off) percentiles.
-///
-/// Example:
-///   WEFT_ROUTER_KEYS="k-0123456789abcdef=acme" weft router --policy thompson &
-///   weft bench route --key k-0123456789abcdef --requests 50000 --concurrency 8
-#[derive(Debug, Args)]
-#[command(verbatim_doc_comment)]
-pub struct BenchRouteArgs {
-    /// The router's address.
-    #[arg(long, default_value = "127.0.0.1:8790")]
-    pub addr: SocketAddr,
-
-    /// A bearer key of the router.
-    #[arg(long, env = "WEFT_BENCH_ROUTER_KEY", hide_env_values = true)]
-    pub key: String,
-
-    /// Requests in total.
-    #[arg(long, default_value_t = 20_000)]
-    pub requests: usize,
-
-    /// Concurrent keep-alive connections.
-    #[arg(long, default_value_t = 8)]
-    pub concurrency: usize,
-
-    /// Candidates per request.
-    #[arg(long, default_value_t = 3)]
-    pub candidates: usize,
-
-    /// Policy named in each request.
-    #[arg(long, default_value = "thompson")]
-    pub policy: String,
-}
-
-/// One keep-alive HTTP/1.1 connection (a tiny client: the binary carries no HTTP client).
-/// The router's `process_cpu_seconds_total`, read from its `/metrics` (no auth needed).
-async fn router_cpu_seconds(addr: SocketAddr) -> Option<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let req = format!("GET /metrics HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-async fn bench_conn(
-    addr: SocketAddr,
-    request: Vec<u8>,
-    n: usize,
-) -> anyhow::Result<Vec<(u64, u64)>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
-    let mut out = Vec::with_capacity(n);
-    let mut buf = Vec::with_capacity(8192);
-    let mut chunk = [0u8; 8192];
-    for _ in 0..n {
-        let t = std::time::Instant::now();
-        s.write_all(&request).await?;
-        buf.clear();
-        // Read the head, then the body by Content-Length.
-        let (head_end, len, server_us, status) = loop {
-            let k = s.read(&mut chunk).await?;
-            anyhow::ensure!(k > 0, "router closed the connection");
-            buf.extend_from_slice(&chunk[..k]);
-            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&buf[..p]).to_ascii_lowercase();
-                let status = head.get(9..12).unwrap_or("").to_owned();
-                let header = |name: &str| {
-                    head.lines()
-                        .find_map(|l| l.strip_prefix(name))
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                };
-                break (
-                    p + 4,
-                    header("content-length:").unwrap_or(0) as usize,
-                    header("x-weft-decision-us:").unwrap_or(0),
-                    status,
-                );
-            }
-        };
-        while buf.len() < head_end + len {
-            let k = s.read(&mut chunk).await?;
-            anyhow::ensure!(k > 0, "router closed the connection");
-            buf.extend_from_slice(&chunk[..k]);
-        }
-        anyhow::ensure!(
-            status == "200",
-            "router answered {status}: {}",
-            String::from_utf8_lossy(&buf[head_end..])
-        );
-        out.push((t.elapsed().as_micros() as u64, server_us));
-    }
-    Ok(out)
-}
-
-pub async fn bench(a: BenchRouteArgs, _settings: Settings) -> anyhow::Result<()> {
-    let cands: Vec<serde_json::Value> = (0..a.candidates)
-        .map(|i| serde_json::json!({"candidate_id": format!("cand-{i}"), "candidate_type": "tool"}))
-        .collect();
-    let body = serde_json::to_vec(&serde_json::json!({
-        "context": {"intent": "bench"},
-        "candidates": cands,
-        "constraints": {"max_latency_ms": 1000},
-        "policy": a.policy,
-    }))?;
-    let mut request = format!(
-        "POST /v1/route HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        a.addr, a.key, body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(&body);
-    // Warm-up.
-    bench_conn(a.addr, request.clone(), 200).await?;
-    let cpu_before = router_cpu_seconds(a.addr).await;
-    let per = a.requests.div_ceil(a.concurrency.max(1));
-    let started = std::time::Instant::now();
-    let tasks: Vec<_> = (0..a.concurrency.max(1))
-        .map(|_| tokio::spawn(bench_conn(a.addr, request.clone(), per)))
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await??);
-    }
-    let wall = started.elapsed().as_secs_f64();
-    let cpu_after = router_cpu_seconds(a.addr).await;
-    let pct = |mut v: Vec<u64>, q: f64| {
-        v.sort_unstable();
-        v[((v.len() - 1) as f64 * q).round() as usize]
-    };
-    let client: Vec<u64> = all.iter().map(|x| x.0).collect();
-    let server: Vec<u64> = all.iter().map(|x| x.1).collect();
-    println!(
-        "route bench: {} decisions in {wall:.2} s = {:.0} decisions/s ({} connections, {} candidates, policy {})",
-        all.len(),
-        all.len() as f64 / wall,
-        a.concurrency,
-        a.candidates,
-        a.policy
-    );
-    if let (Some(b), Some(e)) = (cpu_before, cpu_after) {
-        let cpu = (e - b).max(1e-3);
-        println!(
-            "router CPU: {cpu:.2} s = {:.0} decisions per router CPU-second (one core's capacity)",
-            all.len() as f64 / cpu
-        );
-    }
-    println!(
-        "server-side decision time: p50 {} us, p99 {} us, max {} us",
-        pct(server.clone(), 0.5),
-        pct(server.clone(), 0.99),
-        server.iter().max().copied().unwrap_or(0)
-    );
-    println!(
-        "client round trip: p50 {} us, p99 {} us",
-        pct(client.clone(), 0.5),
-        pct(client, 0.99)
-    );
     Ok(())
 }

@@ -1,17 +1,12 @@
 //! `weft simulate`: realistic agent-kernel + ChainWeaver traffic as JSONL envelopes (or
 //! published directly), with the ground truth that ingest, narrative and audit tests check.
 
-use std::collections::VecDeque;
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use weft_producers::simulate::{Mix, SimConfig, Simulation, DEFAULT_START};
-use weft_producers::{Delivery, PublishError, Publisher, Receipt};
-use weft_schemas::Envelope;
+use weft_sim::stream::{self, ConnectError, Output, Publishing};
+use weft_sim::{Mix, SimConfig, Simulation, DEFAULT_START};
 
 use crate::cmd::publish::PublisherArgs;
 use crate::config::Settings;
@@ -20,9 +15,6 @@ const GENERATE: &str = "What to generate";
 const OUTPUT: &str = "Output";
 const STRESS: &str = "Narrative-builder stressors";
 const VARIATIONS: &str = "Variations (share of flows, at most one per flow)";
-
-/// Receipts awaited at once with --publish (bounds memory; as `weft publish --window`).
-const PUBLISH_WINDOW: usize = 50_000;
 
 /// Generate realistic Weaver traffic (envelopes, one per line) and its ground truth.
 ///
@@ -221,161 +213,6 @@ impl SimulateArgs {
     }
 }
 
-fn create(path: &Path) -> anyhow::Result<Box<dyn Write>> {
-    Ok(if path.as_os_str() == "-" {
-        Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock()))
-    } else {
-        let f = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-        Box::new(BufWriter::with_capacity(1 << 16, f))
-    })
-}
-
-fn write_line(w: &mut dyn Write, env: &Envelope) -> io::Result<()> {
-    serde_json::to_writer(&mut *w, env)?;
-    w.write_all(b"\n")
-}
-
-/// Holds output to `--rate` envelopes per second by sleeping when ahead of schedule.
-struct Pace {
-    per_event: Option<Duration>,
-    started: Instant,
-}
-
-impl Pace {
-    fn new(rate: f64) -> anyhow::Result<Self> {
-        anyhow::ensure!(
-            rate.is_finite() && rate >= 0.0,
-            "--rate must be a non-negative number"
-        );
-        Ok(Self {
-            per_event: (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate)),
-            started: Instant::now(),
-        })
-    }
-
-    /// Wait until envelope number `n` is due, flushing first so readers see what is out.
-    fn wait(&self, n: u64, sink: &mut Sink) -> io::Result<()> {
-        let Some(step) = self.per_event else {
-            return Ok(());
-        };
-        let due = self.started + step.mul_f64(n as f64);
-        let now = Instant::now();
-        if due > now {
-            sink.flush()?;
-            std::thread::sleep(due - now);
-        }
-        Ok(())
-    }
-}
-
-/// --publish: the Publisher, and the receipts not yet settled.
-struct Publishing {
-    /// Kept for the Publisher's async parts (connect, registry); publishing itself is sync.
-    _runtime: tokio::runtime::Runtime,
-    publisher: Publisher,
-    window: VecDeque<Receipt>,
-    kafka: u64,
-    spooled: u64,
-    rejected: u64,
-    first_rejection: Option<String>,
-}
-
-impl Publishing {
-    fn connect(args: &PublisherArgs, settings: &Settings) -> anyhow::Result<Self> {
-        let runtime = tokio::runtime::Runtime::new()?;
-        let publisher = runtime.block_on(args.connect(settings))?;
-        Ok(Self {
-            _runtime: runtime,
-            publisher,
-            window: VecDeque::new(),
-            kafka: 0,
-            spooled: 0,
-            rejected: 0,
-            first_rejection: None,
-        })
-    }
-
-    fn settle(&mut self, r: Result<Delivery, PublishError>) {
-        match r {
-            Ok(Delivery::Kafka { .. }) => self.kafka += 1,
-            Ok(Delivery::Spooled) => self.spooled += 1,
-            Err(e) => {
-                self.rejected += 1;
-                self.first_rejection
-                    .get_or_insert_with(|| format!("[{}] {e}", e.code()));
-            }
-        }
-    }
-
-    fn publish(&mut self, env: Envelope) {
-        match self.publisher.publish(env) {
-            Ok(r) => self.window.push_back(r),
-            Err(e) => self.settle(Err(e)),
-        }
-        while self.window.len() > PUBLISH_WINDOW {
-            if let Some(r) = self.window.pop_front() {
-                self.settle(r.wait_blocking());
-            }
-        }
-    }
-
-    /// Wait until every event is durable, then close the publisher.
-    fn finish(&mut self) {
-        while let Some(r) = self.window.pop_front() {
-            self.settle(r.wait_blocking());
-        }
-        self.publisher.close(Duration::from_secs(30));
-    }
-}
-
-/// Where envelopes go: the --out file, the --held-back-out file, the Publisher.
-struct Sink {
-    out: Option<Box<dyn Write>>,
-    held_back_path: Option<PathBuf>,
-    held_back: Option<Box<dyn Write>>,
-    publishing: Option<Publishing>,
-}
-
-impl Sink {
-    fn put(&mut self, env: Envelope, held_back: bool) -> anyhow::Result<()> {
-        if let (true, Some(path)) = (held_back, self.held_back_path.clone()) {
-            if self.held_back.is_none() {
-                self.flush()?;
-                self.held_back = Some(create(&path)?);
-            }
-            if let Some(w) = self.held_back.as_deref_mut() {
-                write_line(w, &env)?;
-            }
-            return Ok(());
-        }
-        if let Some(w) = self.out.as_deref_mut() {
-            write_line(w, &env)?;
-        }
-        if let Some(p) = self.publishing.as_mut() {
-            p.publish(env);
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        for w in [self.out.as_deref_mut(), self.held_back.as_deref_mut()]
-            .into_iter()
-            .flatten()
-        {
-            w.flush()?;
-        }
-        Ok(())
-    }
-}
-
-/// A reader that stops early (`| head`) ends the run quietly; it is not an error.
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
-    })
-}
-
 /// Run the simulation. `settings` is only loaded with --publish: plain generation needs no
 /// configuration and never fails on a bad config file.
 pub fn run(
@@ -385,68 +222,21 @@ pub fn run(
     let cfg = args.config();
     let span = tracing::info_span!("simulate", seed = cfg.seed);
     let _guard = span.enter();
-    let mut sim = Simulation::new(cfg).context("invalid simulation options")?;
-    let pace = Pace::new(args.rate)?;
-    let out = match (&args.out, args.publish) {
-        (Some(path), _) => Some(create(path)?),
-        (None, false) => Some(create(Path::new("-"))?),
-        (None, true) => None,
+    let sim = Simulation::new(cfg).context("invalid simulation options")?;
+    let output = Output {
+        out: args.out.clone(),
+        held_back_out: args.held_back_out.clone(),
+        truth: args.truth.clone(),
+        rate: args.rate,
     };
-    let publishing = if args.publish {
-        Some(Publishing::connect(&args.publisher, &settings()?)?)
-    } else {
-        None
+    let connect = || -> Result<Publishing, ConnectError> {
+        let settings = settings()?;
+        let runtime = tokio::runtime::Runtime::new()?;
+        let publisher = runtime.block_on(args.publisher.connect(&settings))?;
+        Ok(Publishing::new(runtime, publisher))
     };
-    let mut sink = Sink {
-        out,
-        held_back_path: args.held_back_out.clone(),
-        held_back: None,
-        publishing,
-    };
-    let started = Instant::now();
-    let mut n = 0u64;
-    let result: anyhow::Result<()> = (|| {
-        while let Some(env) = sim.next() {
-            pace.wait(n, &mut sink)?;
-            sink.put(env, sim.emitting_held_back())?;
-            n += 1;
-        }
-        sink.flush()?;
-        Ok(())
-    })();
-    match result {
-        Err(e) if is_broken_pipe(&e) => {
-            tracing::info!(written = n, "output closed by the reader; stopping");
-            return Ok(());
-        }
-        other => other.context("cannot write the envelopes")?,
-    }
-    if let Some(p) = sink.publishing.as_mut() {
-        p.finish();
-    }
-    let elapsed = started.elapsed();
-    let truth = sim.truth();
-    let t = &truth.totals;
-    tracing::info!(
-        flows = t.flows,
-        envelopes = t.envelopes,
-        distinct_events = t.distinct_events,
-        duplicates = t.duplicates,
-        held_back = t.held_back,
-        without_request_id = t.without_request_id,
-        violations = t.violations.values().sum::<u64>(),
-        seconds = elapsed.as_secs_f64(),
-        events_per_second = (t.envelopes as f64 / elapsed.as_secs_f64().max(1e-9)).round(),
-        "simulation done"
-    );
-    if let Some(path) = &args.truth {
-        let mut w = create(path)?;
-        serde_json::to_writer(&mut w, truth).context("cannot write the ground truth")?;
-        w.write_all(b"\n")?;
-        w.flush()
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    if let Some(p) = &sink.publishing {
+    let published = stream::run(sim, &output, args.publish.then_some(connect))?;
+    if let Some(p) = published {
         eprintln!(
             "{} envelopes: {} published to Kafka, {} spooled, {} rejected",
             p.kafka + p.spooled + p.rejected,

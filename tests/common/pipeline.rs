@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clickhouse::Client;
 use serde_json::Value;
-use weft_producers::simulate::GroundTruth;
 use weft_schemas::Envelope;
+use weft_sim::GroundTruth;
 
 use super::{brokers, clickhouse_url, unique, wait_for, weft};
 

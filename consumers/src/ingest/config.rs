@@ -38,7 +38,8 @@ impl Role {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestConfig {
-    /// Kafka bootstrap servers; empty means the `[kafka]` section's.
+    /// Kafka bootstrap servers. The CLI fills it from `[kafka]` and `[kafka.ingest]`; in the
+    /// file, `[ingest] brokers` is a deprecated alias of `[kafka.ingest] brokers`.
     pub brokers: String,
     /// Consumer group; offsets are committed there (for lag dashboards and resumption).
     /// The `narratives` role commits under `<group_id>.narratives` instead: see
@@ -67,6 +68,8 @@ pub struct IngestConfig {
     /// Longest wait between ClickHouse retries (milliseconds).
     pub max_backoff_ms: u64,
     /// Extra librdkafka properties for every Kafka client (security.protocol, sasl.*, debug...).
+    /// The CLI fills them from `[kafka.properties]` and `[kafka.ingest.properties]`; in the
+    /// file, `[ingest.kafka_properties]` is a deprecated alias of the latter.
     pub kafka_properties: BTreeMap<String, String>,
     /// Largest record value ingest stores, in bytes; larger records are dead-lettered
     /// (`too_large`). Also the largest dead letter it produces (its `message.max.bytes`):
@@ -92,7 +95,7 @@ impl Default for IngestConfig {
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
             dedup_window_secs: 7 * 24 * 3600,
-            listen: "127.0.0.1:8788".into(),
+            listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
             max_backoff_ms: 10_000,
             kafka_properties: BTreeMap::new(),
             max_message_bytes: 1_000_000,

@@ -11,11 +11,11 @@ use tracing::{debug, error, info, instrument, warn};
 use super::batch::FlushPart;
 use super::consume::RebalanceWatch;
 use super::{backoff, now_micros, IngestConfig, Role};
-use crate::facts::{self, EventRow};
+use crate::facts;
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::{insert, ProjectBatch, Projector};
-use crate::store::{Store, StoreError};
+use crate::narrative::projector::{ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
+use weft_store::{insert, EventRow, Store, StoreError};
 
 /// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
 /// decodes the next batch while it runs, and waits for it before starting another.

@@ -35,16 +35,15 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 use weft_schemas::wire::SchemaIds;
 
-use crate::facts::EventRow;
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::Projector;
-use crate::store::{Store, StoreError};
 use crate::telemetry::Telemetry;
 use batch::PartitionState;
 use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use weft_store::{EventRow, Store, StoreError};
 
 pub use config::{listen_addr, IngestConfig, Role};
 
@@ -138,7 +137,7 @@ impl Ingestor {
         ensure_topics(&cfg).await?;
         if cfg.role != Role::Narratives {
             retry_store(&cfg, &metrics, "check weft_events", || {
-                crate::narrative::projector::check_columns::<EventRow>(&store, "weft_events")
+                weft_store::check_columns::<EventRow>(&store, "weft_events")
             })
             .await?;
         }

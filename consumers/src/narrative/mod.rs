@@ -1,6 +1,6 @@
 //! Per-request narratives: which events belong together, as a projection of the facts.
+//! Their rows and the read side are `weft_store::narrative`.
 
 pub mod graph;
 pub mod projector;
-pub mod query;
 pub mod rebuild;

@@ -10,15 +10,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use clickhouse::{Row, RowWrite};
-use serde::{Deserialize, Serialize};
 use tracing::{info, instrument, warn};
 use weft_schemas::links::{NodeKind, Via};
 use weft_schemas::Kind;
 
 use super::graph::{Change, Graph, NodeIdx, NodeKey};
-use crate::decode::Fact;
-use crate::store::{Store, StoreError};
+use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
+use weft_store::{check_columns, insert, Fact, Store, StoreError};
 
 /// The tables the projector writes, and only it.
 const NARRATIVE_TABLES: &[&str] = &[
@@ -42,60 +40,6 @@ impl VersionClock {
         self.0 = now.max(self.0 + 1);
         self.0
     }
-}
-
-/// A row of `weft_narratives`.
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub struct NarrativeRow {
-    /// Tenant; every narrative read is scoped by it.
-    pub tenant: String,
-    /// The narrative this member belongs to: a request id, or `adhoc:<kind>:<id>`.
-    pub narrative_id: String,
-    /// Event kind of the member.
-    pub kind: String,
-    /// Identity of the member event.
-    pub id: String,
-    /// Content hash of the member, as in `weft_events`.
-    pub content_hash: [u8; 32],
-    /// The event's own time (micros); orders the narrative's entries.
-    pub ts: i64,
-    /// The event's own request id, empty when it carries none.
-    pub request_id: String,
-    /// Copy of the producer's payload JSON, so a narrative is one range read.
-    pub payload: String,
-    /// From [`VersionClock`]; readers take the row with the highest version per member.
-    pub version: u64,
-    /// 1 for a tombstone left when the member moved to another narrative.
-    pub is_deleted: u8,
-}
-
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub(crate) struct NodeRow {
-    pub(crate) tenant: String,
-    pub(crate) kind: String,
-    pub(crate) id: String,
-    pub(crate) narrative_id: String,
-    pub(crate) request_id: String,
-    pub(crate) ts: i64,
-    pub(crate) version: u64,
-}
-
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub(crate) struct LinkRow {
-    pub(crate) tenant: String,
-    pub(crate) to_kind: String,
-    pub(crate) to_id: String,
-    pub(crate) from_kind: String,
-    pub(crate) from_id: String,
-    pub(crate) via: String,
-}
-
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
-pub(crate) struct ProgressRow {
-    pub(crate) topic: String,
-    pub(crate) partition: u32,
-    pub(crate) offset: i64,
-    pub(crate) version: u64,
 }
 
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
@@ -198,31 +142,36 @@ impl Projector {
             .map_err(store.err())?;
         // A pass killed after its narrative rows but before its node rows leaves members
         // whose place only `weft_narratives` records. Restore it from there, so that when
-        // the replayed pass puts such a member elsewhere (its batch now holds more events),
-        // it moves the member and tombstones the row the killed pass wrote.
+        // a replayed pass puts such a member elsewhere (its batch now holds more events),
+        // it moves the member and tombstones the row the killed pass wrote. The restored
+        // placements are written to the node rows at once: the next completed pass moves
+        // the threshold past the killed pass's version, and a pass that does not feed every
+        // member of the killed one (batches differ after a restart) would otherwise leave
+        // them known to no later load, so a second kill would lose their tombstones.
         let completed = progress.iter().map(|p| p.version).max().unwrap_or(0);
         let mut placed = c
             .query(
-                "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) \
+                "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) AS narrative_id, \
+                        argMax(request_id, version) AS request_id, argMax(ts, version) AS ts, \
+                        max(version) AS version \
                  FROM weft_narratives WHERE version > {completed:UInt64} \
                  GROUP BY tenant, kind, id HAVING countIf(is_deleted = 0) > 0",
             )
             .param("completed", completed)
-            .fetch::<(String, String, String, String)>()
+            .fetch::<NodeRow>()
             .map_err(store.err())?;
-        let mut n_unfinished = 0usize;
-        while let Some((tenant, kind, id, narrative)) = placed.next().await.map_err(store.err())? {
-            let Ok(kind) = kind.parse::<Kind>() else {
+        let mut restored = Vec::new();
+        while let Some(r) = placed.next().await.map_err(store.err())? {
+            let Ok(kind) = r.kind.parse::<Kind>() else {
                 continue;
             };
-            let key = NodeKey::event(&tenant, kind, &id);
-            let n = match graph.lookup(&key) {
-                Some(n) => n,
-                None => graph.add_node(key, ""),
-            };
-            graph.restore_assignment(n, &narrative);
-            n_unfinished += 1;
+            let n = graph.add_node(NodeKey::event(&r.tenant, kind, &r.id), &r.request_id);
+            graph.restore_assignment(n, &r.narrative_id);
+            set_ts(&mut node_ts, n, r.ts);
+            restored.push(r);
         }
+        let n_unfinished = restored.len();
+        insert::<NodeRow>(&store, "weft_narrative_nodes", &restored).await?;
         let progress = progress
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
@@ -469,52 +418,6 @@ fn set_ts(node_ts: &mut Vec<i64>, n: NodeIdx, ts: i64) {
         node_ts.resize(i + 1, 0);
     }
     node_ts[i] = ts;
-}
-
-/// Fail unless `table` has every column `T` writes: a clear start-up error instead of
-/// inserts that fail (or worse, misalign) later.
-pub(crate) async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<(), StoreError> {
-    let have: Vec<String> = store
-        .client()
-        .query("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String}")
-        .param("t", table)
-        .fetch_all()
-        .await
-        .map_err(store.err())?;
-    let missing: Vec<&str> = T::COLUMN_NAMES
-        .iter()
-        .copied()
-        .filter(|c| !have.iter().any(|h| h == c))
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(StoreError::Schema {
-            table: table.to_owned(),
-            missing: missing.join(", "),
-        })
-    }
-}
-
-/// Insert rows into a table in one statement (no-op when empty). `T` names the row type
-/// (`insert::<EventRow<'static>>` for a row type that borrows), since rows may borrow.
-pub(crate) async fn insert<T: RowWrite>(
-    store: &Store,
-    table: &str,
-    rows: &[T::Value<'_>],
-) -> Result<(), StoreError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut ins = store
-        .client()
-        .insert::<T>(table)
-        .await
-        .map_err(store.err())?;
-    for r in rows {
-        ins.write(r).await.map_err(store.err())?;
-    }
-    ins.end().await.map_err(store.err())
 }
 
 #[cfg(test)]

@@ -14,8 +14,9 @@ use weft_schemas::links::{Link, NodeKind, Via};
 use weft_schemas::Kind;
 
 use super::graph::{Graph, NodeKey};
-use super::projector::{insert, LinkRow, NarrativeRow, NodeRow, ProgressRow, VersionClock};
-use crate::store::{Store, StoreError};
+use super::projector::VersionClock;
+use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
+use weft_store::{insert, Store, StoreError};
 
 const CHUNK: usize = 50_000;
 

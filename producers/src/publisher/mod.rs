@@ -479,8 +479,9 @@ fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
 }
 
-/// The librdkafka settings derived from the config (extra properties last, so they win).
-pub(crate) fn kafka_config(c: &PublisherConfig) -> ClientConfig {
+/// The librdkafka settings derived from the config (extra properties last, so they win):
+/// the Publisher's producer, and `weft bench publish --raw`'s bare one.
+pub fn kafka_config(c: &PublisherConfig) -> ClientConfig {
     let mut k = ClientConfig::new();
     k.set("bootstrap.servers", &c.brokers)
         .set("acks", &c.acks)

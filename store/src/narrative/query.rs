@@ -11,7 +11,7 @@ use serde_json::Value;
 use weft_schemas::links::{self, NodeKind};
 use weft_schemas::{time, Kind};
 
-use crate::store::{Store, StoreError};
+use crate::{Store, StoreError};
 
 /// One event of a narrative.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +59,60 @@ pub struct Narrative {
     pub links: Vec<LinkView>,
     /// Other narratives that a member links to, or that link to a member.
     pub related: Vec<String>,
+}
+
+/// The payload fields a text rendering shows for each entry, in this order.
+const TEXT_DETAIL: [&str; 6] = [
+    "event_type",
+    "decision",
+    "outcome",
+    "capability_id",
+    "principal",
+    "token_id",
+];
+
+impl Narrative {
+    /// The narrative as terminal text: a header, one line per event (time, kind, id and the
+    /// [`TEXT_DETAIL`] fields it has), the links, then related narratives. Used by
+    /// `weft narrative` and `weft audit timeline` alike.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut out = format!(
+            "narrative {}{}: {} events, {} links\n",
+            self.narrative_id,
+            self.request_id
+                .as_deref()
+                .map(|r| format!(" (request {r})"))
+                .unwrap_or_default(),
+            self.entries.len(),
+            self.links.len()
+        );
+        for e in &self.entries {
+            let detail: Vec<String> = TEXT_DETAIL
+                .iter()
+                .filter_map(|k| Some(format!("{k}={}", e.payload.get(*k)?.as_str()?)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  {}  {:<26} {:<36} {}",
+                e.timestamp,
+                e.kind,
+                e.id,
+                detail.join(" ")
+            );
+        }
+        for l in &self.links {
+            let _ = writeln!(
+                out,
+                "  link {}:{} --{}--> {}:{}",
+                l.from.kind, l.from.id, l.via, l.to.kind, l.to.id
+            );
+        }
+        if !self.related.is_empty() {
+            let _ = writeln!(out, "  related: {}", self.related.join(", "));
+        }
+        out
+    }
 }
 
 #[derive(Debug, Row, Deserialize)]

@@ -10,32 +10,32 @@
 //! 3. for each requested variant, a `Kafka` engine table plus a materialized view into a
 //!    MergeTree table drains the same topics under a fresh consumer group, measured the same way;
 //! 4. with `--floor`, bare consumers that each add one required duty drain them too
-//!    (see [`super::bench_ingest_floor`]);
+//!    (see `floor`);
 //! 5. offline, the per-event CPU of each ingest step on a sample (where the time goes).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::sync::watch;
 use weft_consumers::decode::{self, Record};
-use weft_consumers::facts::{identity_key, DedupCache, EventRow};
-use weft_consumers::ingest::{IngestTotals, Ingestor, Role};
+use weft_consumers::facts::{identity_key, DedupCache};
+use weft_consumers::ingest::{IngestConfig, IngestTotals, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
-use weft_consumers::store::Store;
-use weft_producers::simulate::{Mix, SimConfig, Simulation};
-use weft_producers::{Delivery, Receipt};
+use weft_producers::{Delivery, PublisherConfig, Receipt};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{identity, links, Envelope, Topics};
+use weft_sim::{Mix, SimConfig, Simulation};
+use weft_store::{ClickHouseConfig, EventRow, Store};
 
-use crate::cmd::bench_ingest_floor::FloorPhase;
-use crate::cmd::ingest::RoleArg;
-use crate::cmd::publish::PublisherArgs;
-use crate::config::Settings;
+use crate::ch::{count, exec, settle_merges};
+use crate::cpu::{self, ThreadCpu, Who};
+use floor::FloorPhase;
+
+mod floor;
 
 /// The target: events per consumer CPU-second.
 const TARGET_EVENTS_PER_CPU_S: f64 = 250_000.0;
@@ -127,11 +127,26 @@ pub struct BenchIngestArgs {
     pub json: bool,
 }
 
-/// The Publisher's flags alone, to build them with their defaults.
-#[derive(Debug, clap::Parser)]
-struct PublisherOnly {
-    #[command(flatten)]
-    publisher: PublisherArgs,
+/// `--role` values (as `weft ingest --role`; `narratives` stores no facts and is refused).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    All,
+    Facts,
+    Narratives,
+}
+
+/// What the benchmark runs against, resolved by the caller from its configuration.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    /// ClickHouse; the benchmark makes a fresh database of its own there.
+    pub clickhouse: ClickHouseConfig,
+    /// Kafka bootstrap servers of ingest (and of the Kafka engine and floors).
+    pub brokers: String,
+    /// `weft ingest`'s settings, which the benchmark's ingest starts from.
+    pub ingest: IngestConfig,
+    /// The Publisher's settings (its defaults plus environment and config); the benchmark
+    /// sets its own topics, partitions and spool.
+    pub publisher: PublisherConfig,
 }
 
 /// A Kafka engine variant.
@@ -144,166 +159,7 @@ pub enum EngineVariant {
 }
 
 // ---------------------------------------------------------------------------------------
-// CPU accounting
-
-/// CPU seconds (user + system) of this process (`RUSAGE_SELF`) or thread (`RUSAGE_THREAD`).
-pub(crate) fn rusage_cpu(who: libc::c_int) -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we own.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
-        return f64::NAN;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
-/// (comm, user + system seconds) from a `/proc/.../stat` file.
-fn stat_cpu(path: &str) -> Option<(String, f64)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?.to_owned();
-    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime); `rest` starts at field 3.
-    let utime: f64 = rest.get(11)?.parse().ok()?;
-    let stime: f64 = rest.get(12)?.parse().ok()?;
-    Some((comm, (utime + stime) / clock_ticks()))
-}
-
-/// CPU seconds of another process (all its threads), or NaN when unknown.
-fn pid_cpu(pid: Option<u32>) -> f64 {
-    pid.and_then(|p| stat_cpu(&format!("/proc/{p}/stat")))
-        .map_or(f64::NAN, |(_, s)| s)
-}
-
-/// CPU seconds of each thread of this process, by tid.
-fn thread_cpu() -> HashMap<u32, (String, f64)> {
-    let mut out = HashMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-        for e in dir.flatten() {
-            let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            if let Some(v) = stat_cpu(&format!("/proc/self/task/{tid}/stat")) {
-                out.insert(tid, v);
-            }
-        }
-    }
-    out
-}
-
-/// Thread names without their numbering: `rdk:broker12` -> `rdk:broker`.
-fn thread_group(name: &str) -> String {
-    name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-' || c == '#')
-        .to_owned()
-}
-
-/// CPU per thread group between two [`thread_cpu`] snapshots, largest first.
-fn thread_breakdown(
-    before: &HashMap<u32, (String, f64)>,
-    after: &HashMap<u32, (String, f64)>,
-) -> Vec<ThreadCpu> {
-    let mut groups: HashMap<String, (f64, usize)> = HashMap::new();
-    for (tid, (name, cpu)) in after {
-        let start = before.get(tid).map_or(0.0, |(_, c)| *c);
-        let g = groups.entry(thread_group(name)).or_default();
-        g.0 += cpu - start;
-        g.1 += 1;
-    }
-    let mut v: Vec<ThreadCpu> = groups
-        .into_iter()
-        .map(|(group, (cpu_s, threads))| ThreadCpu {
-            group,
-            threads,
-            cpu_s,
-        })
-        .filter(|t| t.cpu_s > 0.0)
-        .collect();
-    v.sort_by(|a, b| b.cpu_s.total_cmp(&a.cpu_s));
-    v
-}
-
-/// The pid listening on a TCP port (from /proc/net/tcp{,6} and /proc/*/fd), if visible.
-fn pid_by_port(port: u16) -> Option<u32> {
-    let mut inodes = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
-                continue;
-            };
-            let listening = *state == "0A";
-            let p = local
-                .rsplit(':')
-                .next()
-                .and_then(|h| u16::from_str_radix(h, 16).ok());
-            if listening && p == Some(port) {
-                inodes.push(format!("socket:[{inode}]"));
-            }
-        }
-    }
-    if inodes.is_empty() {
-        return None;
-    }
-    for proc_dir in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = proc_dir
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(proc_dir.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if let Ok(target) = std::fs::read_link(fd.path()) {
-                if inodes.iter().any(|i| target.as_os_str() == i.as_str()) {
-                    return Some(pid);
-                }
-            }
-        }
-    }
-    None
-}
-
-/// The port of `host:port` or `http://host:port/...`.
-fn port_of(addr: &str) -> Option<u16> {
-    let s = addr.split(',').next()?.trim();
-    let s = s.split("://").last()?;
-    let hostport = s.split('/').next()?;
-    hostport.rsplit(':').next()?.parse().ok()
-}
-
-/// A service pid: the flag, else `$WEFT_RUN_DIR/<name>.pid` (if alive), else by port.
-pub(crate) fn service_pid(flag: Option<u32>, name: &str, port: Option<u16>) -> Option<u32> {
-    if flag.is_some() {
-        return flag;
-    }
-    if let Ok(dir) = std::env::var("WEFT_RUN_DIR") {
-        if let Ok(text) = std::fs::read_to_string(format!("{dir}/{name}.pid")) {
-            if let Ok(pid) = text.trim().parse::<u32>() {
-                if std::path::Path::new(&format!("/proc/{pid}/stat")).exists() {
-                    return Some(pid);
-                }
-            }
-        }
-    }
-    port.and_then(pid_by_port)
-}
+// CPU snapshots
 
 /// CPU and wall clock at one instant.
 struct Snapshot {
@@ -317,9 +173,9 @@ impl Snapshot {
     fn take(pids: &Pids) -> Self {
         Self {
             at: Instant::now(),
-            me: rusage_cpu(libc::RUSAGE_SELF),
-            clickhouse: pid_cpu(pids.clickhouse),
-            broker: pid_cpu(pids.broker),
+            me: cpu::rusage(Who::Process),
+            clickhouse: cpu::pid_cpu(pids.clickhouse),
+            broker: cpu::pid_cpu(pids.broker),
         }
     }
 }
@@ -331,14 +187,6 @@ struct Pids {
 
 // ---------------------------------------------------------------------------------------
 // Report
-
-/// CPU of one group of this process's threads over the ingest phase.
-#[derive(Debug, Serialize)]
-pub struct ThreadCpu {
-    pub group: String,
-    pub threads: usize,
-    pub cpu_s: f64,
-}
 
 /// One drain (weft's ingest, or a Kafka engine variant) of the same messages.
 #[derive(Debug, Serialize)]
@@ -418,52 +266,6 @@ pub struct IngestReport {
 // ---------------------------------------------------------------------------------------
 // The run
 
-fn run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    format!("{}_{secs}", std::process::id())
-}
-
-async fn count(store: &Store, sql: &str) -> anyhow::Result<u64> {
-    Ok(store.client().query(sql).fetch_one::<u64>().await?)
-}
-
-async fn exec(store: &Store, sql: &str) -> anyhow::Result<()> {
-    store
-        .client()
-        .query(sql)
-        .execute()
-        .await
-        .with_context(|| format!("ClickHouse: {sql}"))
-}
-
-/// Wait (at most `limit`) until ClickHouse has had no merge running in this database for
-/// a second; returns the seconds waited.
-async fn settle_merges(store: &Store, limit: Duration) -> f64 {
-    let started = Instant::now();
-    let mut quiet_since: Option<Instant> = None;
-    while started.elapsed() < limit {
-        let running = count(
-            store,
-            "SELECT toUInt64(count()) FROM system.merges WHERE database = currentDatabase()",
-        )
-        .await
-        .unwrap_or(1);
-        if running == 0 {
-            let q = *quiet_since.get_or_insert_with(Instant::now);
-            if q.elapsed() >= Duration::from_secs(1) {
-                break;
-            }
-        } else {
-            quiet_since = None;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    started.elapsed().as_secs_f64()
-}
-
 /// Poll `sql` (a count) until it reaches `target`; returns (first non-zero, done) instants
 /// and the count at the first non-zero poll.
 async fn drain(
@@ -508,23 +310,20 @@ fn stamp(mut env: Envelope, seq: u64, now: &str) -> Envelope {
     env
 }
 
-pub async fn run(args: BenchIngestArgs, settings: Settings) -> anyhow::Result<()> {
-    let run = run_id();
+/// Run `weft bench ingest` on `stack` and print its report.
+pub async fn run(args: BenchIngestArgs, stack: Stack) -> anyhow::Result<()> {
+    let run = crate::ch::run_id();
     let database = format!("weft_bench_{run}");
     let prefix = format!("bench-ingest-{run}.");
     let topics = Topics::with_prefix(prefix.clone());
-    let brokers = if settings.ingest.brokers.is_empty() {
-        settings.kafka.brokers.clone()
-    } else {
-        settings.ingest.brokers.clone()
-    };
+    let brokers = stack.brokers.clone();
     let pids = Pids {
-        clickhouse: service_pid(
+        clickhouse: cpu::service_pid(
             args.clickhouse_pid,
             "clickhouse",
-            port_of(&settings.clickhouse.url),
+            cpu::port_of(&stack.clickhouse.url),
         ),
-        broker: service_pid(args.broker_pid, "kafka", port_of(&brokers)),
+        broker: cpu::service_pid(args.broker_pid, "kafka", cpu::port_of(&brokers)),
     };
     let broker_storage = pids.broker.and_then(|p| {
         let cmd = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
@@ -549,20 +348,14 @@ pub async fn run(args: BenchIngestArgs, settings: Settings) -> anyhow::Result<()
     }
     eprintln!(
         "run {run}: database {database}, topics {prefix}*, brokers {brokers}, ClickHouse {} (pid {:?}), broker pid {:?} ({})",
-        settings.clickhouse.url,
+        stack.clickhouse.url,
         pids.clickhouse,
         pids.broker,
         broker_storage.as_deref().unwrap_or("?")
     );
 
     // --- Setup: database and topics --------------------------------------------------
-    let mut ch = settings.clickhouse.clone();
-    ch.database = database.clone();
-    let store = Store::new(ch)?;
-    store
-        .migrate()
-        .await
-        .context("migrating the bench database")?;
+    let store = crate::ch::fresh_database(&stack.clickhouse, &database).await?;
 
     let sim_cfg = SimConfig {
         seed: args.seed,
@@ -571,7 +364,7 @@ pub async fn run(args: BenchIngestArgs, settings: Settings) -> anyhow::Result<()
         record_truth: false,
         ..SimConfig::default()
     };
-    let result = measure(&args, &settings, &store, &pids, &brokers, &topics, &sim_cfg).await;
+    let result = measure(&args, &stack, &store, &pids, &brokers, &topics, &sim_cfg).await;
     let report = match result {
         Ok(r) => r,
         Err(e) => {
@@ -597,27 +390,33 @@ pub async fn run(args: BenchIngestArgs, settings: Settings) -> anyhow::Result<()
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn measure(
+/// What the publish step sent.
+struct Published {
+    envelopes: u64,
+    distinct: u64,
+    bytes: u64,
+    wall_s: f64,
+}
+
+/// Step 1: publish the simulation through the Publisher into the run's fresh topics, and
+/// wait until every event is in Kafka (the spool drained too).
+async fn publish(
     args: &BenchIngestArgs,
-    settings: &Settings,
-    store: &Store,
-    pids: &Pids,
-    brokers: &str,
+    stack: &Stack,
     topics: &Topics,
     sim_cfg: &SimConfig,
-) -> anyhow::Result<IngestReport> {
-    let timeout = Duration::from_secs(args.timeout_secs);
-
-    // --- 1. Publish -------------------------------------------------------------------
-    // Parsed from nothing, so fields added to PublisherArgs later get their defaults.
-    let mut pargs = PublisherOnly::try_parse_from(["weft-bench-ingest"])?.publisher;
-    pargs.spool_dir =
-        Some(std::env::temp_dir().join(format!("weft-bench-ingest-spool-{}", std::process::id())));
-    pargs.topic_prefix = Some(topics.prefix.clone());
-    pargs.partitions = Some(args.partitions).filter(|p| *p > 0);
-    pargs.no_create_topics = false;
-    let publisher = pargs.connect(settings).await?;
+) -> anyhow::Result<Published> {
+    let mut pconfig = stack.publisher.clone();
+    pconfig.spool_dir =
+        std::env::temp_dir().join(format!("weft-bench-ingest-spool-{}", std::process::id()));
+    pconfig.topics = Topics {
+        prefix: topics.prefix.clone(),
+        ..pconfig.topics
+    };
+    if args.partitions > 0 {
+        pconfig.partitions = args.partitions;
+    }
+    let publisher = crate::connect_publisher(pconfig, true).await?;
     eprintln!("publishing {} simulated events ...", args.events);
     let sim = Simulation::new(sim_cfg.clone()).context("simulation config")?;
     let p = publisher.clone();
@@ -663,14 +462,42 @@ async fn measure(
     eprintln!(
         "published {envelopes} envelopes ({distinct} distinct, {kafka} acked by Kafka, {spooled} via the spool) in {publish_wall:.1} s"
     );
+    Ok(Published {
+        envelopes,
+        distinct,
+        bytes,
+        wall_s: publish_wall,
+    })
+}
 
-    // --- 2. weft ingest ---------------------------------------------------------------
+/// weft's own drain of the topics: the phase, its totals, threads and spans.
+struct WeftRun {
+    role: Role,
+    phase: Phase,
+    totals: IngestTotals,
+    threads: Vec<ThreadCpu>,
+    spans: Spans,
+}
+
+/// Step 2: the real [`Ingestor`] in this process until every fact is stored (and, role
+/// `all`, projected), measured from the outside.
+async fn weft_ingest(
+    args: &BenchIngestArgs,
+    stack: &Stack,
+    store: &Store,
+    pids: &Pids,
+    brokers: &str,
+    topics: &Topics,
+    published: &Published,
+) -> anyhow::Result<WeftRun> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let (envelopes, distinct) = (published.envelopes, published.distinct);
     let role = match args.role {
         RoleArg::All => Role::All,
         RoleArg::Facts => Role::Facts,
         RoleArg::Narratives => bail!("--role narratives stores no facts; use all or facts"),
     };
-    let mut cfg = settings.ingest.clone();
+    let mut cfg = stack.ingest.clone();
     cfg.brokers = brokers.to_owned();
     cfg.group_id = format!("weft-bench-ingest-{}", topics.prefix.trim_end_matches('.'));
     cfg.topics = topics.clone();
@@ -681,7 +508,7 @@ async fn measure(
     let metrics = Arc::new(IngestMetrics::new());
     let (stop_tx, stop_rx) = watch::channel(false);
     eprintln!("ingesting with weft (role {role:?}) ...");
-    let threads0 = thread_cpu();
+    let threads0 = cpu::thread_cpu();
     let s0 = Snapshot::take(pids);
     let ingestor = Ingestor::start(cfg, store.clone(), metrics.clone(), stop_rx).await?;
     let perf = match &args.perf_out {
@@ -720,7 +547,7 @@ async fn measure(
         _ => None,
     };
     let s1 = Snapshot::take(pids);
-    let threads1 = thread_cpu();
+    let threads1 = cpu::thread_cpu();
     if let Some(mut child) = perf {
         // SAFETY: signalling the perf process this function started.
         unsafe {
@@ -759,6 +586,44 @@ async fn measure(
         projector_passes: metrics.projector_seconds.get_sample_count(),
         projector_wall_s: metrics.projector_seconds.get_sample_sum(),
     };
+    Ok(WeftRun {
+        role,
+        phase: weft,
+        totals,
+        threads: cpu::thread_breakdown(&threads0, &threads1),
+        spans,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    args: &BenchIngestArgs,
+    stack: &Stack,
+    store: &Store,
+    pids: &Pids,
+    brokers: &str,
+    topics: &Topics,
+    sim_cfg: &SimConfig,
+) -> anyhow::Result<IngestReport> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+
+    // --- 1. Publish -------------------------------------------------------------------
+    let published = publish(args, stack, topics, sim_cfg).await?;
+    let Published {
+        envelopes,
+        distinct,
+        bytes,
+        wall_s: publish_wall,
+    } = published;
+
+    // --- 2. weft ingest ---------------------------------------------------------------
+    let WeftRun {
+        role,
+        phase: weft,
+        totals,
+        threads,
+        spans,
+    } = weft_ingest(args, stack, store, pids, brokers, topics, &published).await?;
 
     // --- 3. ClickHouse's Kafka engine ------------------------------------------------
     let mut engines = Vec::new();
@@ -783,7 +648,7 @@ async fn measure(
 
     // --- 4. The floor under any consumer of these topics -----------------------------
     let floors = if args.floor {
-        crate::cmd::bench_ingest_floor::run(store, brokers, topics, envelopes, timeout).await?
+        floor::run(store, brokers, topics, envelopes, timeout).await?
     } else {
         Vec::new()
     };
@@ -825,7 +690,7 @@ async fn measure(
         meets_cpu_target: per_cpu >= TARGET_EVENTS_PER_CPU_S,
         weft,
         weft_totals: totals,
-        weft_threads: thread_breakdown(&threads0, &threads1),
+        weft_threads: threads,
         weft_spans: spans,
         kafka_engine: engines,
         kafka_engine_block_size: args.kafka_engine_block_size,
@@ -1048,11 +913,11 @@ fn step_costs(cfg: SimConfig, n: usize, topics: &Topics) -> anyhow::Result<Vec<S
         .collect::<anyhow::Result<_>>()?;
     let mut steps = Vec::new();
     let mut time = |step: &'static str, f: &mut dyn FnMut()| {
-        let t = rusage_cpu(libc::RUSAGE_THREAD);
+        let t = cpu::rusage(Who::Thread);
         f();
         steps.push(Step {
             step,
-            us_per_event: (rusage_cpu(libc::RUSAGE_THREAD) - t) / n * 1e6,
+            us_per_event: (cpu::rusage(Who::Thread) - t) / n * 1e6,
         });
     };
     // What `accept` does per record before decoding: own the message, then borrow it.
@@ -1261,35 +1126,5 @@ fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
             writeln!(w, "  {:<58} {:>7.2} us/event", st.step, st.us_per_event)?;
         }
     }
-    if json {
-        eprint!("{out}");
-        println!("{}", serde_json::to_string_pretty(r)?);
-    } else {
-        print!("{out}");
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ports_and_thread_groups() {
-        assert_eq!(port_of("127.0.0.1:39092"), Some(39092));
-        assert_eq!(port_of("a:1,b:2"), Some(1));
-        assert_eq!(port_of("http://127.0.0.1:38123"), Some(38123));
-        assert_eq!(port_of("http://127.0.0.1:38123/"), Some(38123));
-        assert_eq!(thread_group("rdk:broker12"), "rdk:broker");
-        assert_eq!(thread_group("rdk:broker-1"), "rdk:broker");
-        assert_eq!(thread_group("tokio-runtime-w"), "tokio-runtime-w");
-    }
-
-    #[test]
-    fn own_cpu_is_readable() {
-        let me = stat_cpu("/proc/self/stat").expect("own stat");
-        assert!(me.1 >= 0.0);
-        assert!(!thread_cpu().is_empty());
-        assert!(rusage_cpu(libc::RUSAGE_SELF) >= 0.0);
-    }
+    crate::print_report(&out, r, json)
 }

@@ -12,16 +12,17 @@
 //! never from the clock).
 //!
 //! ```
-//! use weft_producers::simulate::{generate, SimConfig};
+//! use weft_sim::{generate, SimConfig};
 //! let (envelopes, truth) = generate(&SimConfig { flows: 3, ..SimConfig::default() })?;
 //! assert_eq!(truth.requests.len(), 3);
 //! assert_eq!(truth.totals.envelopes as usize, envelopes.len());
-//! # Ok::<(), weft_producers::simulate::SimError>(())
+//! # Ok::<(), weft_sim::SimError>(())
 //! ```
 
 #![warn(missing_docs)]
 
 mod flow;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 mod truth;

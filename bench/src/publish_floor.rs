@@ -1,5 +1,5 @@
 //! The librdkafka floor: already-encoded records sent through a bare Kafka producer with the
-//! [`Publisher`](crate::Publisher)'s own settings (acks=all, idempotence, batching,
+//! [`Publisher`](weft_producers::Publisher)'s own settings (acks=all, idempotence, batching,
 //! compression), and nothing else: no validation, no receipts, no spool.
 //!
 //! Only `weft bench publish --raw` uses it. What the Publisher costs above this floor is
@@ -15,7 +15,8 @@ use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 
-use crate::config::PublisherConfig;
+use weft_producers::publisher::kafka_config;
+use weft_producers::PublisherConfig;
 
 /// One encoded record, as the Publisher would hand it to librdkafka.
 #[derive(Debug, Clone)]
@@ -68,7 +69,7 @@ pub fn send_all(
 ) -> Result<RawCounts, KafkaError> {
     let counter = Arc::new(Counter::default());
     let producer: ThreadedProducer<Ctx> =
-        crate::publisher::kafka_config(config).create_with_context(Ctx(counter.clone()))?;
+        kafka_config(config).create_with_context(Ctx(counter.clone()))?;
     for r in records {
         let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
         for (k, v) in &r.headers {

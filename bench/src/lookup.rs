@@ -21,15 +21,22 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use weft_consumers::decode::{self, Fact, Record};
-use weft_consumers::facts::EventRow;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_consumers::narrative::query;
-use weft_consumers::store::Store;
-use weft_producers::simulate::{SimConfig, Simulation};
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Topics;
+use weft_sim::{SimConfig, Simulation};
+use weft_store::narrative::query;
+use weft_store::{ClickHouseConfig, EventRow, Store};
 
-use crate::config::Settings;
+use crate::ch::{count, exec, settle_merges};
+
+/// The tables a narrative lookup reads, which the load fills and copies.
+const TABLES: [&str; 4] = [
+    "weft_events",
+    "weft_narratives",
+    "weft_narrative_nodes",
+    "weft_links",
+];
 
 /// Measure narrative lookups (p50/p95/p99) with ~N events stored.
 ///
@@ -143,36 +150,15 @@ pub struct LookupReport {
     pub target_p99_ms: f64,
 }
 
-async fn exec(store: &Store, sql: &str) -> anyhow::Result<()> {
-    store
-        .client()
-        .query(sql)
-        .execute()
-        .await
-        .with_context(|| format!("ClickHouse: {}", &sql[..sql.len().min(200)]))
-}
-
-async fn count(store: &Store, sql: &str) -> anyhow::Result<u64> {
-    Ok(store.client().query(sql).fetch_one::<u64>().await?)
-}
-
-pub async fn run(args: BenchLookupArgs, settings: Settings) -> anyhow::Result<()> {
+/// Run `weft bench lookup` against `clickhouse` (in a database of its own) and print its report.
+pub async fn run(args: BenchLookupArgs, clickhouse: ClickHouseConfig) -> anyhow::Result<()> {
     let fresh = args.database.is_none();
-    let database = args.database.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        format!("weft_bench_lookup_{}_{secs}", std::process::id())
-    });
-    let mut ch = settings.clickhouse.clone();
-    ch.database = database.clone();
-    let store = Store::new(ch)?;
-    store
-        .migrate()
-        .await
-        .context("migrating the bench database")?;
-    let result = measure(&args, &store, &database, &settings.clickhouse.url).await;
+    let database = args
+        .database
+        .clone()
+        .unwrap_or_else(|| format!("weft_bench_lookup_{}", crate::ch::run_id()));
+    let store = crate::ch::fresh_database(&clickhouse, &database).await?;
+    let result = measure(&args, &store, &database, &clickhouse.url).await;
     if fresh && !args.keep {
         exec(&store, &format!("DROP DATABASE IF EXISTS `{database}`")).await?;
     }
@@ -210,12 +196,7 @@ async fn measure(
     eprintln!("waiting for merges to settle ...");
     let merges_settle_s = settle_merges(store, Duration::from_secs(900)).await;
     let mut tables = Vec::new();
-    for t in [
-        "weft_events",
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-    ] {
+    for t in TABLES {
         let row: (u64, u64, u64) = store
             .client()
             .query(
@@ -349,29 +330,6 @@ fn fxhash(s: &str) -> u64 {
     })
 }
 
-/// Wait (at most `limit`) until no merge has run in this database for two seconds.
-async fn settle_merges(store: &Store, limit: Duration) -> f64 {
-    let started = Instant::now();
-    let mut quiet_since: Option<Instant> = None;
-    while started.elapsed() < limit {
-        let running = count(
-            store,
-            "SELECT toUInt64(count()) FROM system.merges WHERE database = currentDatabase()",
-        )
-        .await
-        .unwrap_or(1);
-        if running == 0 {
-            if quiet_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_secs(2) {
-                break;
-            }
-        } else {
-            quiet_since = None;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    started.elapsed().as_secs_f64()
-}
-
 /// Step 1: the template through the real decoder, `EventRow` and projector. Returns the
 /// number of events stored and the template's time span (µs).
 async fn load_template(store: &Store, args: &BenchLookupArgs) -> anyhow::Result<(u64, i64)> {
@@ -489,12 +447,7 @@ async fn amplify(
     span_us: i64,
     copies: u64,
 ) -> anyhow::Result<()> {
-    for t in [
-        "weft_events",
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-    ] {
+    for t in TABLES {
         exec(store, &format!("DROP TABLE IF EXISTS tpl_{t}")).await?;
         exec(
             store,
@@ -575,12 +528,7 @@ async fn amplify(
             t0.elapsed().as_secs_f64()
         );
     }
-    for t in [
-        "weft_events",
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-    ] {
+    for t in TABLES {
         exec(store, &format!("DROP TABLE IF EXISTS tpl_{t}")).await?;
     }
     Ok(())
@@ -653,13 +601,7 @@ fn print_report(r: &LookupReport, json: bool) -> anyhow::Result<()> {
             String::new()
         }
     )?;
-    if json {
-        eprint!("{out}");
-        println!("{}", serde_json::to_string_pretty(r)?);
-    } else {
-        print!("{out}");
-    }
-    Ok(())
+    crate::print_report(&out, r, json)
 }
 
 #[cfg(test)]

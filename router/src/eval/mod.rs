@@ -14,6 +14,8 @@ use serde::Serialize;
 
 use crate::rng::Rng;
 
+pub mod logged;
+
 /// One logged decision with its observed reward.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logged {
@@ -396,6 +398,49 @@ mod tests {
         (data, means[2])
     }
 
+    /// Contextual logs: 3 tiers x 4 languages x 2 sizes (24 contexts, uniform), logged by
+    /// SquareCB over a fixed, imperfect score model of the context; target: a fixed
+    /// deterministic policy of the context. True value: the mean over the 24 contexts of the
+    /// target action's success rate.
+    fn simulate_contextual(seed: u64, n: usize) -> (Vec<Logged>, f64) {
+        let rate = |t: usize, l: usize, s: usize, a: usize| {
+            0.15 + 0.7 * (((t * 7 + l * 3 + s * 5 + a * 11) % 10) as f64 / 9.0)
+        };
+        let target = |t: usize, l: usize, s: usize| (t + 2 * l + s) % 3;
+        let mut truth = 0.0;
+        for t in 0..3 {
+            for l in 0..4 {
+                for s in 0..2 {
+                    truth += rate(t, l, s, target(t, l, s)) / 24.0;
+                }
+            }
+        }
+        let mut rng = Rng::new(seed);
+        let data = (0..n)
+            .map(|_| {
+                let (t, l, s) = (rng.below(3), rng.below(4), rng.below(2));
+                // The logger's scores: the true rates, blurred by a context-dependent error.
+                let scores: Vec<f64> = (0..3)
+                    .map(|a| rate(t, l, s, a) + 0.2 * (((t + l + a) % 3) as f64 - 1.0))
+                    .collect();
+                let p = crate::learner::squarecb(&scores, 10.0);
+                let chosen = crate::learner::sample(&p, rng.uniform());
+                let reward = f64::from(u8::from(rng.uniform() < rate(t, l, s, chosen)));
+                let mut tp = vec![0.0; 3];
+                tp[target(t, l, s)] = 1.0;
+                Logged {
+                    context: format!("tier={t},lang={l},size={s}"),
+                    actions: vec!["a".into(), "b".into(), "c".into()],
+                    chosen,
+                    propensity: p[chosen],
+                    reward,
+                    target: tp,
+                }
+            })
+            .collect();
+        (data, truth)
+    }
+
     #[test]
     fn estimators_match_a_direct_computation() {
         let (data, _) = simulate(1, 2000);
@@ -498,14 +543,27 @@ mod tests {
             .and_then(|s| s.parse().ok())
             .unwrap_or(200);
         let mut covered = [0; 3];
+        let mut covered_ctx = [0; 3];
         for seed in 0..seeds {
-            let (data, truth) = simulate(100 + seed, 1000);
-            let r = evaluate(&data, resamples, seed);
-            for (i, iv) in [r.ips, r.snips, r.dr].iter().enumerate() {
-                if iv.ci_low <= truth && truth <= iv.ci_high {
-                    covered[i] += 1;
+            for (sim, cov) in [
+                (
+                    simulate as fn(u64, usize) -> (Vec<Logged>, f64),
+                    &mut covered,
+                ),
+                (simulate_contextual, &mut covered_ctx),
+            ] {
+                let (data, truth) = sim(100 + seed, 1000);
+                let r = evaluate(&data, resamples, seed);
+                for (i, iv) in [r.ips, r.snips, r.dr].iter().enumerate() {
+                    if iv.ci_low <= truth && truth <= iv.ci_high {
+                        cov[i] += 1;
+                    }
                 }
             }
+        }
+        eprintln!("contextual logs: covered {covered_ctx:?} of {seeds}");
+        for c in covered_ctx {
+            assert!(c as f64 >= 0.9 * seeds as f64, "{covered_ctx:?} of {seeds}");
         }
         // 95% intervals: expect ~190 of 200. The slack is binomial (one standard deviation
         // is 3 seeds at 200) plus IPS's lattice effect: its value is a count of weighted

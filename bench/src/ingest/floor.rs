@@ -23,12 +23,12 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::ClientConfig;
 use serde::Serialize;
 use serde_json::Value;
-use weft_consumers::store::Store;
 use weft_schemas::validate::Validator;
 use weft_schemas::wire::header;
 use weft_schemas::{Kind, Topics};
+use weft_store::Store;
 
-use super::bench_ingest::rusage_cpu;
+use crate::cpu::{self, Who};
 
 /// What a floor consumer does with each record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +143,7 @@ fn drain(
     let validator = Validator::global();
     let (mut events, mut invalid, mut stored) = (0u64, 0u64, 0u64);
     let mut rows: Vec<FloorRow<'_>> = Vec::with_capacity(BATCH);
-    let cpu0 = rusage_cpu(libc::RUSAGE_SELF);
+    let cpu0 = cpu::rusage(Who::Process);
     let t0 = Instant::now();
     while events < envelopes {
         if t0.elapsed() > timeout {
@@ -194,7 +194,7 @@ fn drain(
         }
     }
     let wall_s = t0.elapsed().as_secs_f64();
-    let cpu = rusage_cpu(libc::RUSAGE_SELF) - cpu0;
+    let cpu = cpu::rusage(Who::Process) - cpu0;
     Ok(FloorPhase {
         name: duty.name(),
         events,

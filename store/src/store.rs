@@ -5,7 +5,7 @@
 //! so re-running is a no-op and an edited, already-applied file is refused loudly instead of
 //! silently diverging from production.
 
-use clickhouse::Client;
+use clickhouse::{Client, Row, RowWrite};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, instrument};
@@ -59,6 +59,9 @@ pub enum StoreError {
     /// The configured database name is not 1..=64 characters of `[A-Za-z0-9_]`.
     #[error("database name `{0}` must be 1..=64 characters of [A-Za-z0-9_]")]
     BadDatabase(String),
+    /// A row could not be put in canonical form (JCS) for hashing.
+    #[error("canonical form: {0}")]
+    Canonical(String),
     /// An applied migration file was edited since.
     #[error("migration {version} ({name}) was changed after it was applied (checksum {applied} != {now}); add a new migration instead of editing an old one")]
     Edited {
@@ -171,7 +174,7 @@ impl Store {
     }
 
     /// Wrap a ClickHouse error with the URL it came from.
-    pub(crate) fn err(&self) -> impl Fn(clickhouse::error::Error) -> StoreError + '_ {
+    pub fn err(&self) -> impl Fn(clickhouse::error::Error) -> StoreError + '_ {
         move |source| StoreError::ClickHouse {
             url: self.cfg.url.clone(),
             source,
@@ -297,4 +300,50 @@ impl Store {
         }
         Ok(report)
     }
+}
+
+/// Fail unless `table` has every column `T` writes: a clear start-up error instead of
+/// inserts that fail (or worse, misalign) later.
+pub async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<(), StoreError> {
+    let have: Vec<String> = store
+        .client()
+        .query("SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String}")
+        .param("t", table)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let missing: Vec<&str> = T::COLUMN_NAMES
+        .iter()
+        .copied()
+        .filter(|c| !have.iter().any(|h| h == c))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::Schema {
+            table: table.to_owned(),
+            missing: missing.join(", "),
+        })
+    }
+}
+
+/// Insert rows into a table in one statement (no-op when empty). `T` names the row type
+/// (`insert::<EventRow<'static>>` for a row type that borrows), since rows may borrow.
+pub async fn insert<T: RowWrite>(
+    store: &Store,
+    table: &str,
+    rows: &[T::Value<'_>],
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut ins = store
+        .client()
+        .insert::<T>(table)
+        .await
+        .map_err(store.err())?;
+    for r in rows {
+        ins.write(r).await.map_err(store.err())?;
+    }
+    ins.end().await.map_err(store.err())
 }

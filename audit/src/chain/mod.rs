@@ -1,0 +1,353 @@
+//! Tamper evidence: a hash chain over the stored facts, with signed checkpoints.
+//!
+//! **Order.** One chain per (tenant, topic, partition), in Kafka offset order: the order the
+//! ingest wrote the facts in, fixed forever by the broker. (Offsets have gaps: copies dropped
+//! by dedup, dead letters, other tenants' records. So a chain cannot prove that no record is
+//! missing *between* two offsets from the broker; it proves that nothing stored changed.)
+//!
+//! **Links.** `row_hash = SHA-256(JCS(row))` where `row` is every column of `weft_events`
+//! (the payload by its SHA-256), and `chain_i = SHA-256(chain_{i-1} || row_hash_i)` from
+//! 32 zero bytes. [`seal`] appends the facts stored since the last seal to
+//! `weft_audit_chain` and writes a checkpoint (the head) to `weft_audit_checkpoints`,
+//! signed with ed25519 over `JCS({tenant, topic, partition, offset, head})` when a key is
+//! configured. Export the checkpoints ([`checkpoints`]) and keep them outside ClickHouse.
+//!
+//! **Verify.** [`verify`] recomputes every row hash and link from genesis and compares:
+//! a changed row (ALTER UPDATE) gives `altered`, a missing one (DELETE) `deleted`, a row at
+//! a sealed position that is not in the chain `inserted`, a chain row that does not follow
+//! from its predecessor `chain_broken`, a checkpoint whose head differs from the recomputed
+//! chain (or whose signature fails) `checkpoint_mismatch`. Someone able to rewrite both
+//! `weft_events` and `weft_audit_chain` consistently is caught by the signed checkpoints
+//! (they cannot sign), and only for rows up to the last checkpoint they cannot replace —
+//! which is why checkpoints are exported and kept elsewhere.
+//!
+//! **After the last seal.** Rows not sealed yet are counted as `unsealed`, and each must agree
+//! with its own payload, own its offset and not repeat another fact of its partition
+//! (`unsealed_problems`): that names an unsealed row altered by ALTER UPDATE, or a copy of a
+//! fact under a new id, at a taken offset or at a free one.
+//!
+//! **Limit.** A *new* event forged behind weft's back *after* the last sealed offset of its
+//! partition, consistent in every column at a free offset, looks like a fact not sealed yet;
+//! the next seal would take it as genuine. Only the broker's record could refute it.
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tracing::instrument;
+
+use weft_store::chain::{ChainRow, ROWS_SQL};
+
+use crate::sign::Key;
+use crate::{ch_err, AuditError, Store};
+
+mod unsealed;
+mod verify;
+
+pub use unsealed::copy_window_secs;
+use unsealed::unsealed_problems;
+pub use verify::{verify, VerifyReport};
+
+/// The link before the first row.
+pub const GENESIS: [u8; 32] = [0; 32];
+
+/// `SHA-256(prev || row_hash)`.
+pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(prev);
+    h.update(row_hash);
+    h.finalize().into()
+}
+
+/// The links of one partition's chain. Two sealers that ran at once (the sealing loop and
+/// a `weft audit seal` by hand) write the same links twice, identical but for `sealed_at`:
+/// such copies say nothing new and are read once (a link that differs in its hash or chain
+/// is not a copy and is read, so it still breaks the chain).
+pub(super) const LINKS_SQL: &str = "
+SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash,
+       chain, toUnixTimestamp64Micro(min(sealed_at)) AS sealed_at
+FROM weft_audit_chain
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND offset > {after:Int64} AND offset <= {upto:UInt64}
+GROUP BY tenant, topic, partition, offset, kind, id, ts, row_hash, chain
+ORDER BY offset
+";
+
+/// A query over one partition's offsets `(after, upto]`: binds `{t}`, `{topic}`, `{p}`,
+/// `{after}` and `{upto}`, the five parameters every per-partition chain query filters on.
+pub(super) fn partition_query(
+    store: &Store,
+    sql: &str,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+    upto: u64,
+) -> clickhouse::query::Query {
+    store
+        .client()
+        .query(sql)
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("after", after)
+        .param("upto", upto)
+}
+
+/// One link of `weft_audit_chain`.
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+pub struct Link {
+    /// Tenant of the chain.
+    pub tenant: String,
+    /// Source topic of the chain.
+    pub topic: String,
+    /// Source partition of the chain.
+    pub partition: u32,
+    /// Offset of the sealed fact: its position in the chain.
+    pub offset: u64,
+    /// Kind of the sealed fact.
+    pub kind: String,
+    /// Identity of the sealed fact.
+    pub id: String,
+    /// Event time (micros); tells rows removed by retention from rows deleted behind weft's back.
+    pub ts: i64,
+    /// SHA-256 of the fact's [`ChainRow`], hex.
+    pub row_hash: String,
+    /// SHA-256 of the previous link's `chain` and this `row_hash`, hex: the chain so far.
+    pub chain: String,
+    /// When [`seal`] wrote the link (micros).
+    pub sealed_at: i64,
+}
+
+/// One checkpoint: the head of a partition's chain at an offset, maybe signed.
+#[derive(Debug, Clone, PartialEq, Row, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Tenant of the chain.
+    pub tenant: String,
+    /// Source topic of the chain.
+    pub topic: String,
+    /// Source partition of the chain.
+    pub partition: u32,
+    /// Last sealed offset the head covers.
+    pub offset: u64,
+    /// The chain value at `offset`, hex; what [`verify`] recomputes and compares.
+    pub head: String,
+    /// Links in the chain up to and including `offset`.
+    pub rows: u64,
+    /// Empty when unsigned.
+    pub kid: String,
+    /// Ed25519 signature of [`Checkpoint::statement`], base64url; empty when unsigned.
+    pub sig: String,
+    /// When [`seal`] wrote the checkpoint (micros).
+    pub sealed_at: i64,
+}
+
+impl Checkpoint {
+    /// The signed statement: JCS of `{tenant, topic, partition, offset, head}`.
+    pub fn statement(&self) -> serde_json::Value {
+        json!({"tenant": self.tenant, "topic": self.topic, "partition": self.partition,
+               "offset": self.offset, "head": self.head})
+    }
+}
+
+#[derive(Debug, Row, Deserialize)]
+pub(super) struct Part {
+    pub(super) topic: String,
+    pub(super) partition: u32,
+}
+
+pub(super) async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError> {
+    store
+        .client()
+        .query(
+            "SELECT topic, partition FROM ( \
+               SELECT DISTINCT topic, partition FROM weft_events WHERE tenant = {t:String} \
+               UNION DISTINCT \
+               SELECT DISTINCT topic, partition FROM weft_audit_chain WHERE tenant = {t:String}) \
+             ORDER BY topic, partition",
+        )
+        .param("t", tenant)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+/// The rows `sql` selects from one partition's offsets `(after, upto]`: the facts
+/// ([`ROWS_SQL`], in chain order), the links ([`LINKS_SQL`]) or the unsealed facts.
+pub(super) async fn partition_rows<T>(
+    store: &Store,
+    sql: &str,
+    tenant: &str,
+    p: &Part,
+    after: i64,
+    upto: u64,
+) -> Result<Vec<T>, AuditError>
+where
+    T: clickhouse::RowOwned + clickhouse::RowRead,
+{
+    partition_query(store, sql, tenant, p, after, upto)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+/// What one seal did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SealReport {
+    /// New links written.
+    pub sealed: u64,
+    /// Checkpoints written (one per partition that had new facts).
+    pub checkpoints: Vec<Checkpoint>,
+    /// Rows left unsealed because they fail the unsealed check (each partition is sealed up
+    /// to its first such row); empty when nothing is wrong.
+    #[serde(default)]
+    pub held: Vec<Problem>,
+}
+
+pub(super) fn unhex32(s: &str) -> [u8; 32] {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| v.try_into().ok())
+        .unwrap_or([0xff; 32])
+}
+
+/// Append every fact of `tenant` stored since the last seal to its partition's chain, and
+/// checkpoint each extended chain (signed with `key` when given). Run one sealer at a time.
+///
+/// A seal never takes a forgery for a fact: the new rows are first checked as `verify`
+/// checks unsealed ones ([`unsealed_problems`]: hash, identity, time and every
+/// payload-derived column against the payload, one fact per offset, no repeated fact), and a
+/// partition is sealed only up to its first row that fails; that row and the ones after it
+/// stay unsealed (and named by `verify`) and are listed in [`SealReport::held`].
+#[instrument(skip(store, key), fields(tenant = %tenant))]
+pub async fn seal(
+    store: &Store,
+    tenant: &str,
+    key: Option<&Key>,
+    copy_window_secs: u64,
+) -> Result<SealReport, AuditError> {
+    let mut report = SealReport::default();
+    let now = chrono::Utc::now().timestamp_micros();
+    for p in partitions(store, tenant).await? {
+        let existing: Vec<Link> =
+            partition_rows(store, LINKS_SQL, tenant, &p, -1, u64::MAX).await?;
+        let (after, mut prev, count) = match existing.last() {
+            Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
+            None => (-1, GENESIS, 0),
+        };
+        let mut rows: Vec<ChainRow> =
+            partition_rows(store, ROWS_SQL, tenant, &p, after, u64::MAX).await?;
+        let Some(upto) = rows.last().map(|r| r.offset) else {
+            continue;
+        };
+        let bad = unsealed_problems(store, tenant, &p, after, upto, copy_window_secs).await?;
+        if let Some(first) = bad.iter().map(|(_, r, _)| r.offset).min() {
+            rows.retain(|r| r.offset < first);
+            tracing::warn!(topic = %p.topic, partition = p.partition, offset = first,
+                "not sealing from this offset on: a row disagrees with its payload or repeats another");
+            for (what, r, detail) in bad {
+                report.held.push(Problem {
+                    what: what.into(),
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    offset: r.offset,
+                    kind: r.kind,
+                    id: r.id,
+                    detail,
+                });
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let mut new = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let rh = r.hash()?;
+            prev = link(&prev, &rh);
+            new.push(Link {
+                tenant: tenant.to_owned(),
+                topic: p.topic.clone(),
+                partition: p.partition,
+                offset: r.offset,
+                kind: r.kind.clone(),
+                id: r.id.clone(),
+                ts: r.ts,
+                row_hash: hex::encode(rh),
+                chain: hex::encode(prev),
+                sealed_at: now,
+            });
+        }
+        let mut ins = store
+            .client()
+            .insert::<Link>("weft_audit_chain")
+            .await
+            .map_err(ch_err(store))?;
+        for l in &new {
+            ins.write(l).await.map_err(ch_err(store))?;
+        }
+        ins.end().await.map_err(ch_err(store))?;
+        let last = new.last().map(|l| l.offset).unwrap_or_default();
+        let mut cp = Checkpoint {
+            tenant: tenant.to_owned(),
+            topic: p.topic.clone(),
+            partition: p.partition,
+            offset: last,
+            head: hex::encode(prev),
+            rows: count + new.len() as u64,
+            kid: String::new(),
+            sig: String::new(),
+            sealed_at: now,
+        };
+        if let Some(k) = key {
+            cp.kid = k.kid.clone();
+            cp.sig = k.sign(&cp.statement())?;
+        }
+        let mut ins = store
+            .client()
+            .insert::<Checkpoint>("weft_audit_checkpoints")
+            .await
+            .map_err(ch_err(store))?;
+        ins.write(&cp).await.map_err(ch_err(store))?;
+        ins.end().await.map_err(ch_err(store))?;
+        report.sealed += new.len() as u64;
+        report.checkpoints.push(cp);
+    }
+    tracing::info!(
+        sealed = report.sealed,
+        checkpoints = report.checkpoints.len(),
+        "sealed"
+    );
+    Ok(report)
+}
+
+/// Every checkpoint of `tenant`, oldest first: the file to keep for offline verification.
+pub async fn checkpoints(store: &Store, tenant: &str) -> Result<Vec<Checkpoint>, AuditError> {
+    store
+        .client()
+        .query(
+            "SELECT tenant, topic, partition, offset, head, rows, kid, sig, toUnixTimestamp64Micro(sealed_at) AS sealed_at \
+             FROM weft_audit_checkpoints WHERE tenant = {t:String} ORDER BY sealed_at, topic, partition, offset",
+        )
+        .param("t", tenant)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))
+}
+
+/// One broken link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// `altered`, `deleted`, `inserted`, `chain_broken` or `checkpoint_mismatch`.
+    pub what: String,
+    /// Topic of the broken chain.
+    pub topic: String,
+    /// Partition of the broken chain.
+    pub partition: u32,
+    /// Offset where the problem is (the checkpoint's, for `checkpoint_mismatch`).
+    pub offset: u64,
+    /// Kind of the fact concerned; empty for `checkpoint_mismatch`.
+    pub kind: String,
+    /// Identity of the fact concerned; empty for `checkpoint_mismatch`.
+    pub id: String,
+    /// What differs, in words.
+    pub detail: String,
+}

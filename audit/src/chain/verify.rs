@@ -1,0 +1,343 @@
+//! [`verify`]: recompute the chains and compare them with the facts, the links and the
+//! checkpoints.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use tracing::instrument;
+use weft_store::chain::{ChainRow, ROWS_SQL};
+
+use super::{
+    checkpoints, link, partition_rows, partitions, unhex32, unsealed_problems, Checkpoint, Link,
+    Part, Problem, GENESIS, LINKS_SQL,
+};
+use crate::sign::Keyring;
+use crate::{ch_err, AuditError, Range, Store};
+
+/// The result of [`verify`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Links recomputed and found intact.
+    pub verified: u64,
+    /// Stored facts after the last seal of their partition (not yet covered).
+    pub unsealed: u64,
+    /// Rows removed by retention (before the tenant's `pruned_before`), not tampering.
+    pub pruned: u64,
+    /// Checkpoints whose head and signature matched.
+    pub checkpoints_ok: u64,
+    /// Every broken link, in (topic, partition, offset) order; the first is the first break.
+    pub problems: Vec<Problem>,
+    /// The event-time range verified (`--from/--to`); `None`: every chain from genesis.
+    pub range: Option<Range>,
+    /// Partitions whose recomputation started from a checkpoint before the range rather
+    /// than from genesis.
+    pub anchored: u64,
+}
+
+impl VerifyReport {
+    /// No problem found.
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// The offset of the last link of one partition's chain, if any.
+async fn last_link(store: &Store, tenant: &str, p: &Part) -> Result<Option<u64>, AuditError> {
+    let (last, n): (u64, u64) = store
+        .client()
+        .query(
+            "SELECT max(offset), count() FROM weft_audit_chain \
+             WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))?;
+    Ok((n > 0).then_some(last))
+}
+
+/// The offsets `[lo, hi]` of one partition whose facts or links have an event time in
+/// `range`, or `None` when it has none.
+async fn window(
+    store: &Store,
+    tenant: &str,
+    p: &Part,
+    range: Range,
+) -> Result<Option<(u64, u64)>, AuditError> {
+    let (lo, hi, n): (u64, u64, u64) = store
+        .client()
+        .query(
+            "SELECT min(offset), max(offset), count() FROM ( \
+               SELECT offset FROM weft_events \
+               WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                 AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC') \
+               UNION ALL \
+               SELECT offset FROM weft_audit_chain \
+               WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+                 AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC'))",
+        )
+        .param("t", tenant)
+        .param("topic", &p.topic)
+        .param("p", p.partition)
+        .param("from", range.from)
+        .param("to", range.to)
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))?;
+    Ok((n > 0).then_some((lo, hi)))
+}
+
+/// Recompute the chains of `tenant` and compare with the stored facts, the stored links and
+/// the checkpoints (those in ClickHouse plus `extra`, e.g. an exported file). Signed
+/// checkpoints are verified against `keyring`; without one, signatures are not checked.
+///
+/// Without `range`, every chain is recomputed from genesis. With one, each partition is
+/// checked over the offsets from its first to its last fact (or link) with an event time in
+/// the range, anchored at the partition's latest checkpoint *before* that window: the chain
+/// is recomputed from that checkpoint's head (whose signature is checked when a keyring is
+/// given) to the end of the window, so a range costs the rows since the last seal before it,
+/// not the whole history. Partitions with nothing in the range are skipped.
+///
+/// `copy_window_secs`: two stored copies of one fact ingested less than this apart mean one
+/// was written behind ingest's back; pass half of ingest's `dedup_window_secs`
+/// ([`copy_window_secs`]).
+#[instrument(skip(store, extra, keyring), fields(tenant = %tenant))]
+pub async fn verify(
+    store: &Store,
+    tenant: &str,
+    extra: &[Checkpoint],
+    keyring: Option<&Keyring>,
+    range: Option<Range>,
+    copy_window_secs: u64,
+) -> Result<VerifyReport, AuditError> {
+    let mut rep = VerifyReport {
+        range,
+        ..VerifyReport::default()
+    };
+    let run = Run {
+        store,
+        tenant,
+        keyring,
+        range,
+        copy_window_secs,
+        pruned_before: crate::retention::get(store, tenant).await?.pruned_before,
+    };
+    let mut cps: BTreeMap<(String, u32), Vec<Checkpoint>> = BTreeMap::new();
+    for c in checkpoints(store, tenant)
+        .await?
+        .into_iter()
+        .chain(extra.iter().cloned())
+    {
+        if c.tenant == tenant {
+            cps.entry((c.topic.clone(), c.partition))
+                .or_default()
+                .push(c);
+        }
+    }
+    for p in partitions(store, tenant).await? {
+        let part_cps = cps
+            .remove(&(p.topic.clone(), p.partition))
+            .unwrap_or_default();
+        run.partition(&p, part_cps, &mut rep).await?;
+    }
+    rep.problems
+        .sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
+    Ok(rep)
+}
+
+/// The head after each offset, and the (offset, kind, id) of every fact the chain covers.
+type Walked = (BTreeMap<u64, [u8; 32]>, HashSet<(u64, String, String)>);
+
+/// What one [`verify`] run checks against.
+struct Run<'a> {
+    store: &'a Store,
+    tenant: &'a str,
+    keyring: Option<&'a Keyring>,
+    range: Option<Range>,
+    copy_window_secs: u64,
+    pruned_before: i64,
+}
+
+fn problem(p: &Part, what: &str, offset: u64, kind: &str, id: &str, detail: String) -> Problem {
+    Problem {
+        what: what.into(),
+        topic: p.topic.clone(),
+        partition: p.partition,
+        offset,
+        kind: kind.into(),
+        id: id.into(),
+        detail,
+    }
+}
+
+/// A checkpoint's signature against `keyring` (`Ok` when there is no keyring).
+fn signature(keyring: Option<&Keyring>, c: &Checkpoint) -> Result<(), String> {
+    match (keyring, c.sig.is_empty()) {
+        (Some(ring), false) => ring
+            .verify(&c.kid, &c.statement(), &c.sig)
+            .map_err(|e| e.to_string()),
+        (Some(_), true) => Err("unsigned checkpoint".to_owned()),
+        (None, _) => Ok(()),
+    }
+}
+
+impl Run<'_> {
+    /// Where to start (after which offset, from which link) and where to stop in one
+    /// partition; `None` when a range is asked for and the partition has nothing in it.
+    /// Keeps in `cps` only the checkpoints this run can check.
+    async fn start(
+        &self,
+        p: &Part,
+        cps: &mut Vec<Checkpoint>,
+        rep: &mut VerifyReport,
+    ) -> Result<Option<(i64, [u8; 32], u64)>, AuditError> {
+        let Some(r) = self.range else {
+            return Ok(Some((-1, GENESIS, u64::MAX)));
+        };
+        let Some((lo, hi)) = window(self.store, self.tenant, p, r).await? else {
+            return Ok(None);
+        };
+        let anchor = cps
+            .iter()
+            .filter(|c| c.offset < lo)
+            .max_by_key(|c| c.offset)
+            .cloned();
+        let Some(a) = anchor else {
+            cps.retain(|c| c.offset <= hi);
+            return Ok(Some((-1, GENESIS, hi)));
+        };
+        rep.anchored += 1;
+        if self.keyring.is_some() {
+            if let Err(e) = signature(self.keyring, &a) {
+                let d = format!("anchor checkpoint at offset {}: signature: {e}", a.offset);
+                rep.problems
+                    .push(problem(p, "checkpoint_mismatch", a.offset, "", "", d));
+            }
+        }
+        // Checkpoints at or before the anchor are outside this run.
+        cps.retain(|c| c.offset > a.offset && c.offset <= hi);
+        Ok(Some((a.offset as i64, unhex32(&a.head), hi)))
+    }
+
+    /// Verify one partition's chain, its unsealed rows and its checkpoints into `rep`.
+    async fn partition(
+        &self,
+        p: &Part,
+        mut cps: Vec<Checkpoint>,
+        rep: &mut VerifyReport,
+    ) -> Result<(), AuditError> {
+        let Some((after, prev, upto)) = self.start(p, &mut cps, rep).await? else {
+            return Ok(());
+        };
+        let (store, tenant) = (self.store, self.tenant);
+        let chain: Vec<Link> = partition_rows(store, LINKS_SQL, tenant, p, after, upto).await?;
+        let rows: Vec<ChainRow> = partition_rows(store, ROWS_SQL, tenant, p, after, upto).await?;
+        let (heads, sealed) = self.walk(p, &chain, &rows, prev, rep)?;
+        // The partition's last sealed offset, also when the window ends before it.
+        let last_sealed = match self.range {
+            None => chain.last().map(|l| l.offset),
+            Some(_) => last_link(store, tenant, p).await?,
+        };
+        for r in &rows {
+            if sealed.contains(&(r.offset, r.kind.clone(), r.id.clone())) {
+                continue;
+            }
+            match last_sealed {
+                Some(last) if r.offset <= last => {
+                    let d = format!(
+                        "{}:{} at offset {} is inside the sealed range but not in the chain",
+                        r.kind, r.id, r.offset
+                    );
+                    rep.problems
+                        .push(problem(p, "inserted", r.offset, &r.kind, &r.id, d));
+                }
+                _ => rep.unsealed += 1,
+            }
+        }
+        if rows
+            .iter()
+            .any(|r| last_sealed.is_none_or(|l| r.offset > l))
+        {
+            let after = last_sealed.map_or(after, |l| (l as i64).max(after));
+            let window = self.copy_window_secs;
+            for (what, r, detail) in
+                unsealed_problems(store, tenant, p, after, upto, window).await?
+            {
+                rep.problems
+                    .push(problem(p, what, r.offset, &r.kind, &r.id, detail));
+            }
+        }
+        for c in cps {
+            let head_ok = heads.get(&c.offset).map(hex::encode).as_deref() == Some(c.head.as_str());
+            match (head_ok, signature(self.keyring, &c)) {
+                (true, Ok(())) => rep.checkpoints_ok += 1,
+                (h, s) => {
+                    let d = format!(
+                        "checkpoint at offset {}: {}{}",
+                        c.offset,
+                        if h {
+                            ""
+                        } else {
+                            "the recomputed chain differs from the checkpoint's head"
+                        },
+                        s.err()
+                            .map(|e| format!(" signature: {e}"))
+                            .unwrap_or_default()
+                    );
+                    rep.problems
+                        .push(problem(p, "checkpoint_mismatch", c.offset, "", "", d));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recompute the links from `prev` and compare each with its stored fact: returns the
+    /// head after each offset and the facts the chain covers.
+    fn walk(
+        &self,
+        p: &Part,
+        chain: &[Link],
+        rows: &[ChainRow],
+        mut prev: [u8; 32],
+        rep: &mut VerifyReport,
+    ) -> Result<Walked, AuditError> {
+        let mut by_offset: BTreeMap<u64, Vec<&ChainRow>> = BTreeMap::new();
+        for r in rows {
+            by_offset.entry(r.offset).or_default().push(r);
+        }
+        let mut heads = BTreeMap::new();
+        let mut sealed = HashSet::new();
+        for l in chain {
+            let stored_rh = unhex32(&l.row_hash);
+            let (o, k, i) = (l.offset, l.kind.as_str(), l.id.as_str());
+            match by_offset
+                .get(&o)
+                .and_then(|v| v.iter().find(|r| r.kind == k && r.id == i))
+            {
+                None if l.ts < self.pruned_before => rep.pruned += 1,
+                None => {
+                    let d = format!("{k}:{i} sealed at offset {o} is no longer stored");
+                    rep.problems.push(problem(p, "deleted", o, k, i, d));
+                }
+                Some(r) if r.hash()? != stored_rh => {
+                    let d = format!("{k}:{i} at offset {o} differs from what was sealed");
+                    rep.problems.push(problem(p, "altered", o, k, i, d));
+                }
+                Some(_) => rep.verified += 1,
+            }
+            sealed.insert((o, l.kind.clone(), l.id.clone()));
+            let next = link(&prev, &stored_rh);
+            if hex::encode(next) != l.chain {
+                let d =
+                    format!("the stored link at offset {o} does not follow from its predecessor");
+                rep.problems.push(problem(p, "chain_broken", o, k, i, d));
+            }
+            prev = next;
+            heads.insert(o, prev);
+        }
+        Ok((heads, sealed))
+    }
+}

@@ -1,0 +1,85 @@
+//! The router's error type: every refused request and every failed stage, each with the
+//! HTTP status and the stable `error.code` it is answered with.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// Why a router request or stage failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// No or an unknown bearer key.
+    #[error("{0}")]
+    Unauthorized(&'static str, StatusCode),
+    /// The body is not the expected JSON.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is over the byte limit.
+    #[error("body of {got} bytes is over the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// Bytes received (at least).
+        got: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A field is over its documented limit.
+    #[error("{field}: {message}")]
+    TooLarge {
+        /// Which field.
+        field: &'static str,
+        /// What the limit is.
+        message: String,
+    },
+    /// `candidates` is empty.
+    #[error("candidates is empty")]
+    NoCandidates,
+    /// `context.tenant` names another tenant than the key's.
+    #[error("context.tenant is not the key's tenant")]
+    TenantForbidden,
+    /// The request names a policy weft does not know.
+    #[error("policy `{0}` is not one of squarecb, greedy, epsilon_greedy, thompson, ucb, static")]
+    UnknownPolicy(String),
+    /// The decision could not be published (the publisher's code and message).
+    #[error("{1}")]
+    Publish(&'static str, String, StatusCode),
+    /// A decision could not be serialized.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// Reading ClickHouse failed.
+    #[error("clickhouse: {0}")]
+    ClickHouse(#[from] clickhouse::error::Error),
+    /// Reading ClickHouse took too long.
+    #[error("timed out")]
+    Timeout,
+}
+
+impl RouterError {
+    /// The HTTP status and `error.code` of this error.
+    pub fn status_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            RouterError::Unauthorized(_, s) => (*s, "unauthorized"),
+            RouterError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            RouterError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            RouterError::TooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "over_limit"),
+            RouterError::NoCandidates => (StatusCode::BAD_REQUEST, "no_candidates"),
+            RouterError::TenantForbidden => (StatusCode::FORBIDDEN, "tenant_forbidden"),
+            RouterError::UnknownPolicy(_) => (StatusCode::BAD_REQUEST, "unknown_policy"),
+            RouterError::Publish(code, _, s) => (*s, code),
+            RouterError::Internal(_) | RouterError::ClickHouse(_) | RouterError::Timeout => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        }
+    }
+}
+
+impl IntoResponse for RouterError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_code();
+        (
+            status,
+            Json(json!({"error": {"code": code, "message": self.to_string()}})),
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,274 @@
+//! From logged (decision, feedback) pairs to evaluation records for a target policy, and
+//! the weaver-spec EvaluationArtifact that `weft eval` writes.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use crate::decide::Remembered;
+use crate::eval::{self, Logged};
+use crate::features::Example;
+use crate::learner::{cost_of, squarecb, Observation, Outcome, TenantModel};
+use crate::model::Snapshot;
+use crate::policy::{self, PolicyConfig, PolicyName};
+use crate::rng::Rng;
+use crate::store::LoggedPair;
+
+fn f(v: &Value, path: &[&str]) -> Option<f64> {
+    path.iter().try_fold(v, |v, k| v.get(k))?.as_f64()
+}
+
+/// Turn logged pairs into evaluation records for the target policy. Returns the records,
+/// the number of decisions skipped for lack of a propensity, and the logged success rate,
+/// mean cost and mean latency.
+///
+/// The target scores candidates from `target` (a snapshot file) or, by default, from
+/// statistics fitted on the same pairs (in-sample). For `squarecb` the target is contextual:
+/// its model (the snapshot's, or one learnt from the pairs in order) scores each decision's
+/// candidates from the decision's logged `x_weft_features`, and the records' context (the
+/// direct-method model's key) is those features; for the other policies it is the
+/// decision's `x_weft_context`.
+pub fn records(
+    pairs: &[LoggedPair],
+    tenant: &str,
+    cfg: &PolicyConfig,
+    target: Option<&Snapshot>,
+    seed: u64,
+) -> (Vec<Logged>, usize, [f64; 3]) {
+    let reward = |fb: &Value| Outcome::from_feedback(fb, &cfg.weights, cfg.prior_quality).reward;
+    let contextual = cfg.policy == PolicyName::SquareCb;
+    let fitted = fit_aggregates(pairs, tenant);
+    let snap = target.unwrap_or(&fitted);
+    let model = if contextual {
+        match target.and_then(|t| t.contextual.get(tenant)) {
+            Some(m) => m.clone(),
+            None => fit_contextual(pairs, cfg),
+        }
+    } else {
+        TenantModel::default()
+    };
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let mut out = Vec::new();
+    let mut skipped = 0;
+    let (mut succ, mut cost, mut lat, mut lat_n) = (0.0, 0.0, 0.0, 0.0);
+    for p in pairs {
+        let d = &p.decision;
+        let Some(prop) = f(d, &["metadata", "x_weft_propensity"]).filter(|x| *x > 0.0) else {
+            skipped += 1;
+            continue;
+        };
+        let cands = admissible_set(d);
+        let chosen_id = d["candidate"]["candidate_id"].as_str().unwrap_or_default();
+        let actions: Vec<String> = cands.keys().cloned().collect();
+        let (context, target_p) = if contextual {
+            let Some(rem) = Remembered::from_payload(d) else {
+                skipped += 1;
+                continue;
+            };
+            let xs: Vec<Example> = actions.iter().filter_map(|a| rem.example(a)).collect();
+            let refs: Vec<(&str, &Example)> =
+                actions.iter().map(String::as_str).zip(xs.iter()).collect();
+            let w = &cfg.weights;
+            let scores = model.scores(&refs, w.success.max(0.0) + w.quality.max(0.0));
+            let ctx = d["metadata"]["x_weft_features"].to_string();
+            (ctx, squarecb(&scores, model.gamma(&cfg.learner)))
+        } else {
+            let ctx = d["metadata"]["x_weft_context"].as_str().unwrap_or_default();
+            let ests = policy::estimates(
+                cfg,
+                cands.iter().map(|(id, m)| (id.as_str(), m.as_ref())),
+                snap.arms(tenant, ctx),
+            );
+            (
+                ctx.to_owned(),
+                policy::probabilities(cfg.policy, cfg, &ests, &mut rng),
+            )
+        };
+        let chosen = actions.iter().position(|a| a == chosen_id).unwrap_or(0);
+        let fb = &p.feedback;
+        if fb.get("success").and_then(Value::as_bool) == Some(true) {
+            succ += 1.0;
+        }
+        cost += cost_of(fb);
+        if let Some(l) = f(fb, &["latency_ms"]) {
+            lat += l;
+            lat_n += 1.0;
+        }
+        out.push(Logged {
+            context,
+            actions,
+            chosen,
+            propensity: prop,
+            reward: reward(fb),
+            target: target_p,
+        });
+    }
+    let n = out.len().max(1) as f64;
+    let rates = [
+        succ / n,
+        cost / n,
+        if lat_n > 0.0 { lat / lat_n } else { 0.0 },
+    ];
+    (out, skipped, rates)
+}
+
+/// The admissible set of a logged decision: the choice and its fallbacks, ordered by id.
+fn admissible_set(d: &Value) -> BTreeMap<String, Option<Map<String, Value>>> {
+    let mut cands = BTreeMap::new();
+    for c in std::iter::once(&d["candidate"]).chain(
+        d.get("fallback_candidates")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten(),
+    ) {
+        if let Some(id) = c["candidate_id"].as_str() {
+            cands.insert(
+                id.to_owned(),
+                c.get("metadata").and_then(Value::as_object).cloned(),
+            );
+        }
+    }
+    cands
+}
+
+/// Aggregate statistics per (context key, candidate) fitted on the pairs.
+fn fit_aggregates(pairs: &[LoggedPair], tenant: &str) -> Snapshot {
+    let mut fitted = Snapshot::empty("logged-data");
+    for p in pairs {
+        let ctx = p.decision["metadata"]["x_weft_context"]
+            .as_str()
+            .unwrap_or_default();
+        let id = p.decision["candidate"]["candidate_id"]
+            .as_str()
+            .unwrap_or_default();
+        let fb = &p.feedback;
+        fitted
+            .arms_mut(tenant, ctx)
+            .entry(id.to_owned())
+            .or_default()
+            .observe(
+                fb.get("success").and_then(Value::as_bool).unwrap_or(false),
+                f(fb, &["latency_ms"]),
+                cost_of(fb),
+                f(fb, &["quality_score"]),
+            );
+    }
+    fitted
+}
+
+/// The contextual model learnt from the pairs, in order.
+fn fit_contextual(pairs: &[LoggedPair], cfg: &PolicyConfig) -> TenantModel {
+    let mut m = TenantModel::default();
+    for (i, p) in pairs.iter().enumerate() {
+        let cand = p.feedback["candidate_id"].as_str().unwrap_or_default();
+        let Some(example) = Remembered::from_payload(&p.decision).and_then(|r| r.example(cand))
+        else {
+            continue;
+        };
+        m.learn(
+            &cfg.learner,
+            &Observation {
+                feedback_id: i.to_string(),
+                candidate_id: cand.to_owned(),
+                example,
+                outcome: Outcome::from_feedback(&p.feedback, &cfg.weights, cfg.prior_quality),
+            },
+        );
+    }
+    m
+}
+
+/// Build the EvaluationArtifact.
+#[allow(clippy::too_many_arguments)]
+pub fn artifact(
+    report: &eval::Report,
+    cfg: &PolicyConfig,
+    tenant: &str,
+    range: (&str, &str),
+    skipped: usize,
+    missing_feedback: usize,
+    rates: [f64; 3],
+    bootstrap: usize,
+) -> Value {
+    let n = report.n as f64;
+    let support = if report.n < 30
+        || report.unsupported_share > 0.2
+        || report.effective_sample_size < 0.05 * n
+    {
+        "high_risk"
+    } else if report.warnings.is_empty() && skipped == 0 {
+        "ok"
+    } else {
+        "caution"
+    };
+    let mut warnings = report.warnings.clone();
+    if skipped > 0 {
+        warnings.push(format!(
+            "{skipped} decisions carry no propensity and were left out"
+        ));
+    }
+    let uplift = report.dr.value - report.logged_value;
+    let kind = match support {
+        "high_risk" => "needs_more_data",
+        _ if report.dr.ci_low > report.logged_value => "deploy",
+        _ if report.dr.ci_high < report.logged_value => "do_not_deploy",
+        _ => "experiment_ready",
+    };
+    let iv = |i: &eval::Interval| json!([i.ci_low, i.ci_high]);
+    let now = weft_schemas::time::now_rfc3339();
+    json!({
+        "artifact_id": format!("weft-eval-{tenant}-{}", now.replace([':', '.'], "")),
+        "producer": "weft",
+        "producer_version": env!("CARGO_PKG_VERSION"),
+        "created_at": now,
+        "artifact_type": "offline_policy_evaluation",
+        "target_estimand": "expected_utility_per_decision",
+        "candidate_policy": format!("{}@{}", cfg.policy.as_str(), cfg.version),
+        "baseline_policy": "logged",
+        "metrics": {
+            "estimated_value": report.dr.value,
+            "ips": report.ips.value,
+            "snips": report.snips.value,
+            "dr": report.dr.value,
+            "logged_value": report.logged_value,
+            "value_uplift_vs_baseline": uplift,
+            "best_in_hindsight_value": report.best_in_hindsight_value,
+            "regret_vs_best_in_hindsight": report.target_regret,
+            "logged_regret_vs_best_in_hindsight": report.logged_regret,
+            "logged_success_rate": rates[0],
+            "logged_mean_cost": rates[1],
+            "logged_mean_latency_ms": rates[2],
+            "n": report.n,
+        },
+        "uncertainty": {
+            "ci_method": report.ci_method,
+            "ci_level": 0.95,
+            "bootstrap_samples": bootstrap,
+            "value_ci": iv(&report.dr),
+            "ips_ci": iv(&report.ips),
+            "snips_ci": iv(&report.snips),
+            "dr_ci": iv(&report.dr),
+        },
+        "support_state": support,
+        "support_diagnostics": {
+            "effective_sample_size": report.effective_sample_size,
+            "unsupported_share": report.unsupported_share,
+            "decisions_evaluated": report.n,
+            "decisions_without_feedback": missing_feedback,
+            "decisions_without_propensity": skipped,
+        },
+        "propensity_diagnostics": {
+            "max_importance_weight": report.max_importance_weight,
+            "min_propensity": report.min_propensity,
+            "clipping_applied": false,
+        },
+        "warnings": warnings,
+        "recommendation_kind": kind,
+        "limitations": [
+            "Offline estimate only; no online validation performed.",
+            "Without --snapshot the target policy is fitted on the evaluated data (in-sample)."
+        ],
+        "provenance": {"tenant": tenant, "from": range.0, "to": range.1, "source": "weft_events"},
+        "metadata": {"x_weft_weights": cfg.weights},
+    })
+}

@@ -1,0 +1,387 @@
+//! The contextual model behind the default policy, `squarecb`: per tenant, an online linear
+//! regression of the utility on hashed (context x candidate) features, explored by SquareCB
+//! (inverse-gap weighting, Foster & Rakhlin 2020, as Vowpal Wabbit's `--squarecb`), with
+//! exact propensities.
+//!
+//! - Regression: `y = w . x` fitted by exact online ridge regression (recursive least
+//!   squares: `w` minimises `sum (y_t - w . x_t)^2 + ridge |w|^2` after every outcome), over
+//!   the hashed features a tenant has seen, each given a dense slot when first learnt, at
+//!   most [`MAX_SLOTS`] per tenant (features beyond that are ignored).
+//! - Exploration: with `K` admissible candidates, scores `s` and the best `b`,
+//!   `p(a) = 1 / (K + gamma (s_b - s_a))` for `a != b` and `p(b) = 1 - sum of the others`,
+//!   `gamma = gamma_scale * updates^gamma_exponent`. A candidate this tenant never saw an
+//!   outcome for scores the utility's upper bound (cold start: every admissible candidate
+//!   is tried).
+//! - Live outcome figures per candidate (latency, cost, quality), learnt from the same
+//!   outcomes, serve the constraints at once.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::features::Example;
+use crate::policy::Weights;
+
+/// Settings of the contextual policy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LearnerConfig {
+    /// Ridge penalty (prior precision of every weight).
+    pub ridge: f64,
+    /// SquareCB's gamma scale.
+    pub gamma_scale: f64,
+    /// SquareCB's gamma exponent (gamma grows as updates^exponent).
+    pub gamma_exponent: f64,
+    /// Decisions at most in flight (without an outcome yet) for a candidate whose figure
+    /// under a constraint is still unknown.
+    pub risk_budget: u32,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> Self {
+        LearnerConfig {
+            ridge: 1.0,
+            gamma_scale: 10.0,
+            gamma_exponent: 0.5,
+            risk_budget: 1,
+        }
+    }
+}
+
+/// The observed result of running a candidate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The utility (the regression target).
+    pub reward: f64,
+    /// Reported latency (ms).
+    pub latency_ms: Option<f64>,
+    /// Reported cost (`cost.usd`, else `cost.amount`, else 0).
+    pub cost: f64,
+    /// Reported quality score.
+    pub quality: Option<f64>,
+}
+
+fn num(v: &Value, path: &[&str]) -> Option<f64> {
+    path.iter().try_fold(v, |v, k| v.get(k))?.as_f64()
+}
+
+/// Cost convention of the aggregates and of `weft eval`: cost.usd, else cost.amount, else 0.
+pub fn cost_of(fb: &Value) -> f64 {
+    num(fb, &["cost", "usd"])
+        .or_else(|| num(fb, &["cost", "amount"]))
+        .unwrap_or(0.0)
+}
+
+impl Outcome {
+    /// Read an ExecutionFeedback payload; the reward is the router's utility.
+    pub fn from_feedback(fb: &Value, w: &Weights, prior_quality: f64) -> Self {
+        let success = fb.get("success").and_then(Value::as_bool).unwrap_or(false);
+        let latency_ms = num(fb, &["latency_ms"]);
+        let quality = num(fb, &["quality_score"]);
+        let cost = cost_of(fb);
+        Outcome {
+            reward: w.utility(
+                f64::from(u8::from(success)),
+                quality.unwrap_or(prior_quality),
+                cost,
+                latency_ms.unwrap_or(0.0),
+            ),
+            latency_ms,
+            cost,
+            quality,
+        }
+    }
+}
+
+/// One outcome to learn from: its feedback identity, the candidate and its example.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// The feedback's identity (`jcs-sha256:...`, as ingest stores it).
+    pub feedback_id: String,
+    /// The candidate that ran.
+    pub candidate_id: String,
+    /// The (context, candidate) example of the decision.
+    pub example: Example,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// Live outcome figures of one candidate (one tenant, every context).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ArmLive {
+    /// Outcomes seen.
+    pub n: f64,
+    /// Outcomes with a latency.
+    pub latency_n: f64,
+    /// Sum of latencies (ms).
+    pub latency_sum: f64,
+    /// Sum of squared latencies.
+    pub latency_sq: f64,
+    /// Sum of costs.
+    pub cost_sum: f64,
+    /// Outcomes with a quality score.
+    pub quality_n: f64,
+    /// Sum of quality scores.
+    pub quality_sum: f64,
+}
+
+impl ArmLive {
+    /// The latency held against `max_latency_ms`: the mean while fewer than `min_obs`
+    /// outcomes, then mean + 1.28 standard deviations (a normal p90).
+    pub fn latency_bound(&self, min_obs: f64) -> Option<f64> {
+        if self.latency_n < 1.0 {
+            return None;
+        }
+        let mean = self.latency_sum / self.latency_n;
+        if self.latency_n < min_obs {
+            return Some(mean);
+        }
+        let var = (self.latency_sq / self.latency_n - mean * mean).max(0.0);
+        Some(mean + 1.28 * var.sqrt())
+    }
+
+    /// Mean cost, once there is an outcome.
+    pub fn mean_cost(&self) -> Option<f64> {
+        (self.n >= 1.0).then(|| self.cost_sum / self.n)
+    }
+
+    /// Mean quality, once reported.
+    pub fn mean_quality(&self) -> Option<f64> {
+        (self.quality_n >= 1.0).then(|| self.quality_sum / self.quality_n)
+    }
+}
+
+/// Dense slots a tenant's regression holds at most.
+pub const MAX_SLOTS: usize = 384;
+
+/// One tenant's model: the ridge regression and every candidate's live figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TenantModel {
+    /// Outcomes learnt.
+    pub updates: u64,
+    /// Hashed feature index -> dense slot.
+    pub slots: HashMap<u32, u32>,
+    /// Weights, per slot.
+    pub w: Vec<f64>,
+    /// The inverse of the regularised Gram matrix (`slots x slots`, row-major).
+    pub p: Vec<f64>,
+    /// Candidate id -> live figures.
+    pub arms: BTreeMap<String, ArmLive>,
+}
+
+impl TenantModel {
+    /// The predicted utility of an example.
+    pub fn predict(&self, x: &Example) -> f64 {
+        let y: f64 = x
+            .iter()
+            .filter_map(|(i, v)| self.slots.get(i).map(|s| self.w[*s as usize] * v))
+            .sum();
+        if y.is_finite() {
+            y
+        } else {
+            0.0
+        }
+    }
+
+    fn slot(&mut self, i: u32, ridge: f64) -> Option<usize> {
+        if let Some(s) = self.slots.get(&i) {
+            return Some(*s as usize);
+        }
+        let d = self.w.len();
+        if d >= MAX_SLOTS {
+            return None;
+        }
+        // Grow P by one row and column: the new weight is independent, with variance 1/ridge.
+        let mut p = vec![0.0; (d + 1) * (d + 1)];
+        for r in 0..d {
+            p[r * (d + 1)..r * (d + 1) + d].copy_from_slice(&self.p[r * d..r * d + d]);
+        }
+        p[d * (d + 1) + d] = 1.0 / ridge.max(1e-9);
+        self.p = p;
+        self.w.push(0.0);
+        self.slots.insert(i, d as u32);
+        Some(d)
+    }
+
+    /// Learn one outcome (a recursive least-squares step).
+    pub fn learn(&mut self, cfg: &LearnerConfig, obs: &Observation) {
+        let mut xs: Vec<(usize, f64)> = Vec::with_capacity(obs.example.len());
+        for (i, v) in &obs.example {
+            if let Some(s) = self.slot(*i, cfg.ridge) {
+                match xs.iter_mut().find(|x| x.0 == s) {
+                    Some(x) => x.1 += v,
+                    None => xs.push((s, *v)),
+                }
+            }
+        }
+        let d = self.w.len();
+        // px = P x (P is symmetric).
+        let mut px = vec![0.0; d];
+        for (r, out) in px.iter_mut().enumerate() {
+            let row = &self.p[r * d..r * d + d];
+            *out = xs.iter().map(|(s, v)| row[*s] * v).sum();
+        }
+        let denom = 1.0 + xs.iter().map(|(s, v)| px[*s] * v).sum::<f64>();
+        let residual = obs.outcome.reward - xs.iter().map(|(s, v)| self.w[*s] * v).sum::<f64>();
+        if denom.is_finite() && denom > 0.0 && residual.is_finite() {
+            for r in 0..d {
+                let g = px[r] / denom;
+                self.w[r] += g * residual;
+                let row = &mut self.p[r * d..r * d + d];
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x -= g * px[c];
+                }
+            }
+        }
+        self.updates += 1;
+        let arm = self.arms.entry(obs.candidate_id.clone()).or_default();
+        let o = &obs.outcome;
+        arm.n += 1.0;
+        if let Some(l) = o.latency_ms {
+            arm.latency_n += 1.0;
+            arm.latency_sum += l;
+            arm.latency_sq += l * l;
+        }
+        arm.cost_sum += o.cost;
+        if let Some(q) = o.quality {
+            arm.quality_n += 1.0;
+            arm.quality_sum += q;
+        }
+    }
+
+    /// SquareCB's gamma at this model's number of updates.
+    pub fn gamma(&self, cfg: &LearnerConfig) -> f64 {
+        cfg.gamma_scale * ((self.updates + 1) as f64).powf(cfg.gamma_exponent)
+    }
+
+    /// Scores of the candidates (by id, with their examples): the prediction, or `optimistic`
+    /// for a candidate without any outcome yet.
+    pub fn scores(&self, cands: &[(&str, &Example)], optimistic: f64) -> Vec<f64> {
+        cands
+            .iter()
+            .map(|(id, x)| match self.arms.get(*id) {
+                Some(a) if a.n >= 1.0 => self.predict(x),
+                _ => optimistic,
+            })
+            .collect()
+    }
+}
+
+/// SquareCB's action probabilities for scores (higher is better); the best is the first of
+/// the highest.
+pub fn squarecb(scores: &[f64], gamma: f64) -> Vec<f64> {
+    let k = scores.len();
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut best = 0;
+    for (i, s) in scores.iter().enumerate() {
+        if *s > scores[best] {
+            best = i;
+        }
+    }
+    let mut p: Vec<f64> = scores
+        .iter()
+        .map(|s| 1.0 / (k as f64 + gamma.max(0.0) * (scores[best] - s).max(0.0)))
+        .collect();
+    p[best] = 0.0;
+    let others: f64 = p.iter().sum();
+    p[best] = (1.0 - others).max(0.0);
+    p
+}
+
+/// Sample an index from probabilities with a uniform draw `u` in [0, 1).
+pub fn sample(p: &[f64], u: f64) -> usize {
+    let mut acc = 0.0;
+    for (i, x) in p.iter().enumerate() {
+        acc += x;
+        if u < acc {
+            return i;
+        }
+    }
+    // Rounding: the last index with mass.
+    p.iter().rposition(|x| *x > 0.0).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::{candidate_features, context_features, example};
+    use crate::rng::Rng;
+    use serde_json::json;
+
+    #[test]
+    fn squarecb_probabilities_are_exact_and_sum_to_one() {
+        let p = squarecb(&[0.5, 0.7, 0.2], 10.0);
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!((p[0] - 1.0 / (3.0 + 10.0 * 0.2)).abs() < 1e-12);
+        assert!((p[2] - 1.0 / (3.0 + 10.0 * 0.5)).abs() < 1e-12);
+        assert_eq!(squarecb(&[1.0, 1.0], 5.0), vec![0.5, 0.5]);
+        // Sampling follows them.
+        let mut rng = Rng::new(3);
+        let mut f = [0.0; 3];
+        for _ in 0..30_000 {
+            f[sample(&p, rng.uniform())] += 1.0 / 30_000.0;
+        }
+        for i in 0..3 {
+            assert!((f[i] - p[i]).abs() < 0.01, "{f:?} {p:?}");
+        }
+    }
+
+    #[test]
+    fn regression_learns_a_contextual_rule() {
+        // Best candidate: "a" for gold, "b" otherwise.
+        let cfg = LearnerConfig::default();
+        let mut m = TenantModel::default();
+        let mut rng = Rng::new(1);
+        let ca = candidate_features("a", "tool", None);
+        let cb = candidate_features("b", "tool", None);
+        for i in 0..2000 {
+            let tier = ["gold", "silver", "bronze"][i % 3];
+            let ctx = context_features(json!({"tier": tier}).as_object().unwrap());
+            let (id, f) = if rng.uniform() < 0.5 {
+                ("a", &ca)
+            } else {
+                ("b", &cb)
+            };
+            let rate = match (tier, id) {
+                ("gold", "a") | ("silver" | "bronze", "b") => 0.8,
+                _ => 0.3,
+            };
+            let reward = f64::from(u8::from(rng.uniform() < rate));
+            m.learn(
+                &cfg,
+                &Observation {
+                    feedback_id: format!("f{i}"),
+                    candidate_id: id.into(),
+                    example: example(&ctx, f),
+                    outcome: Outcome {
+                        reward,
+                        latency_ms: Some(100.0),
+                        cost: 0.0,
+                        quality: None,
+                    },
+                },
+            );
+        }
+        for (tier, best) in [("gold", 0), ("silver", 1), ("bronze", 1)] {
+            let ctx = context_features(json!({"tier": tier}).as_object().unwrap());
+            let (xa, xb) = (example(&ctx, &ca), example(&ctx, &cb));
+            let s = m.scores(&[("a", &xa), ("b", &xb)], 1.0);
+            assert!((s[0] - s[1]).abs() > 0.3, "{tier}: {s:?}");
+            assert_eq!(usize::from(s[1] > s[0]), best, "{tier}: {s:?}");
+            assert!(s.iter().all(|x| (0.1..1.0).contains(x)), "{s:?}");
+        }
+        assert_eq!(m.arms["a"].latency_bound(5.0), Some(100.0));
+    }
+
+    #[test]
+    fn an_unseen_candidate_is_optimistic() {
+        let m = TenantModel::default();
+        let x = example(&[], &candidate_features("a", "tool", None));
+        assert_eq!(m.scores(&[("a", &x)], 1.0), vec![1.0]);
+    }
+}

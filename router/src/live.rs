@@ -1,0 +1,419 @@
+//! The contextual model as served: per tenant, a **base** learnt from ClickHouse (decisions
+//! joined with their feedback by (tenant, decision_id), in the order they became visible),
+//! plus this replica's own feedback not yet seen there (**pending**), learnt at once.
+//!
+//! At a refresh the rows that became visible since the last one are learnt into the base,
+//! skipping every feedback identity the base already holds (so a duplicate row, or a row read
+//! twice because the read windows overlap, counts once); pending outcomes that now appear in
+//! ClickHouse leave the pending list; the served model becomes the base with the remaining
+//! pending outcomes replayed. Each outcome is therefore counted exactly once, and once every
+//! outcome is stored, every replica serves the model rebuilt from ClickHouse.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::decide::Remembered;
+use crate::learner::{LearnerConfig, Observation, Outcome, TenantModel};
+use crate::policy::PolicyConfig;
+use crate::store::OutcomeRow;
+
+/// Feedback identities remembered per tenant base (older ones are forgotten first).
+pub const APPLIED_MAX: usize = 500_000;
+/// Pending (not yet stored) outcomes kept per tenant; the oldest go first.
+pub const PENDING_MAX: usize = 100_000;
+/// A decision counts as in flight for this long without its outcome.
+pub const INFLIGHT_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Applied {
+    set: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl Applied {
+    fn insert(&mut self, id: &str) -> bool {
+        if self.set.contains(id) {
+            return false;
+        }
+        if self.order.len() >= APPLIED_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.set.insert(id.to_owned());
+        self.order.push_back(id.to_owned());
+        true
+    }
+}
+
+/// One tenant's model learnt from ClickHouse alone, with the identities it holds and the
+/// place in the visibility order of the last row it learnt.
+#[derive(Default)]
+struct Base {
+    model: TenantModel,
+    applied: Applied,
+    last: (i64, String),
+}
+
+impl Base {
+    /// Learn a stored row unless its identity is already held; `true` when it came out of
+    /// the visibility order (before the last row learnt).
+    fn learn(&mut self, cfg: &LearnerConfig, row: &Stored) -> bool {
+        if !self.applied.insert(&row.obs.feedback_id) {
+            return false;
+        }
+        self.model.learn(cfg, &row.obs);
+        let late = row.key < self.last;
+        if !late {
+            self.last = row.key.clone();
+        }
+        late
+    }
+}
+
+/// A stored outcome: tenant, place in the visibility order (visible µs, feedback id), and
+/// the observation.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// The tenant of the decision and its feedback.
+    pub tenant: String,
+    /// (visibility µs, feedback id): the order rows are learnt in.
+    pub key: (i64, String),
+    /// What to learn.
+    pub obs: Observation,
+}
+
+/// Every tenant's base rebuilt from ClickHouse, off to the side (see [`rebuild`]), to be
+/// [`Live::install`]ed.
+#[derive(Default)]
+pub struct Rebuilt {
+    tenants: HashMap<String, Base>,
+    /// The highest visibility learnt (µs).
+    pub top: Option<i64>,
+}
+
+impl Rebuilt {
+    /// Learn stored rows, in order.
+    pub fn learn(&mut self, cfg: &LearnerConfig, rows: Vec<Stored>) {
+        for row in rows {
+            self.top = Some(self.top.map_or(row.key.0, |t| t.max(row.key.0)));
+            self.tenants
+                .entry(row.tenant.clone())
+                .or_default()
+                .learn(cfg, &row);
+        }
+    }
+
+    /// The rebuilt models.
+    pub fn models(&self) -> BTreeMap<String, TenantModel> {
+        self.tenants
+            .iter()
+            .map(|(k, b)| (k.clone(), b.model.clone()))
+            .collect()
+    }
+}
+
+#[derive(Default)]
+struct TenantState {
+    served: Arc<TenantModel>,
+    base: Base,
+    pending: VecDeque<Observation>,
+    pending_ids: HashSet<String>,
+    /// Candidate id -> (decisions without an outcome, last decision).
+    inflight: HashMap<String, (u32, Instant)>,
+}
+
+impl TenantState {
+    /// Drop pending outcomes the base now holds; serve the base with the rest replayed.
+    fn reserve(&mut self, cfg: &LearnerConfig) {
+        let applied = &self.base.applied.set;
+        self.pending.retain(|p| !applied.contains(&p.feedback_id));
+        self.pending_ids = self.pending.iter().map(|p| p.feedback_id.clone()).collect();
+        let mut served = self.base.model.clone();
+        for p in &self.pending {
+            served.learn(cfg, p);
+        }
+        self.served = Arc::new(served);
+    }
+}
+
+/// Every tenant's contextual state.
+#[derive(Default)]
+pub struct Live {
+    tenants: RwLock<HashMap<String, Arc<RwLock<TenantState>>>>,
+}
+
+impl Live {
+    fn tenant(&self, tenant: &str) -> Arc<RwLock<TenantState>> {
+        if let Some(t) = self.tenants.read().get(tenant) {
+            return t.clone();
+        }
+        self.tenants
+            .write()
+            .entry(tenant.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// The model decisions of `tenant` are served from (empty for an unknown tenant; no
+    /// state is created by reading).
+    pub fn model(&self, tenant: &str) -> Arc<TenantModel> {
+        match self.tenants.read().get(tenant) {
+            Some(t) => t.read().served.clone(),
+            None => Arc::default(),
+        }
+    }
+
+    /// Learn one of this replica's outcomes at once (skipped when the base already holds
+    /// its feedback identity, or it is already pending).
+    pub fn learn_now(&self, cfg: &LearnerConfig, tenant: &str, obs: Observation) -> bool {
+        let t = self.tenant(tenant);
+        let mut t = t.write();
+        if t.base.applied.set.contains(&obs.feedback_id) || t.pending_ids.contains(&obs.feedback_id)
+        {
+            return false;
+        }
+        if let Some(f) = t.inflight.get_mut(&obs.candidate_id) {
+            f.0 = f.0.saturating_sub(1);
+        }
+        Arc::make_mut(&mut t.served).learn(cfg, &obs);
+        if t.pending.len() >= PENDING_MAX {
+            if let Some(old) = t.pending.pop_front() {
+                t.pending_ids.remove(&old.feedback_id);
+            }
+        }
+        t.pending_ids.insert(obs.feedback_id.clone());
+        t.pending.push_back(obs);
+        true
+    }
+
+    /// Learn rows newly read from ClickHouse (in visibility order) into each tenant's base
+    /// and rebuild its served model. `true` when a row came out of order (it became visible
+    /// after a later one was learnt): the base then differs from a rebuild until the next
+    /// [`Live::install`].
+    pub fn reconcile(&self, cfg: &LearnerConfig, rows: Vec<Stored>) -> bool {
+        let mut by_tenant: HashMap<String, Vec<Stored>> = HashMap::new();
+        for row in rows {
+            by_tenant.entry(row.tenant.clone()).or_default().push(row);
+        }
+        let mut late = false;
+        for (tenant, rows) in by_tenant {
+            let t = self.tenant(&tenant);
+            let mut t = t.write();
+            for row in &rows {
+                late |= t.base.learn(cfg, row);
+            }
+            t.reserve(cfg);
+        }
+        late
+    }
+
+    /// Replace every tenant's base with a rebuilt one (pending outcomes it now holds leave
+    /// the pending list; the others stay on top).
+    pub fn install(&self, cfg: &LearnerConfig, mut fresh: Rebuilt) {
+        let mut names: HashSet<String> = self.tenants.read().keys().cloned().collect();
+        names.extend(fresh.tenants.keys().cloned());
+        for name in names {
+            let t = self.tenant(&name);
+            let mut t = t.write();
+            t.base = fresh.tenants.remove(&name).unwrap_or_default();
+            t.reserve(cfg);
+        }
+    }
+
+    /// Start from a snapshot's models (before any refresh).
+    pub fn load(&self, models: impl IntoIterator<Item = (String, TenantModel)>) {
+        for (tenant, m) in models {
+            let t = self.tenant(&tenant);
+            let mut t = t.write();
+            t.served = Arc::new(m.clone());
+            t.base.model = m;
+        }
+    }
+
+    /// The model `tenant` is served from, cloned (for `GET /v1/model` and tests).
+    pub fn served(&self, tenant: &str) -> TenantModel {
+        (*self.model(tenant)).clone()
+    }
+
+    /// Every tenant's served model.
+    pub fn models(&self) -> Vec<(String, TenantModel)> {
+        let names: Vec<String> = self.tenants.read().keys().cloned().collect();
+        names
+            .into_iter()
+            .map(|k| {
+                let m = self.served(&k);
+                (k, m)
+            })
+            .collect()
+    }
+
+    /// Decisions of `tenant` in flight for `candidate` (expired after [`INFLIGHT_TIMEOUT`]).
+    pub fn inflight(&self, tenant: &str, candidate: &str) -> u32 {
+        let Some(t) = self.tenants.read().get(tenant).cloned() else {
+            return 0;
+        };
+        let t = t.read();
+        match t.inflight.get(candidate) {
+            Some((n, at)) if at.elapsed() < INFLIGHT_TIMEOUT => *n,
+            _ => 0,
+        }
+    }
+
+    /// Count a decision for `candidate` as in flight.
+    pub fn decided(&self, tenant: &str, candidate: &str) {
+        let t = self.tenant(tenant);
+        let mut t = t.write();
+        let e = t
+            .inflight
+            .entry(candidate.to_owned())
+            .or_insert((0, Instant::now()));
+        if e.1.elapsed() >= INFLIGHT_TIMEOUT {
+            e.0 = 0;
+        }
+        e.0 += 1;
+        e.1 = Instant::now();
+    }
+
+    /// Pending outcomes of `tenant`.
+    pub fn pending(&self, tenant: &str) -> usize {
+        self.tenants
+            .read()
+            .get(tenant)
+            .map_or(0, |t| t.read().pending.len())
+    }
+}
+
+/// The observations of stored (decision, feedback) rows; rows whose decision logged no
+/// features, or whose feedback names a candidate the decision did not offer, are skipped.
+pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
+    rows.into_iter()
+        .filter_map(|r| {
+            let d: Value = serde_json::from_str(&r.decision).ok()?;
+            let f: Value = serde_json::from_str(&r.feedback).ok()?;
+            let cand = f.get("candidate_id")?.as_str()?;
+            let example = Remembered::from_payload(&d)?.example(cand)?;
+            Some(Stored {
+                tenant: r.tenant,
+                key: (r.visible_us, r.feedback_id.clone()),
+                obs: Observation {
+                    feedback_id: r.feedback_id,
+                    candidate_id: cand.to_owned(),
+                    example,
+                    outcome: Outcome::from_feedback(&f, &pc.weights, pc.prior_quality),
+                },
+            })
+        })
+        .collect()
+}
+
+/// Every tenant's contextual model rebuilt from ClickHouse alone (the outcomes of the last
+/// `window_s` seconds, in visibility order, page by page): what `weft router snapshot`
+/// writes, what a refresh installs now and then, and what every replica serves once all
+/// outcomes are stored.
+pub async fn rebuild(
+    client: &clickhouse::Client,
+    pc: &PolicyConfig,
+    window_s: u64,
+) -> Result<Rebuilt, clickhouse::error::Error> {
+    let mut out = Rebuilt::default();
+    let mut after = (0, String::new());
+    loop {
+        let rows = crate::store::read_outcomes(client, (after.0, &after.1), window_s).await?;
+        let full = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
+        if let Some(last) = rows.last() {
+            after = (last.visible_us, last.feedback_id.clone());
+        }
+        out.learn(&pc.learner, observations(rows, pc));
+        if !full {
+            return Ok(out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::features::{candidate_features, example};
+
+    fn obs(id: &str, reward: f64) -> Observation {
+        Observation {
+            feedback_id: id.into(),
+            candidate_id: "a".into(),
+            example: example(&[], &candidate_features("a", "tool", None)),
+            outcome: Outcome {
+                reward,
+                latency_ms: None,
+                cost: 0.0,
+                quality: None,
+            },
+        }
+    }
+
+    fn stored(id: &str, at: i64, reward: f64) -> Stored {
+        Stored {
+            tenant: "t".into(),
+            key: (at, id.into()),
+            obs: obs(id, reward),
+        }
+    }
+
+    #[test]
+    fn each_outcome_counts_once_across_replicas_and_refreshes() {
+        let cfg = LearnerConfig::default();
+        let (r1, r2) = (Live::default(), Live::default());
+        // Replica 1 hears f1, replica 2 hears f2: each learns its own at once.
+        assert!(r1.learn_now(&cfg, "t", obs("f1", 1.0)));
+        assert!(!r1.learn_now(&cfg, "t", obs("f1", 1.0)), "twice is once");
+        assert!(r2.learn_now(&cfg, "t", obs("f2", 0.0)));
+        assert_eq!(r1.model("t").updates, 1);
+        // ClickHouse has stored both, one of them twice; read again in an overlapping window.
+        let rows = vec![
+            stored("f1", 1, 1.0),
+            stored("f2", 2, 0.0),
+            stored("f1", 1, 1.0),
+        ];
+        let mut fresh = Rebuilt::default();
+        fresh.learn(&cfg, rows.clone());
+        assert_eq!(fresh.top, Some(2));
+        let rebuilt = fresh.models()["t"].clone();
+        let mut by_hand = TenantModel::default();
+        by_hand.learn(&cfg, &obs("f1", 1.0));
+        by_hand.learn(&cfg, &obs("f2", 0.0));
+        assert_eq!(rebuilt, by_hand);
+        r1.install(&cfg, fresh);
+        assert!(!r2.reconcile(&cfg, rows.clone()));
+        assert!(!r2.reconcile(&cfg, rows[1..].to_vec()));
+        assert_eq!(*r1.model("t"), rebuilt);
+        assert_eq!(*r2.model("t"), rebuilt);
+        // An outcome heard after the refresh, not yet stored, stays on top of the base.
+        r1.learn_now(&cfg, "t", obs("f3", 1.0));
+        r1.reconcile(&cfg, vec![]);
+        assert_eq!(r1.model("t").updates, 3);
+        assert!(
+            !r1.learn_now(&cfg, "t", obs("f2", 0.0)),
+            "already in the base"
+        );
+        // A row that becomes visible before the last one learnt is reported as late.
+        assert!(r2.reconcile(&cfg, vec![stored("f0", 0, 1.0)]));
+    }
+
+    #[test]
+    fn inflight_counts_until_the_outcome() {
+        let cfg = LearnerConfig::default();
+        let l = Live::default();
+        l.decided("t", "a");
+        l.decided("t", "a");
+        assert_eq!(l.inflight("t", "a"), 2);
+        l.learn_now(&cfg, "t", obs("f1", 1.0));
+        assert_eq!(l.inflight("t", "a"), 1);
+        assert_eq!(l.inflight("u", "a"), 0);
+    }
+}

@@ -1,0 +1,30 @@
+#![warn(missing_docs)]
+
+//! `weft-store`: weft's ClickHouse side, in one place.
+//!
+//! - [`Store`], [`ClickHouseConfig`] and the migration runner (`weft migrate`; the migration
+//!   files are `schemas/clickhouse/`, embedded by `weft-schemas`), with the generic
+//!   [`insert`] and [`check_columns`];
+//! - [`events`]: the facts table's row ([`events::EventRow`]) and the one derivation of the
+//!   payload's typed columns ([`events::typed_columns`]), used by ingest and by the audit;
+//! - [`chain`]: the hash chain's view of a fact ([`chain::ChainRow`]) and the unsealed check's;
+//! - [`search`]: a search hit, its query and CSV header;
+//! - [`narrative`]: the narrative tables' rows and the narrative read ([`narrative::query`]);
+//! - [`telemetry`]: ingest's telemetry tables' rows;
+//! - [`ddl`]: the columns the migrations declare, for the code to check itself against.
+//!
+//! No Kafka here: the audit reads ClickHouse through this crate without linking rdkafka.
+
+pub mod chain;
+pub mod ddl;
+pub mod events;
+pub mod narrative;
+pub mod search;
+mod store;
+pub mod telemetry;
+
+pub use events::{typed_columns, EventRow, Fact, TypedColumns};
+pub use store::{check_columns, insert, ClickHouseConfig, MigrateReport, Store, StoreError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,276 @@
+//! The router as a hostile tenant and a careless client would use it (issue 16, items 2
+//! and 6): tenant B naming tenant A's decision id changes nothing of A's and reveals
+//! nothing, on every router route; decision ids are random; oversize input is answered
+//! 413/422 with a clear error, never 500. On the local stack (Kafka for the feedback's ack,
+//! ingest and ClickHouse to read what was stored).
+
+mod common;
+
+use std::time::Duration;
+
+use common::pipeline::{wait_for_port, Pipeline};
+use serde_json::{json, Value};
+
+const KEY_A: &str = "k-tenancy-acme-0123456789";
+const KEY_B: &str = "k-tenancy-globex-0123456";
+
+fn request(intent: &str) -> Value {
+    json!({
+        "context": {"intent": intent, "tier": "gold", "request_id": "req-1"},
+        "candidates": [
+            {"candidate_id": "a", "candidate_type": "tool"},
+            {"candidate_id": "b", "candidate_type": "tool"}
+        ]
+    })
+}
+
+async fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(base: &str, path: &str, key: &str) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+fn feedback(decision_id: &Value, candidate: &str, success: bool) -> Value {
+    json!({"decision_id": decision_id, "candidate_id": candidate, "success": success,
+           "timestamp": weft_schemas::time::now_rfc3339(), "latency_ms": 100})
+}
+
+fn start(p: &Pipeline) -> (common::pipeline::Proc, String) {
+    let addr = format!("127.0.0.1:{}", common::pipeline::free_port());
+    let child = p
+        .weft()
+        .env("WEFT_ROUTER_KEYS", format!("{KEY_A}=acme,{KEY_B}=globex"))
+        .args(["router", "--listen", &addr, "--refresh-ms", "0"])
+        .args(["--no-create-topics", "--spool-dir"])
+        .arg(p.path("router-spool"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for_port(&addr, Duration::from_secs(30)));
+    (common::pipeline::Proc(child), format!("http://{addr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_decision_id_changes_and_reveals_nothing() {
+    let p = Pipeline::new("router_tenancy");
+    let _ingest = p.ingest(None);
+    common::wait_for(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        log.contains("narrative projector loaded").then_some(())
+    })
+    .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
+    let (_router, base) = start(&p);
+
+    // Tenant A decides and learns one outcome of its own.
+    let (status, d1) = post(&base, "/v1/route", KEY_A, &request("secret-intent-of-acme")).await;
+    assert_eq!(status, 200, "{d1}");
+    let (status, _) = post(
+        &base,
+        "/v1/feedback",
+        KEY_A,
+        &feedback(&d1["decision_id"], "a", true),
+    )
+    .await;
+    assert_eq!(status, 202);
+    let (_, model_a) = get(&base, "/v1/model", KEY_A).await;
+    let model_a: Value = serde_json::from_str(&model_a).unwrap();
+    assert_eq!(model_a["updates"], 1, "{model_a}");
+
+    // Decision ids are 128 random bits, not counters.
+    let (_, d2) = post(&base, "/v1/route", KEY_A, &request("secret-intent-of-acme")).await;
+    let (id1, id2) = (
+        d1["decision_id"].as_str().unwrap(),
+        d2["decision_id"].as_str().unwrap(),
+    );
+    for id in [id1, id2] {
+        assert!(id.starts_with("erd-") && id.len() == 36, "{id}");
+        assert!(id[4..].bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    }
+    let differing = id1.bytes().zip(id2.bytes()).filter(|(a, b)| a != b).count();
+    assert!(differing >= 16, "{id1} vs {id2}: too alike for random ids");
+
+    // Tenant B posts feedback naming A's decisions: accepted as B's own (it is B's to
+    // send), answered with nothing of A's, learnt into nothing, stamped with nothing.
+    for d in [&d1, &d2] {
+        let (status, body) = post(
+            &base,
+            "/v1/feedback",
+            KEY_B,
+            &feedback(&d["decision_id"], "b", false),
+        )
+        .await;
+        assert_eq!(status, 202);
+        assert_eq!(body, json!({"status": "accepted"}));
+    }
+    let (_, after_a) = get(&base, "/v1/model", KEY_A).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&after_a).unwrap(),
+        model_a,
+        "A's model changed"
+    );
+    let (_, model_b) = get(&base, "/v1/model", KEY_B).await;
+    let model_b: Value = serde_json::from_str(&model_b).unwrap();
+    assert_eq!(
+        model_b["updates"], 0,
+        "B learnt from A's decision: {model_b}"
+    );
+    assert!(!model_b.to_string().contains("secret"), "{model_b}");
+    // On /v1/route B cannot name A; /metrics and /healthz carry no tenant data.
+    let mut foreign = request("x");
+    foreign["context"]["tenant"] = json!("acme");
+    assert_eq!(post(&base, "/v1/route", KEY_B, &foreign).await.0, 403);
+    let (_, metrics) = get(&base, "/metrics", KEY_B).await;
+    assert!(
+        !metrics.contains("secret") && !metrics.contains("acme"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weft_router_model_learned_now_total 1"),
+        "{metrics}"
+    );
+
+    // What was stored: B's feedback carries no context of A's.
+    p.wait_for_count(
+        "SELECT count() FROM weft_events WHERE kind = 'execution_feedback'",
+        3,
+        Duration::from_secs(60),
+    )
+    .await;
+    let b_rows: Vec<String> = p
+        .client()
+        .query("SELECT payload FROM weft_events WHERE kind = 'execution_feedback' AND tenant = 'globex'")
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(b_rows.len(), 2);
+    for r in &b_rows {
+        assert!(
+            !r.contains("secret") && !r.contains("x_weft_context"),
+            "{r}"
+        );
+    }
+    let a_rows: Vec<String> = p
+        .client()
+        .query(
+            "SELECT payload FROM weft_events WHERE kind = 'execution_feedback' AND tenant = 'acme'",
+        )
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(a_rows.len(), 1);
+    assert!(
+        a_rows[0].contains("\"x_weft_context\":\"secret-intent-of-acme\""),
+        "{}",
+        a_rows[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_input_is_refused_with_a_clear_4xx() {
+    let p = Pipeline::new("router_limits");
+    let (_router, base) = start(&p);
+    let mib = "x".repeat(1 << 20);
+    let many = |n: usize| -> Value {
+        (0..n)
+            .map(|i| json!({"candidate_id": format!("c{i}"), "candidate_type": "tool"}))
+            .collect()
+    };
+    let cases: Vec<(&str, Value, u16, &str)> = vec![
+        (
+            "1 MiB candidate_id",
+            json!({"context": {}, "candidates": [{"candidate_id": mib, "candidate_type": "tool"}]}),
+            413,
+            "body_too_large",
+        ),
+        (
+            "1 MiB intent",
+            json!({"context": {"intent": mib}, "candidates": many(2)}),
+            413,
+            "body_too_large",
+        ),
+        (
+            "20k candidates",
+            json!({"candidates": many(20_000)}),
+            413,
+            "body_too_large",
+        ),
+        (
+            "40k candidates",
+            json!({"candidates": many(40_000)}),
+            413,
+            "body_too_large",
+        ),
+        (
+            "65 candidates",
+            json!({"candidates": many(65)}),
+            422,
+            "over_limit",
+        ),
+        (
+            "300-byte candidate_id",
+            json!({"candidates": [{"candidate_id": "y".repeat(300), "candidate_type": "tool"}]}),
+            422,
+            "over_limit",
+        ),
+        (
+            "300-byte intent",
+            json!({"context": {"intent": "y".repeat(300)}, "candidates": many(2)}),
+            422,
+            "over_limit",
+        ),
+        (
+            "17 KiB context",
+            json!({"context": {"note": "y".repeat(17 * 1024)}, "candidates": many(2)}),
+            422,
+            "over_limit",
+        ),
+    ];
+    for (what, body, status, code) in cases {
+        let started = std::time::Instant::now();
+        let (got, v) = post(&base, "/v1/route", KEY_A, &body).await;
+        assert_eq!(got, status, "{what}: {v}");
+        assert_eq!(v["error"]["code"], code, "{what}: {v}");
+        assert!(
+            !v["error"]["message"].as_str().unwrap().is_empty(),
+            "{what}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: {:?}",
+            started.elapsed()
+        );
+    }
+    let (got, v) = post(&base, "/v1/feedback", KEY_A, &json!({"decision_id": mib})).await;
+    assert_eq!(
+        (got, v["error"]["code"].as_str()),
+        (413, Some("body_too_large")),
+        "{v}"
+    );
+    let fb = json!({"decision_id": "y".repeat(300), "candidate_id": "a", "success": true,
+                    "timestamp": weft_schemas::time::now_rfc3339()});
+    let (got, v) = post(&base, "/v1/feedback", KEY_A, &fb).await;
+    assert_eq!(
+        (got, v["error"]["code"].as_str()),
+        (422, Some("over_limit")),
+        "{v}"
+    );
+    // Within the limits the router still answers.
+    let (got, v) = post(&base, "/v1/route", KEY_A, &json!({"candidates": many(64)})).await;
+    assert_eq!(got, 200, "{v}");
+}
