@@ -48,6 +48,9 @@ pub(super) enum Form {
     Minimal,
 }
 
+/// Key, value and headers of a dead letter as it goes out.
+type Rendered = (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>);
+
 /// Errors that will not go away by retrying the same bytes.
 fn is_permanent(e: &KafkaError) -> bool {
     use RDKafkaErrorCode as C;
@@ -87,12 +90,7 @@ impl DeadLetter {
     }
 
     /// Key, value and headers of this dead letter in `form`, at most `max` bytes of value.
-    pub(super) fn render(
-        &self,
-        form: Form,
-        max: usize,
-        source: (&str, i32),
-    ) -> (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>) {
+    pub(super) fn render(&self, form: Form, max: usize, source: (&str, i32)) -> Rendered {
         let (topic, partition) = source;
         let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
         let original_headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
