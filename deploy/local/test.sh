@@ -49,7 +49,19 @@ WEFT_KAFKA_STORAGE=sqlite $STACK start kafka
 # reloads the narrative graph); WEFT_FAULT_EVENTS=1000000 runs the full size.
 WEFT_FAULT_EVENTS=${WEFT_FAULT_EVENTS:-200000} cargo test --test fault_ingest -- --test-threads=1
 cargo test --test fault_broker -- --test-threads=1
+# The stack's supervisor restarts a SIGKILLed broker; the spool drains; stored exactly once.
+cargo test --test fault_supervisor -- --test-threads=1
 # Scale-out: two facts members share the partitions; one leaves, the other takes over.
 cargo test --test ingest_scale_out -- --test-threads=1
+
+step "fuzz targets, 30 s each (docs/FUZZING.md)"
+# cargo-fuzz's -s none mode needs no nightly toolchain; install it when missing.
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+(
+  cd fuzz
+  for t in wire_decode envelope_validate gateway_request; do
+    cargo fuzz run -s none -O "$t" -- -max_total_time=30
+  done
+)
 
 step "done"

@@ -159,11 +159,12 @@ pub struct PublisherConfig {
     /// In-memory queue bound, in messages (`queue.buffering.max.messages`). When full, new
     /// events go to the spool instead of blocking the caller.
     pub queue_bound: u64,
-    /// Most events sent and not yet acknowledged by the broker (0: no bound). `publish`
-    /// waits (up to `message_timeout_ms`) while this many are in flight, so a slow broker
-    /// gets back-pressure instead of messages that time out in librdkafka's queue (which
-    /// makes tansu 0.6's sqlite engine panic). 20,000 is about 1.3 s of the local sqlite
-    /// broker's ~15k events/s, well inside the 10 s delivery timeout.
+    /// Most events sent and not yet acknowledged by the broker (0: no pacing). Within it, the
+    /// bound follows what the broker acknowledges: about a quarter of `message_timeout_ms`
+    /// at the measured acknowledgement rate (at least 500), re-measured every second.
+    /// `publish` waits (up to `message_timeout_ms`) while the bound is reached, so a slow
+    /// broker gets back-pressure instead of messages that time out in librdkafka's queue
+    /// (which makes tansu 0.6's sqlite engine panic).
     pub max_in_flight: u64,
     /// Largest encoded record (key + value + headers) accepted. Larger events are refused by
     /// `publish` up front, because Kafka would refuse them forever and block the spool.

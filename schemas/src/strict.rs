@@ -207,6 +207,37 @@ mod tests {
         assert!(parse(r#"{"k":{"k":1},"j":{"k":2}}"#).is_ok());
     }
 
+    /// The cost of the check: `cargo test --release -p weft-schemas strict_parse_cost --
+    /// --ignored --nocapture` (figures in docs/BENCHMARKS.md).
+    #[test]
+    #[ignore]
+    fn strict_parse_cost() {
+        let samples: Vec<String> = [
+            "capability_token",
+            "trace_event",
+            "policy_decision",
+            "frame_with_handles",
+        ]
+        .iter()
+        .map(|n| {
+            let f = crate::spec::file(&format!("examples/sample_payloads/{n}.json")).unwrap();
+            String::from_utf8(f.to_vec()).unwrap()
+        })
+        .collect();
+        let n = 200_000;
+        let time = |f: &dyn Fn(&str) -> Value| {
+            let t = std::time::Instant::now();
+            for i in 0..n {
+                std::hint::black_box(f(&samples[i % samples.len()]));
+            }
+            t.elapsed().as_nanos() as f64 / n as f64
+        };
+        let plain = time(&|t| serde_json::from_str(t).unwrap());
+        let strict = time(&|t| parse(t).unwrap());
+        let bytes = samples.iter().map(String::len).sum::<usize>() / samples.len();
+        println!("{bytes}-byte payloads: serde_json {plain:.0} ns, strict {strict:.0} ns, +{:.0} ns ({:+.1}%)", strict - plain, (strict / plain - 1.0) * 100.0);
+    }
+
     #[test]
     fn other_errors_stay_json_errors() {
         let e = parse(r#"{"a":1"#).unwrap_err();

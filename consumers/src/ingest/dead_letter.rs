@@ -48,6 +48,9 @@ pub(super) enum Form {
     Minimal,
 }
 
+/// Key, value and headers of a dead letter as it goes out.
+type Rendered = (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>);
+
 /// Errors that will not go away by retrying the same bytes.
 fn is_permanent(e: &KafkaError) -> bool {
     use RDKafkaErrorCode as C;

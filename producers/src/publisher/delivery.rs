@@ -69,8 +69,9 @@ impl ProducerContext for Ctx {
                     st.in_flight -= 1;
                     sh.release_held(&mut st);
                     sh.maybe_resume_direct(&mut st);
+                    st.acked += 1;
                     // A paced `publish` waits for in_flight to fall below the bound.
-                    st.in_flight == 0 || st.in_flight + 1 == sh.max_in_flight
+                    st.in_flight == 0 || st.pacers > 0
                 };
                 // Waiters (close, wait_drained) wait for nothing in flight, a paced publish for
                 // room; waking them for every acknowledgement would cost a futex call per event.

@@ -42,6 +42,38 @@ pub(super) struct State {
     /// ... and how many of them are settled: replayed to Kafka, or failed to append.
     pub(super) settled: u64,
     pub(super) closed: bool,
+    /// Pacing: live messages the broker acknowledged so far ...
+    pub(super) acked: u64,
+    /// ... the in-flight bound derived from the acknowledgement rate (0 before the first) ...
+    pub(super) window: u64,
+    /// ... when and at which `acked` the rate was last measured ...
+    pub(super) mark: Option<(Instant, u64)>,
+    /// ... and how many `publish` calls wait for room (they want every acknowledgement).
+    pub(super) pacers: u32,
+}
+
+impl State {
+    /// Re-derive the in-flight bound from what the broker acknowledges: about a quarter of
+    /// the delivery timeout's worth at the measured rate, between 500 and `max`, so nothing
+    /// waits in librdkafka's queue long enough to time out.
+    pub(super) fn pace(&mut self, max: u64, timeout_ms: u64) {
+        let now = Instant::now();
+        match self.mark {
+            None => {
+                self.mark = Some((now, self.acked));
+                self.window = max.min(1_000);
+            }
+            Some((t, a)) if now.duration_since(t) >= std::time::Duration::from_secs(1) => {
+                let rate = (self.acked - a) as f64 / now.duration_since(t).as_secs_f64();
+                let target = (rate * timeout_ms as f64 / 4_000.0) as u64;
+                // Grow at most 4x per second: a rate measured while bounded understates.
+                let grown = (self.window.max(1) * 4).min(target.max(500));
+                self.window = grown.clamp(max.min(500), max);
+                self.mark = Some((now, self.acked));
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 impl State {
@@ -132,15 +164,17 @@ impl Shared {
         timeout_ms: u64,
     ) -> MutexGuard<'a, State> {
         let max = self.max_in_flight;
-        if max == 0 || st.in_flight < max || st.spooling {
+        if max == 0 || st.spooling {
             return st;
         }
+        st.pace(max, timeout_ms);
         let deadline = Instant::now() + std::time::Duration::from_millis(timeout_ms);
-        while st.in_flight >= max && !st.spooling && !st.closed {
+        while st.in_flight >= st.window && !st.spooling && !st.closed {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
+            st.pacers += 1;
             st = self
                 .changed
                 .wait_timeout(
@@ -149,6 +183,8 @@ impl Shared {
                 )
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
+            st.pacers -= 1;
+            st.pace(max, timeout_ms);
         }
         st
     }
@@ -250,6 +286,35 @@ impl Shared {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_in_flight_bound_follows_the_acknowledgement_rate() {
+        let ago = |secs| Some((Instant::now() - std::time::Duration::from_secs(secs), 0));
+        let mut st = State::default();
+        st.pace(20_000, 10_000);
+        assert_eq!(st.window, 1_000, "starts small");
+        // 2,000 acks/s: a quarter of the 10 s timeout is 5,000; growth is at most 4x a step.
+        st.mark = ago(2);
+        st.acked = 4_000;
+        st.pace(20_000, 10_000);
+        assert_eq!(st.window, 4_000);
+        st.mark = ago(2);
+        st.acked = 4_000;
+        st.pace(20_000, 10_000);
+        assert!((4_900..=5_000).contains(&st.window), "{}", st.window);
+        // A broker that slows to 100/s gets at most 500 in flight; a fast one the maximum.
+        st.mark = ago(1);
+        st.acked = 100;
+        st.pace(20_000, 10_000);
+        assert_eq!(st.window, 500);
+        for _ in 0..5 {
+            st.mark = ago(1);
+            st.acked = 1_000_000;
+            st.pace(20_000, 10_000);
+        }
+        assert_eq!(st.window, 20_000);
+    }
+
     use super::*;
 
     fn job(n: u8) -> Job {
