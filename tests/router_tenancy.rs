@@ -274,3 +274,39 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
     let (got, v) = post(&base, "/v1/route", KEY_A, &json!({"candidates": many(64)})).await;
     assert_eq!(got, 200, "{v}");
 }
+
+/// One reading of a payload: feedback (and a route request) with a key given twice is
+/// refused with a 4xx naming the duplicate, and nothing of it is learnt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_key_is_refused() {
+    let p = Pipeline::new("it_router_dupkey");
+    let (_router, base) = start(&p);
+    let (status, decided) = post(&base, "/v1/route", KEY_A, &request("summarize")).await;
+    assert_eq!(status, 200, "{decided}");
+    let id = decided["decision_id"].as_str().unwrap().to_owned();
+    let body = format!(
+        r#"{{"decision_id":"{id}","candidate_id":"a","candidate_id":"b","success":true,"timestamp":"{}"}}"#,
+        weft_schemas::time::now_rfc3339()
+    );
+    for (path, body) in [
+        ("/v1/feedback", body),
+        (
+            "/v1/route",
+            r#"{"context":{"intent":"x","intent":"y"},"candidates":[{"candidate_id":"a","candidate_type":"tool"}]}"#
+                .to_owned(),
+        ),
+    ] {
+        let r = reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .bearer_auth(KEY_A)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert!((400..500).contains(&status), "{path}: {status} {text}");
+        assert!(text.contains("duplicate key"), "{path}: {text}");
+    }
+}

@@ -500,10 +500,15 @@ impl Service {
                 limit,
             }
         })?;
-        let v = serde_json::from_slice(&bytes).map_err(|e| {
-            self.metrics.rejected.inc();
-            RouterError::BadRequest(e.to_string())
-        })?;
+        // One reading of a payload: a key given twice is refused, as at every entry.
+        let v = std::str::from_utf8(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|text| weft_schemas::strict::check(text).map_err(|e| e.to_string()))
+            .and_then(|()| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+            .map_err(|e| {
+                self.metrics.rejected.inc();
+                RouterError::BadRequest(e)
+            })?;
         Ok((tenant, v))
     }
 }

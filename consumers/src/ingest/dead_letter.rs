@@ -70,9 +70,6 @@ fn cut(bytes: &[u8], max: usize) -> &[u8] {
     &bytes[..bytes.len().min(max)]
 }
 
-/// A dead letter as produced: key, value, headers.
-type Rendered = (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>);
-
 impl DeadLetter {
     fn whole_size(&self) -> usize {
         let headers: usize = self
