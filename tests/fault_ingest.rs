@@ -191,18 +191,32 @@ async fn fault_ingest_refuses_a_recreated_topic() {
     .expect("second ingest did not start");
     assert_eq!(ingest.terminate().code(), Some(0), "{}", p.ingest_log());
 
-    // The log of one trace-event partition now ends 1000 offsets before weft's resume point.
+    // The log of one trace-event partition now ends 1000 offsets before weft's resume point,
+    // for the facts and for the narratives alike (ingest resumes at the lower of the two).
     let topic = format!("{}trace_events", p.prefix);
-    p.client()
-        .query(
-            "INSERT INTO weft_events SELECT * REPLACE (offset + 1000 AS offset, \
-             concat(id, '-cut') AS id) FROM weft_events WHERE topic = ? \
-             ORDER BY partition, offset DESC LIMIT 1",
-        )
+    let partition: u32 = p
+        .client()
+        .query("SELECT partition FROM weft_events WHERE topic = ? ORDER BY partition LIMIT 1")
         .bind(&topic)
-        .execute()
+        .fetch_one()
         .await
         .unwrap();
+    for sql in [
+        "INSERT INTO weft_events SELECT * REPLACE (offset + 1000 AS offset, \
+         concat(id, '-cut') AS id) FROM weft_events WHERE topic = ? AND partition = ? \
+         ORDER BY offset DESC LIMIT 1",
+        "INSERT INTO weft_projector_progress SELECT topic, partition, offset + 1000, version + 1 \
+         FROM weft_projector_progress WHERE topic = ? AND partition = ? \
+         ORDER BY version DESC LIMIT 1",
+    ] {
+        p.client()
+            .query(sql)
+            .bind(&topic)
+            .bind(partition)
+            .execute()
+            .await
+            .unwrap();
+    }
     let fresh = p.path("fresh.jsonl");
     let out = p
         .weft()
