@@ -54,5 +54,14 @@ cargo test --test fault_supervisor -- --test-threads=1
 # Scale-out: two facts members share the partitions; one leaves, the other takes over.
 cargo test --test ingest_scale_out -- --test-threads=1
 
-# Fuzz targets: not part of this command until their builds are proven here (docs/FUZZING.md).
+step "fuzz targets, 30 s each (docs/FUZZING.md)"
+# cargo-fuzz's -s none mode needs no nightly toolchain; install it when missing.
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+(
+  cd fuzz
+  for t in wire_decode envelope_validate gateway_request; do
+    cargo fuzz run -s none -O "$t" -- -max_total_time=30
+  done
+)
+
 step "done"
