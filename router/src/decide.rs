@@ -258,8 +258,7 @@ pub fn choose(
             .collect();
         let w = &cfg.weights;
         let optimistic = w.success.max(0.0) + w.quality.max(0.0);
-        let scores = live.scores(&cands, optimistic);
-        let p = learner::squarecb(&scores, live.gamma(&cfg.learner));
+        let (scores, p) = live.probabilities(&cfg.learner, &cands, optimistic);
         let chosen = learner::sample(&p, rng.uniform());
         return Chosen {
             chosen,
@@ -491,15 +490,24 @@ mod sim {
         if let Some(v) = std::env::var("SIM_RIDGE").ok().and_then(|v| v.parse().ok()) {
             cfg.learner.ridge = v;
         }
+        if let Some(v) = std::env::var("SIM_CONF").ok().and_then(|v| v.parse().ok()) {
+            cfg.learner.confidence = v;
+        }
+        let seed0: u64 = std::env::var("SIM_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let (mut regret, mut share, mut viol, mut last, mut oracle) = (0.0, 0.0, 0.0, 0.0, 0.0);
         let memo = PosteriorMemo::new(16, 16);
         for (seed, run) in runs.iter().enumerate() {
             let mut model = TenantModel::default();
-            let mut rng = Rng::new(seed as u64);
+            let mut rng = Rng::new(seed as u64 + seed0);
             let feasible: Vec<bool> = serde_json::from_value(run["feasible"].clone()).unwrap();
             let lat: Vec<f64> = serde_json::from_value(run["latency"].clone()).unwrap();
             let cycles = run["cycles"].as_array().unwrap();
             let n = cycles.len();
+            let mut pulls = vec![0u32; feasible.len()];
+            let r0 = regret;
             for (t, c) in cycles.iter().enumerate() {
                 let mut body =
                     serde_json::json!({"context": c["context"], "candidates": run["candidates"]});
@@ -535,6 +543,7 @@ mod sim {
                     oracle += rate[best] / (500 * runs.len()) as f64;
                 }
                 let success = u[a] < rate[a];
+                pulls[a] += 1;
                 let (_, xs) = examples(&req, &[a]);
                 model.learn(
                     &cfg.learner,
@@ -549,6 +558,12 @@ mod sim {
                             quality: None,
                         },
                     },
+                );
+            }
+            if std::env::var("SIM_VERBOSE").is_ok() {
+                eprintln!(
+                    "seed {seed}: regret {:.1} pulls {pulls:?}",
+                    (regret - r0) * runs.len() as f64
                 );
             }
         }

@@ -36,15 +36,19 @@ pub struct LearnerConfig {
     /// Decisions at most in flight (without an outcome yet) for a candidate whose figure
     /// under a constraint is still unknown.
     pub risk_budget: u32,
+    /// Width of the confidence bound, in standard errors of the regression's prediction:
+    /// the gap a candidate is explored by is the best's score minus its upper bound.
+    pub confidence: f64,
 }
 
 impl Default for LearnerConfig {
     fn default() -> Self {
         LearnerConfig {
             ridge: 1.0,
-            gamma_scale: 10.0,
+            gamma_scale: 40.0,
             gamma_exponent: 0.5,
             risk_budget: 1,
+            confidence: 1.0,
         }
     }
 }
@@ -257,6 +261,54 @@ impl TenantModel {
         cfg.gamma_scale * ((self.updates + 1) as f64).powf(cfg.gamma_exponent)
     }
 
+    /// `x' P x`: the variance of the prediction of `x` in units of the noise variance
+    /// (ridge posterior); a feature without a slot yet counts with its prior, `1/ridge`.
+    pub fn variance(&self, x: &Example, ridge: f64) -> f64 {
+        let d = self.w.len();
+        let mut xs: Vec<(usize, f64)> = Vec::with_capacity(x.len());
+        let mut unseen = 0.0;
+        for (i, v) in x {
+            match self.slots.get(i) {
+                Some(s) => match xs.iter_mut().find(|e| e.0 == *s as usize) {
+                    Some(e) => e.1 += v,
+                    None => xs.push((*s as usize, *v)),
+                },
+                None => unseen += v * v / ridge.max(1e-9),
+            }
+        }
+        let seen: f64 = xs
+            .iter()
+            .map(|(r, vr)| vr * xs.iter().map(|(c, vc)| self.p[r * d + c] * vc).sum::<f64>())
+            .sum();
+        (seen.max(0.0) + unseen).max(0.0)
+    }
+
+    /// The exploration probabilities over the candidates (by id, with their examples) and
+    /// their scores: SquareCB's inverse-gap weighting where a candidate's gap is the best
+    /// score minus the candidate's upper confidence bound, `score + confidence * sigma *
+    /// sqrt(x' P x)`, with `sigma = range / 2` (the largest standard deviation of an
+    /// outcome bounded in a range of `range`, the utility's optimistic bound). A candidate
+    /// the model is still unsure about is explored as if it might be the best; one whose
+    /// bound is under the best score by a gap `g` gets `1 / (K + gamma g)`.
+    pub fn probabilities(
+        &self,
+        cfg: &LearnerConfig,
+        cands: &[(&str, &Example)],
+        range: f64,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let scores = self.scores(cands, range);
+        let sigma = range.abs().max(1e-9) / 2.0;
+        let ucb: Vec<f64> = cands
+            .iter()
+            .zip(&scores)
+            .map(|((_, x), s)| {
+                s + cfg.confidence.max(0.0) * sigma * self.variance(x, cfg.ridge).sqrt()
+            })
+            .collect();
+        let p = squarecb_bounds(&scores, &ucb, self.gamma(cfg));
+        (scores, p)
+    }
+
     /// Scores of the candidates (by id, with their examples): the prediction, or `optimistic`
     /// for a candidate without any outcome yet.
     pub fn scores(&self, cands: &[(&str, &Example)], optimistic: f64) -> Vec<f64> {
@@ -273,6 +325,12 @@ impl TenantModel {
 /// SquareCB's action probabilities for scores (higher is better); the best is the first of
 /// the highest.
 pub fn squarecb(scores: &[f64], gamma: f64) -> Vec<f64> {
+    squarecb_bounds(scores, scores, gamma)
+}
+
+/// SquareCB's action probabilities with each candidate's gap taken to its upper bound
+/// (`ucb`, at least its score): `p(a) = 1 / (K + gamma (s_b - ucb_a)+)` for `a != b`.
+pub fn squarecb_bounds(scores: &[f64], ucb: &[f64], gamma: f64) -> Vec<f64> {
     let k = scores.len();
     if k == 0 {
         return Vec::new();
@@ -285,7 +343,8 @@ pub fn squarecb(scores: &[f64], gamma: f64) -> Vec<f64> {
     }
     let mut p: Vec<f64> = scores
         .iter()
-        .map(|s| 1.0 / (k as f64 + gamma.max(0.0) * (scores[best] - s).max(0.0)))
+        .zip(ucb)
+        .map(|(s, u)| 1.0 / (k as f64 + gamma.max(0.0) * (scores[best] - u.max(*s)).max(0.0)))
         .collect();
     p[best] = 0.0;
     let others: f64 = p.iter().sum();
@@ -376,6 +435,60 @@ mod tests {
             assert!(s.iter().all(|x| (0.1..1.0).contains(x)), "{s:?}");
         }
         assert_eq!(m.arms["a"].latency_bound(5.0), Some(100.0));
+    }
+
+    #[test]
+    fn an_uncertain_candidate_is_explored_as_if_it_might_be_best() {
+        let cfg = LearnerConfig::default();
+        let mut m = TenantModel::default();
+        let (fa, fb) = (
+            candidate_features("a", "tool", None),
+            candidate_features("b", "flow", None),
+        );
+        let (xa, xb) = (example(&[], &fa), example(&[], &fb));
+        let learn = |m: &mut TenantModel, id: &str, x: &Example, reward: f64| {
+            m.learn(
+                &cfg,
+                &Observation {
+                    feedback_id: String::new(),
+                    candidate_id: id.into(),
+                    example: x.clone(),
+                    outcome: Outcome {
+                        reward,
+                        latency_ms: None,
+                        cost: 0.0,
+                        quality: None,
+                    },
+                },
+            );
+        };
+        // "a": 200 outcomes at 0.7; "b": a failure and a success, so its score is lower
+        // but uncertain.
+        for i in 0..200 {
+            learn(&mut m, "a", &xa, f64::from(u8::from(i % 10 < 7)));
+        }
+        learn(&mut m, "b", &xb, 0.0);
+        learn(&mut m, "b", &xb, 1.0);
+        let cands = [("a", &xa), ("b", &xb)];
+        assert!(m.variance(&xb, cfg.ridge) > 10.0 * m.variance(&xa, cfg.ridge));
+        let (s, p) = m.probabilities(&cfg, &cands, 1.0);
+        assert!(s[0] > s[1] + 0.05, "{s:?}");
+        assert!((p[1] - 0.5).abs() < 1e-12, "within its bound: 1/K, {p:?}");
+        // Without the bound, the plain inverse-gap weight.
+        let plain = LearnerConfig {
+            confidence: 0.0,
+            ..cfg
+        };
+        let (_, q) = m.probabilities(&plain, &cands, 1.0);
+        assert!((q[1] - squarecb(&s, m.gamma(&plain))[1]).abs() < 1e-12);
+        assert!(q[1] < 0.25, "{q:?}");
+        // Once "b" is known to be worse, its bound no longer reaches the best.
+        for i in 0..300 {
+            learn(&mut m, "b", &xb, f64::from(u8::from(i % 10 < 2)));
+        }
+        let (_, p) = m.probabilities(&cfg, &cands, 1.0);
+        assert!(p[1] < 0.01, "{p:?}");
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
     }
 
     #[test]

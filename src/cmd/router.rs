@@ -138,12 +138,17 @@ pub struct PolicyArgs {
     pub policy: PolicyName,
 
     /// squarecb: gamma scale of the inverse-gap weighting (gamma = scale * updates^exponent).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 40.0)]
     pub squarecb_gamma: f64,
 
     /// squarecb: gamma exponent.
     #[arg(long, default_value_t = 0.5)]
     pub squarecb_exponent: f64,
+
+    /// squarecb: width of the confidence bound (standard errors) a candidate's gap is
+    /// measured from (0 = plain inverse-gap weighting on the scores).
+    #[arg(long, default_value_t = 1.0)]
+    pub squarecb_confidence: f64,
 
     /// squarecb: ridge penalty of the contextual regression.
     #[arg(long, default_value_t = 1.0)]
@@ -217,6 +222,7 @@ impl PolicyArgs {
                 gamma_scale: self.squarecb_gamma,
                 gamma_exponent: self.squarecb_exponent,
                 risk_budget: self.risk_budget,
+                confidence: self.squarecb_confidence,
             },
             ..PolicyConfig::default()
         }

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use crate::decide::Remembered;
 use crate::eval::{self, Logged};
 use crate::features::Example;
-use crate::learner::{cost_of, squarecb, Observation, Outcome, TenantModel};
+use crate::learner::{cost_of, Observation, Outcome, TenantModel};
 use crate::model::Snapshot;
 use crate::policy::{self, PolicyConfig, PolicyName};
 use crate::rng::Rng;
@@ -69,9 +69,10 @@ pub fn records(
             let refs: Vec<(&str, &Example)> =
                 actions.iter().map(String::as_str).zip(xs.iter()).collect();
             let w = &cfg.weights;
-            let scores = model.scores(&refs, w.success.max(0.0) + w.quality.max(0.0));
+            let (_, p) =
+                model.probabilities(&cfg.learner, &refs, w.success.max(0.0) + w.quality.max(0.0));
             let ctx = d["metadata"]["x_weft_features"].to_string();
-            (ctx, squarecb(&scores, model.gamma(&cfg.learner)))
+            (ctx, p)
         } else {
             let ctx = d["metadata"]["x_weft_context"].as_str().unwrap_or_default();
             let ests = policy::estimates(
