@@ -31,28 +31,9 @@ pub fn rusage(who: Who) -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
-/// (comm, user + system seconds) from a `/proc/.../stat` file.
-pub fn stat_cpu(path: &str) -> Option<(String, f64)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let comm = text.get(open + 1..close)?.to_owned();
-    let rest: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime); `rest` starts at field 3.
-    let utime: f64 = rest.get(11)?.parse().ok()?;
-    let stime: f64 = rest.get(12)?.parse().ok()?;
-    Some((comm, (utime + stime) / clock_ticks()))
-}
+/// (comm, user + system seconds) from a `/proc/.../stat` file (the one procfs reader,
+/// shared with the services' `process_cpu_seconds_total`).
+pub use weft_http::cpu::stat_cpu;
 
 /// CPU seconds of another process (all its threads), or NaN when unknown.
 pub fn pid_cpu(pid: Option<u32>) -> f64 {

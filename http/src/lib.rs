@@ -6,6 +6,7 @@
 //! - [`Caller`]: the one auth extractor (tenant and key id of the bearer key);
 //! - [`ApiError`]: the one error body, `{"error": {"code": "...", "message": "..."}}`;
 //! - [`MetricsRegistry`]: the one `prometheus` registry helper behind `GET /metrics`;
+//! - [`cpu`]: CPU seconds from procfs (`process_cpu_seconds_total`, the benchmarks);
 //! - [`bind`]: listen on an address, refusing non-loopback addresses unless asked, because
 //!   nothing of weft's should be reachable from the network by accident.
 
@@ -14,6 +15,7 @@
 use std::net::SocketAddr;
 
 mod auth;
+pub mod cpu;
 mod error;
 mod keys;
 mod metrics;

@@ -3,8 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
+use weft_http::ApiError;
 
 /// Why a router request or stage failed.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +46,8 @@ pub enum RouterError {
     #[error("internal error: {0}")]
     Internal(String),
     /// Reading ClickHouse failed.
-    #[error("clickhouse: {0}")]
-    ClickHouse(#[from] clickhouse::error::Error),
+    #[error("{0}")]
+    Store(#[from] weft_store::StoreError),
     /// Reading ClickHouse took too long.
     #[error("timed out")]
     Timeout,
@@ -66,7 +65,7 @@ impl RouterError {
             RouterError::TenantForbidden => (StatusCode::FORBIDDEN, "tenant_forbidden"),
             RouterError::UnknownPolicy(_) => (StatusCode::BAD_REQUEST, "unknown_policy"),
             RouterError::Publish(code, _, s) => (*s, code),
-            RouterError::Internal(_) | RouterError::ClickHouse(_) | RouterError::Timeout => {
+            RouterError::Internal(_) | RouterError::Store(_) | RouterError::Timeout => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
             }
         }
@@ -76,10 +75,6 @@ impl RouterError {
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_code();
-        (
-            status,
-            Json(json!({"error": {"code": code, "message": self.to_string()}})),
-        )
-            .into_response()
+        ApiError::new(status, code, self.to_string()).into_response()
     }
 }

@@ -11,7 +11,7 @@
 //! - [`policy`]: greedy, epsilon-greedy, Thompson sampling, UCB and static choice, each with
 //!   its propensity, under the request's constraints;
 //! - [`eval`]: off-policy estimates (IPS, SNIPS, DR) with bootstrap intervals;
-//! - [`store`]: reading the `weft_router_stats` aggregates and the logged decisions;
+//! - [`store`]: reading the aggregates and the logged decisions through `weft-store`;
 //! - [`service`]: the HTTP service (`weft router`).
 
 pub mod decide;
@@ -26,6 +26,3 @@ pub mod policy;
 pub mod rng;
 pub mod service;
 pub mod store;
-
-/// The ClickHouse client crate, re-exported for callers of [`store`] and [`service`].
-pub use clickhouse;

@@ -319,14 +319,14 @@ pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
 /// writes, what a refresh installs now and then, and what every replica serves once all
 /// outcomes are stored.
 pub async fn rebuild(
-    client: &clickhouse::Client,
+    store: &weft_store::Store,
     pc: &PolicyConfig,
     window_s: u64,
-) -> Result<Rebuilt, clickhouse::error::Error> {
+) -> Result<Rebuilt, weft_store::StoreError> {
     let mut out = Rebuilt::default();
     let mut after = (0, String::new());
     loop {
-        let rows = crate::store::read_outcomes(client, (after.0, &after.1), window_s).await?;
+        let rows = crate::store::read_outcomes(store, (after.0, &after.1), window_s).await?;
         let full = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
         if let Some(last) = rows.last() {
             after = (last.visible_us, last.feedback_id.clone());

@@ -1,16 +1,15 @@
-//! The router's `/metrics`, through the `prometheus` crate (names as before: the Grafana
+//! The router's `/metrics`, in `weft-http`'s [`MetricsRegistry`] (names as before: the Grafana
 //! dashboards in `dashboards/` read them).
 
-use prometheus::{
-    Counter, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder,
-};
+use weft_http::prometheus::{Counter, Gauge, Histogram, IntCounter, IntGauge};
+use weft_http::MetricsRegistry;
 
 /// Decision-time histogram buckets (seconds).
 const BUCKETS_S: [f64; 7] = [50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3];
 
 /// Every metric the router shows.
 pub struct RouterMetrics {
-    registry: Registry,
+    registry: MetricsRegistry,
     /// Decisions returned.
     pub decisions: IntCounter,
     /// Requests where no candidate met the constraints.
@@ -45,38 +44,22 @@ pub struct RouterMetrics {
     pub decision_seconds: Histogram,
 }
 
-fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
-    // Names are constants, unique in this registry: registration cannot fail at run time
-    // (the unit test below registers them all).
-    let _ = r.register(Box::new(m.clone()));
-    m
-}
-
-fn int_counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    reg(
-        r,
-        IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")),
-    )
-}
-
-fn int_gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
-    reg(
-        r,
-        IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")),
-    )
-}
-
 impl Default for RouterMetrics {
     fn default() -> Self {
         Self::new()
     }
 }
 
+fn built<T>(name: &str, r: weft_http::prometheus::Result<T>) -> T {
+    // Names are constants, valid and unique (the unit test below renders them all).
+    r.unwrap_or_else(|e| panic!("metric {name}: {e}"))
+}
+
 impl RouterMetrics {
     /// Every metric at zero, in a registry of its own.
     pub fn new() -> Self {
-        let r = Registry::new();
-        let c = |n: &str, h: &str| int_counter(&r, n, h);
+        let r = MetricsRegistry::new();
+        let c = |n: &str, h: &str| r.counter(n, h);
         RouterMetrics {
             decisions: c("weft_router_decisions_total", "Decisions returned."),
             no_fit: c(
@@ -100,21 +83,16 @@ impl RouterMetrics {
                 "weft_router_snapshot_refresh_errors_total",
                 "Failed snapshot refreshes.",
             ),
-            snapshot_age: reg(
-                &r,
-                Gauge::new(
-                    "weft_router_snapshot_age_seconds",
-                    "Age of the snapshot decisions are served from.",
-                )
-                .unwrap_or_else(|e| panic!("metric: {e}")),
-            ),
-            snapshot_stale: int_gauge(
-                &r,
+            snapshot_age: {
+                let name = "weft_router_snapshot_age_seconds";
+                let help = "Age of the snapshot decisions are served from.";
+                r.register(built(name, Gauge::new(name, help)))
+            },
+            snapshot_stale: r.gauge(
                 "weft_router_snapshot_stale",
                 "1 when the last refresh failed.",
             ),
-            snapshot_cells: int_gauge(
-                &r,
+            snapshot_cells: r.gauge(
                 "weft_router_snapshot_cells",
                 "Tenant x context x candidate cells in the snapshot.",
             ),
@@ -134,24 +112,15 @@ impl RouterMetrics {
                 "weft_router_model_refresh_rows_total",
                 "Decision-feedback rows the refresh read from ClickHouse.",
             ),
-            cpu: reg(
-                &r,
-                Counter::new(
-                    "process_cpu_seconds_total",
-                    "User and system CPU time of this process.",
-                )
-                .unwrap_or_else(|e| panic!("metric: {e}")),
-            ),
-            decision_seconds: reg(
-                &r,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "weft_router_decision_seconds",
-                        "Server-side decision time.",
-                    )
-                    .buckets(BUCKETS_S.to_vec()),
-                )
-                .unwrap_or_else(|e| panic!("metric: {e}")),
+            cpu: {
+                let name = "process_cpu_seconds_total";
+                let help = "User and system CPU time of this process.";
+                r.register(built(name, Counter::new(name, help)))
+            },
+            decision_seconds: r.histogram(
+                "weft_router_decision_seconds",
+                "Server-side decision time.",
+                BUCKETS_S.to_vec(),
             ),
             registry: r,
         }
@@ -167,32 +136,14 @@ impl RouterMetrics {
 
     /// The Prometheus text exposition.
     pub fn text(&self) -> String {
-        if let Some(cpu) = process_cpu_seconds() {
+        if let Some(cpu) = weft_http::cpu::process_cpu_seconds() {
             let now = self.cpu.get();
             if cpu > now {
                 self.cpu.inc_by(cpu - now);
             }
         }
-        let mut buf = Vec::new();
-        // Encoding into a Vec cannot fail for these metric types.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        self.registry.render()
     }
-}
-
-/// CPU seconds (user + system) this process has used, from `/proc/self/stat`; `None` where
-/// there is no procfs. `weft bench route` divides decisions by it: decisions per core.
-pub fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesised command name (which may hold spaces): utime and stime
-    // are the 12th and 13th of those, in clock ticks.
-    let rest = stat.get(stat.rfind(')')? + 2..)?;
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: f64 = fields.next()?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks > 0).then(|| (utime + stime) / ticks as f64)
 }
 
 #[cfg(test)]
@@ -226,18 +177,5 @@ mod tests {
         ] {
             assert!(t.contains(name), "{name} missing in\n{t}");
         }
-    }
-
-    #[test]
-    fn cpu_seconds_grow_with_work() {
-        let before = process_cpu_seconds().expect("procfs on Linux");
-        let started = std::time::Instant::now();
-        let mut x = 0u64;
-        while started.elapsed() < std::time::Duration::from_millis(300) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-        }
-        std::hint::black_box(x);
-        let after = process_cpu_seconds().expect("procfs on Linux");
-        assert!(after > before, "{before} -> {after}");
     }
 }

@@ -19,16 +19,17 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router as AxumRouter};
 use parking_lot::{Mutex, RwLock};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use weft_http::ApiKeys;
+use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys, Unauthorized};
 use weft_producers::Publisher;
 use weft_schemas::{Envelope, Kind};
+use weft_store::Store;
 
 use crate::decide::{self, limits, Context, Remembered, RouteRequest};
 use crate::error::RouterError;
@@ -179,9 +180,9 @@ impl Service {
     /// full rebuild (built off to the side, then installed) on the first refresh, every
     /// [`REBUILD_EVERY`] refreshes (so outcomes older than the window leave the model) and
     /// after a row came out of the visibility order.
-    async fn read_all(&self, client: &clickhouse::Client) -> Result<(), RouterError> {
+    async fn read_all(&self, store: &Store) -> Result<(), RouterError> {
         let stats = crate::store::read_stats(
-            client,
+            store,
             &self.cfg.source,
             self.cfg.window_s,
             self.cfg.half_life_s,
@@ -196,13 +197,13 @@ impl Service {
         };
         let pc = &self.cfg.policy;
         let top = if full {
-            let fresh = crate::live::rebuild(client, pc, self.cfg.window_s).await?;
+            let fresh = crate::live::rebuild(store, pc, self.cfg.window_s).await?;
             let top = fresh.top;
             self.live.install(&pc.learner, fresh);
             top
         } else {
             let after = since.map_or(0, |w| w - VISIBILITY_MARGIN_US);
-            let rows = crate::store::read_outcomes(client, (after, ""), self.cfg.window_s).await?;
+            let rows = crate::store::read_outcomes(store, (after, ""), self.cfg.window_s).await?;
             self.metrics.refresh_rows.inc_by(rows.len() as u64);
             let top = rows.iter().map(|r| r.visible_us).max();
             let late = self
@@ -224,8 +225,8 @@ impl Service {
     }
 
     /// Re-read ClickHouse once; on failure keep the last state and mark it stale.
-    pub async fn refresh(&self, client: &clickhouse::Client) -> bool {
-        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(client))
+    pub async fn refresh(&self, store: &Store) -> bool {
+        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(store))
             .await
             .unwrap_or(Err(RouterError::Timeout));
         let mut h = self.health.lock();
@@ -248,7 +249,7 @@ impl Service {
     }
 
     /// Refresh forever, every `refresh_period` (returns at once when the period is zero).
-    pub async fn refresh_loop(self: Arc<Self>, client: clickhouse::Client) {
+    pub async fn refresh_loop(self: Arc<Self>, store: Store) {
         if self.cfg.refresh_period.is_zero() {
             return;
         }
@@ -257,7 +258,7 @@ impl Service {
         let mut was_ok = true;
         loop {
             tick.tick().await;
-            let ok = self.refresh(&client).await;
+            let ok = self.refresh(&store).await;
             if was_ok && !ok {
                 let err = self.health.lock().last_error.clone();
                 tracing::warn!(error = ?err, "router snapshot refresh failed; serving the last snapshot");
@@ -474,25 +475,29 @@ impl Service {
         m.text()
     }
 
-    fn authenticate(&self, headers: &HeaderMap) -> Result<String, RouterError> {
-        self.keys
-            .authenticate(headers)
-            .map(str::to_owned)
-            .map_err(|e| {
-                self.metrics.rejected.inc();
-                let (status, msg) = e.response();
-                RouterError::Unauthorized(msg, status)
-            })
+    /// The caller's tenant, or the refusal (counted), answered with the router's own code
+    /// (`unauthorized`) as before.
+    fn authenticate(&self, caller: Result<Caller, ApiError>) -> Result<String, RouterError> {
+        caller.map(|c| c.tenant).map_err(|e| {
+            self.metrics.rejected.inc();
+            let why = if e.code == "missing_api_key" {
+                Unauthorized::Missing
+            } else {
+                Unauthorized::Invalid
+            };
+            let (status, msg) = why.response();
+            RouterError::Unauthorized(msg, status)
+        })
     }
 
     /// Authenticate, then read a JSON body of at most `limit` bytes.
     async fn read<T: serde::de::DeserializeOwned>(
         &self,
-        headers: &HeaderMap,
+        caller: Result<Caller, ApiError>,
         body: Body,
         limit: usize,
     ) -> Result<(String, T), RouterError> {
-        let tenant = self.authenticate(headers)?;
+        let tenant = self.authenticate(caller)?;
         let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
             self.metrics.rejected.inc();
             RouterError::BodyTooLarge {
@@ -513,10 +518,20 @@ impl Service {
     }
 }
 
-async fn route(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
+impl HasApiKeys for Service {
+    fn api_keys(&self) -> &ApiKeys {
+        &self.keys
+    }
+}
+
+async fn route(
+    State(s): State<Arc<Service>>,
+    caller: Result<Caller, ApiError>,
+    body: Body,
+) -> Response {
     let started = Instant::now();
     let (tenant, req) = match s
-        .read::<RouteRequest>(&headers, body, limits::ROUTE_BODY)
+        .read::<RouteRequest>(caller, body, limits::ROUTE_BODY)
         .await
     {
         Ok(x) => x,
@@ -546,9 +561,13 @@ async fn route(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body) ->
     }
 }
 
-async fn feedback(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body) -> Response {
+async fn feedback(
+    State(s): State<Arc<Service>>,
+    caller: Result<Caller, ApiError>,
+    body: Body,
+) -> Response {
     let (tenant, v) = match s
-        .read::<Map<String, Value>>(&headers, body, limits::FEEDBACK_BODY)
+        .read::<Map<String, Value>>(caller, body, limits::FEEDBACK_BODY)
         .await
     {
         Ok(x) => x,
@@ -562,19 +581,15 @@ async fn feedback(State(s): State<Arc<Service>>, headers: HeaderMap, body: Body)
 
 /// `GET /v1/model`: the caller's tenant's contextual model as served (JSON), for operators
 /// and the replica test; another tenant's is never reachable.
-async fn model(State(s): State<Arc<Service>>, headers: HeaderMap) -> Response {
-    match s.authenticate(&headers) {
+async fn model(State(s): State<Arc<Service>>, caller: Result<Caller, ApiError>) -> Response {
+    match s.authenticate(caller) {
         Ok(tenant) => Json(s.live.served(&tenant)).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 async fn metrics(State(s): State<Arc<Service>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics_text(),
-    )
-        .into_response()
+    weft_http::metrics_response(s.metrics_text())
 }
 
 /// The axum app.

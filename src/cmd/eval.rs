@@ -129,7 +129,7 @@ pub async fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<bool> {
         None => None,
     };
     let store = Store::new(settings.clickhouse.clone())?;
-    let (pairs, missing) = weft_router::store::read_logged(store.client(), &args.tenant, from, to)
+    let (pairs, missing) = weft_router::store::read_logged(&store, &args.tenant, from, to)
         .await
         .context("reading logged decisions")?;
     let (data, skipped, rates) =

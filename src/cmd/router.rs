@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use weft_http::ApiKeys;
+use weft_http::{ApiKeys, KeySources};
 use weft_router::learner::LearnerConfig;
 use weft_router::model::Snapshot;
 use weft_router::policy::{PolicyConfig, PolicyName, Weights};
@@ -229,22 +229,19 @@ impl PolicyArgs {
     }
 }
 
-fn client(settings: &Settings) -> anyhow::Result<weft_router::clickhouse::Client> {
-    Ok(Store::new(settings.clickhouse.clone())?.client().clone())
+fn client(settings: &Settings) -> anyhow::Result<Store> {
+    Ok(Store::new(settings.clickhouse.clone())?)
 }
 
 pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
     if let Some(RouterAction::Snapshot(a)) = args.action {
         return snapshot(a, settings).await;
     }
-    let keys = match &args.keys {
-        Some(k) => {
-            let mut keys = ApiKeys::default();
-            keys.add_list(k).context("WEFT_ROUTER_KEYS / --keys")?;
-            keys
-        }
-        None => ApiKeys::default(),
-    };
+    let keys = ApiKeys::load(&KeySources {
+        list: args.keys.as_deref(),
+        list_origin: "WEFT_ROUTER_KEYS / --keys",
+        ..KeySources::default()
+    })?;
     if keys.is_empty() {
         tracing::warn!("no API keys configured: every request will get 401 (see --help)");
     }

@@ -10,6 +10,7 @@
 //! - [`chain`]: the hash chain's view of a fact ([`chain::ChainRow`]) and the unsealed check's;
 //! - [`search`]: a search hit, its query and CSV header;
 //! - [`narrative`]: the narrative tables' rows and the narrative read ([`narrative::query`]);
+//! - [`router`]: the router's reads (aggregates, decisions joined with their feedback);
 //! - [`telemetry`]: ingest's telemetry tables' rows;
 //! - [`ddl`]: the columns the migrations declare, for the code to check itself against.
 //!
@@ -19,6 +20,7 @@ pub mod chain;
 pub mod ddl;
 pub mod events;
 pub mod narrative;
+pub mod router;
 pub mod search;
 mod store;
 pub mod telemetry;

@@ -1,0 +1,211 @@
+//! The router's reads: the `weft_router_stats` aggregates (migration 0003), and the logged
+//! decisions with their feedback (`weft_events`), for the contextual model's refresh and
+//! for `weft eval`. Every parameter is bound; nothing is spliced into the SQL.
+
+use std::collections::HashMap;
+
+use clickhouse::Row;
+use serde::Deserialize;
+
+use crate::{Store, StoreError};
+
+/// One (tenant, context, candidate) cell of the aggregates, decayed over the window.
+#[derive(Debug, Clone, PartialEq, Row, Deserialize)]
+pub struct StatRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Context key (`x_weft_context`, else `intent`).
+    pub context_key: String,
+    /// Candidate id.
+    pub candidate_id: String,
+    /// Decisions with an outcome (decayed).
+    pub n: f64,
+    /// Successes (decayed).
+    pub successes: f64,
+    /// Outcomes with a latency (decayed).
+    pub latency_n: f64,
+    /// Sum of latencies, ms (decayed).
+    pub latency_sum: f64,
+    /// Latency p50, p90, p99 over the window (undecayed).
+    pub latency_q: Vec<f64>,
+    /// Sum of costs (decayed).
+    pub cost_sum: f64,
+    /// Outcomes with a quality score (decayed).
+    pub quality_n: f64,
+    /// Sum of quality scores (decayed).
+    pub quality_sum: f64,
+}
+
+/// The aggregates over the last `{window_s}` seconds, each minute bucket weighted by
+/// `2^(-age / half_life_s)` (no decay when `half_life_s` is 0): binds half-life,
+/// half-life (as the divisor) and window.
+pub const STATS_SQL: &str = "SELECT tenant, context_key, candidate_id,
+        sum(n * w) AS n, sum(successes * w) AS successes,
+        sum(latency_n * w) AS latency_n, sum(latency_sum * w) AS latency_sum,
+        quantilesMerge(0.5, 0.9, 0.99)(latency_q) AS latency_q,
+        sum(cost_sum * w) AS cost_sum,
+        sum(quality_n * w) AS quality_n, sum(quality_sum * w) AS quality_sum
+ FROM (
+    SELECT *, if(? > 0, exp2(-dateDiff('second', bucket, now()) / ?), 1.0) AS w
+    FROM weft_router_stats
+    WHERE bucket >= now() - toIntervalSecond(?)
+ )
+ GROUP BY tenant, context_key, candidate_id";
+
+/// Every tenant's aggregates over the last `window_s` seconds ([`STATS_SQL`]).
+pub async fn read_stats(
+    store: &Store,
+    window_s: u64,
+    half_life_s: f64,
+) -> Result<Vec<StatRow>, StoreError> {
+    store
+        .client()
+        .query(STATS_SQL)
+        .bind(half_life_s)
+        .bind(half_life_s.max(1e-9))
+        .bind(window_s)
+        .fetch_all()
+        .await
+        .map_err(store.err())
+}
+
+/// One logged decision joined to its first feedback.
+#[derive(Debug, Clone)]
+pub struct LoggedPair {
+    /// The `execution_routing_decision` payload.
+    pub decision: serde_json::Value,
+    /// The first stored `execution_feedback` payload answering it.
+    pub feedback: serde_json::Value,
+}
+
+const LOGGED_DECISIONS_SQL: &str = "SELECT id, payload FROM weft_events
+ WHERE tenant = ? AND kind = 'execution_routing_decision' AND conflict = 0
+   AND ts >= fromUnixTimestamp64Micro(?) AND ts < fromUnixTimestamp64Micro(?)
+ ORDER BY ts, id";
+
+const LOGGED_FEEDBACK_SQL: &str =
+    "SELECT JSONExtractString(payload, 'decision_id') AS d, payload FROM weft_events
+ WHERE tenant = ? AND kind = 'execution_feedback' AND conflict = 0
+   AND ts >= fromUnixTimestamp64Micro(?)
+ ORDER BY ts, id";
+
+/// A tenant's logged decisions with `ts` in `[from_us, to_us)` (microseconds), each joined
+/// to its feedback (the first one stored, if several), and the number of decisions that
+/// have no feedback yet.
+pub async fn read_logged(
+    store: &Store,
+    tenant: &str,
+    from_us: i64,
+    to_us: i64,
+) -> Result<(Vec<LoggedPair>, usize), StoreError> {
+    let decisions: Vec<(String, String)> = store
+        .client()
+        .query(LOGGED_DECISIONS_SQL)
+        .bind(tenant)
+        .bind(from_us)
+        .bind(to_us)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let feedback: Vec<(String, String)> = store
+        .client()
+        .query(LOGGED_FEEDBACK_SQL)
+        .bind(tenant)
+        .bind(from_us)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let mut fb: HashMap<String, String> = HashMap::new();
+    for (d, p) in feedback {
+        fb.entry(d).or_insert(p);
+    }
+    let mut out = Vec::new();
+    let mut missing = 0;
+    for (id, payload) in decisions {
+        match fb.remove(&id) {
+            Some(f) => {
+                let (Ok(decision), Ok(feedback)) =
+                    (serde_json::from_str(&payload), serde_json::from_str(&f))
+                else {
+                    continue;
+                };
+                out.push(LoggedPair { decision, feedback });
+            }
+            None => missing += 1,
+        }
+    }
+    Ok((out, missing))
+}
+
+/// One stored feedback joined to its stored decision (same tenant).
+#[derive(Debug, Row, Deserialize)]
+pub struct OutcomeRow {
+    /// Tenant of both rows.
+    pub tenant: String,
+    /// The feedback's identity (`weft_events.id`).
+    pub feedback_id: String,
+    /// When the pair became visible: the later of the two rows' `ingested_at` (µs).
+    pub visible_us: i64,
+    /// The decision's payload.
+    pub decision: String,
+    /// The feedback's payload.
+    pub feedback: String,
+}
+
+/// Rows read per refresh at most; the next refresh continues from the last one read.
+pub const OUTCOMES_PAGE: u64 = 200_000;
+
+/// Feedback joined with its decision by (tenant, decision_id): binds the window (s), twice
+/// the window, the cursor (visibility µs, feedback id) and the page size.
+pub const OUTCOMES_SQL: &str = "SELECT f.tenant AS tenant, f.id AS feedback_id,
+        toUnixTimestamp64Micro(greatest(f.ingested_at, d.ingested_at)) AS visible_us,
+        d.payload AS decision, f.payload AS feedback
+ FROM (SELECT tenant, id, ingested_at, payload,
+              JSONExtractString(payload, 'decision_id') AS did
+       FROM weft_events
+       WHERE kind = 'execution_feedback' AND conflict = 0
+         AND ingested_at >= now64(6) - toIntervalSecond(?)) AS f
+ INNER JOIN (SELECT tenant, id, ingested_at, payload FROM weft_events
+       WHERE kind = 'execution_routing_decision' AND conflict = 0
+         AND ingested_at >= now64(6) - toIntervalSecond(?)) AS d
+   ON f.tenant = d.tenant AND f.did = d.id
+ WHERE (visible_us, feedback_id) > (?, ?)
+ ORDER BY visible_us, feedback_id
+ LIMIT 1 BY feedback_id
+ LIMIT ?";
+
+/// Feedback joined with its decision by (tenant, decision_id), for pairs after `after`
+/// ((visibility µs, feedback id), exclusive) whose feedback was ingested in the last
+/// `window_s` seconds, one row per feedback identity, in (visibility, id) order, at most
+/// [`OUTCOMES_PAGE`].
+pub async fn read_outcomes(
+    store: &Store,
+    after: (i64, &str),
+    window_s: u64,
+) -> Result<Vec<OutcomeRow>, StoreError> {
+    store
+        .client()
+        .query(OUTCOMES_SQL)
+        .bind(window_s)
+        .bind(window_s.saturating_mul(2))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(OUTCOMES_PAGE)
+        .fetch_all()
+        .await
+        .map_err(store.err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::search::tests::selected;
+
+    #[test]
+    fn the_queries_select_their_rows_columns() {
+        assert_eq!(selected(STATS_SQL), StatRow::COLUMN_NAMES);
+        assert_eq!(selected(OUTCOMES_SQL), OutcomeRow::COLUMN_NAMES);
+        assert_eq!(selected(LOGGED_FEEDBACK_SQL), ["d", "payload"]);
+        assert_eq!(selected(LOGGED_DECISIONS_SQL), ["id", "payload"]);
+    }
+}
