@@ -14,6 +14,10 @@ use weft_schemas::ports::{self, loopback};
 /// Example:
 ///   WEFT_ROUTER_KEYS="k-0123456789abcdef=acme" weft router --policy thompson &
 ///   weft bench route --key k-0123456789abcdef --requests 50000 --concurrency 8
+///
+/// The contextual default, with a model trained first (route + feedback cycles) and a
+/// different context on every request:
+///   weft bench route --key k-0123456789abcdef --policy squarecb --contexts 240 --train 3000
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchRouteArgs {
@@ -40,6 +44,16 @@ pub struct BenchRouteArgs {
     /// Policy named in each request.
     #[arg(long, default_value = "thompson")]
     pub policy: String,
+
+    /// Distinct request contexts, cycled through (tier, language, task, document size,
+    /// urgency: the contextual policy's features); 0 = one context, `{"intent": "bench"}`.
+    #[arg(long, default_value_t = 0)]
+    pub contexts: usize,
+
+    /// Route + feedback cycles before measuring, so the policy decides from a trained model
+    /// (its feedback goes through Kafka like any other).
+    #[arg(long, default_value_t = 0)]
+    pub train: usize,
 }
 
 /// An HTTP/1.1 client that keeps exactly one connection open (one per benchmark connection).
@@ -69,26 +83,27 @@ async fn router_cpu_seconds(addr: SocketAddr) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// One request to send, again and again.
+/// The requests to send, again and again (cycling through the bodies).
 #[derive(Clone)]
 struct RouteRequest {
     url: String,
     key: String,
-    body: Vec<u8>,
+    bodies: Vec<Vec<u8>>,
 }
 
 /// `n` requests one after the other on one keep-alive connection: (client round trip,
 /// server-side decision time) in microseconds, each.
-async fn bench_conn(req: RouteRequest, n: usize) -> anyhow::Result<Vec<(u64, u64)>> {
+async fn bench_conn(req: RouteRequest, n: usize, first: usize) -> anyhow::Result<Vec<(u64, u64)>> {
     let client = one_connection()?;
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n {
+        let body = req.bodies[(first + i) % req.bodies.len()].clone();
         let t = Instant::now();
         let resp = client
             .post(&req.url)
             .bearer_auth(&req.key)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(req.body.clone())
+            .body(body)
             .send()
             .await
             .context("sending to the router")?;
@@ -111,29 +126,103 @@ async fn bench_conn(req: RouteRequest, n: usize) -> anyhow::Result<Vec<(u64, u64
     Ok(out)
 }
 
+/// Context `i` of `--contexts`: every field varies on its own period, so the contexts are
+/// distinct combinations of the categorical and numeric features.
+fn context(i: usize) -> serde_json::Value {
+    const TIERS: [&str; 3] = ["free", "pro", "enterprise"];
+    const LANGS: [&str; 5] = ["en", "de", "fr", "ja", "es"];
+    const TASKS: [&str; 8] = [
+        "summarize",
+        "extract",
+        "classify",
+        "translate",
+        "code",
+        "qa",
+        "chat",
+        "search",
+    ];
+    serde_json::json!({
+        "tier": TIERS[i % 3],
+        "lang": LANGS[i % 5],
+        "task": TASKS[i % 8],
+        "doc_tokens": 200 + (i * 7919) % 60_000,
+        "urgent": i % 7 == 0,
+    })
+}
+
+/// `n` route + feedback cycles (the outcome a fixed function of the cycle), so the
+/// measured decisions come from a trained model.
+async fn train(req: &RouteRequest, n: usize) -> anyhow::Result<()> {
+    let client = one_connection()?;
+    let fb_url = req.url.replace("/v1/route", "/v1/feedback");
+    for i in 0..n {
+        let d: serde_json::Value = client
+            .post(&req.url)
+            .bearer_auth(&req.key)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(req.bodies[i % req.bodies.len()].clone())
+            .send()
+            .await
+            .context("routing (training)")?
+            .json()
+            .await
+            .context("reading a decision (training)")?;
+        let cand = d["candidate"]["candidate_id"].as_str().unwrap_or_default();
+        let fb = serde_json::json!({
+            "decision_id": d["decision_id"],
+            "candidate_id": cand,
+            "success": (i + cand.len()) % 3 != 0,
+            "latency_ms": 100 + (i * 31) % 400,
+            "timestamp": weft_schemas::time::now_rfc3339(),
+        });
+        let resp = client
+            .post(&fb_url)
+            .bearer_auth(&req.key)
+            .json(&fb)
+            .send()
+            .await
+            .context("posting feedback (training)")?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        anyhow::ensure!(status.as_u16() == 202, "feedback answered {status}: {text}");
+    }
+    Ok(())
+}
+
 /// Run `weft bench route` and print its report.
 pub async fn run(a: BenchRouteArgs) -> anyhow::Result<()> {
     let cands: Vec<serde_json::Value> = (0..a.candidates)
         .map(|i| serde_json::json!({"candidate_id": format!("cand-{i}"), "candidate_type": "tool"}))
         .collect();
-    let body = serde_json::to_vec(&serde_json::json!({
-        "context": {"intent": "bench"},
-        "candidates": cands,
-        "constraints": {"max_latency_ms": 1000},
-        "policy": a.policy,
-    }))?;
+    let contexts: Vec<serde_json::Value> = if a.contexts == 0 {
+        vec![serde_json::json!({"intent": "bench"})]
+    } else {
+        (0..a.contexts).map(context).collect()
+    };
+    let bodies = contexts
+        .into_iter()
+        .map(|ctx| {
+            serde_json::to_vec(&serde_json::json!({
+                "context": ctx,
+                "candidates": cands,
+                "constraints": {"max_latency_ms": 1000},
+                "policy": a.policy,
+            }))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let request = RouteRequest {
         url: format!("http://{}/v1/route", a.addr),
         key: a.key.clone(),
-        body,
+        bodies,
     };
+    train(&request, a.train).await?;
     // Warm-up.
-    bench_conn(request.clone(), 200).await?;
+    bench_conn(request.clone(), 200, 0).await?;
     let cpu_before = router_cpu_seconds(a.addr).await;
     let per = a.requests.div_ceil(a.concurrency.max(1));
     let started = Instant::now();
     let tasks: Vec<_> = (0..a.concurrency.max(1))
-        .map(|_| tokio::spawn(bench_conn(request.clone(), per)))
+        .map(|c| tokio::spawn(bench_conn(request.clone(), per, c * 31)))
         .collect();
     let mut all = Vec::new();
     for t in tasks {
