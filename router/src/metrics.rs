@@ -1,6 +1,7 @@
 //! The router's `/metrics`, in `weft-http`'s [`MetricsRegistry`] (names as before: the Grafana
 //! dashboards in `dashboards/` read them).
 
+use weft_http::prometheus::core::Collector;
 use weft_http::prometheus::{Counter, Gauge, Histogram, IntCounter, IntGauge};
 use weft_http::MetricsRegistry;
 
@@ -50,9 +51,15 @@ impl Default for RouterMetrics {
     }
 }
 
-fn built<T>(name: &str, r: weft_http::prometheus::Result<T>) -> T {
+/// A float metric (the registry's constructors build integer ones), registered.
+fn float<T: Collector + Clone + 'static>(
+    r: &MetricsRegistry,
+    name: &str,
+    help: &str,
+    new: fn(&str, &str) -> weft_http::prometheus::Result<T>,
+) -> T {
     // Names are constants, valid and unique (the unit test below renders them all).
-    r.unwrap_or_else(|e| panic!("metric {name}: {e}"))
+    r.register(new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}")))
 }
 
 impl RouterMetrics {
@@ -83,11 +90,12 @@ impl RouterMetrics {
                 "weft_router_snapshot_refresh_errors_total",
                 "Failed snapshot refreshes.",
             ),
-            snapshot_age: {
-                let name = "weft_router_snapshot_age_seconds";
-                let help = "Age of the snapshot decisions are served from.";
-                r.register(built(name, Gauge::new(name, help)))
-            },
+            snapshot_age: float(
+                &r,
+                "weft_router_snapshot_age_seconds",
+                "Age of the snapshot decisions are served from.",
+                |n, h| Gauge::new(n, h),
+            ),
             snapshot_stale: r.gauge(
                 "weft_router_snapshot_stale",
                 "1 when the last refresh failed.",
@@ -112,11 +120,12 @@ impl RouterMetrics {
                 "weft_router_model_refresh_rows_total",
                 "Decision-feedback rows the refresh read from ClickHouse.",
             ),
-            cpu: {
-                let name = "process_cpu_seconds_total";
-                let help = "User and system CPU time of this process.";
-                r.register(built(name, Counter::new(name, help)))
-            },
+            cpu: float(
+                &r,
+                "process_cpu_seconds_total",
+                "User and system CPU time of this process.",
+                |n, h| Counter::new(n, h),
+            ),
             decision_seconds: r.histogram(
                 "weft_router_decision_seconds",
                 "Server-side decision time.",

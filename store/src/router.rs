@@ -98,20 +98,13 @@ pub async fn read_logged(
     from_us: i64,
     to_us: i64,
 ) -> Result<(Vec<LoggedPair>, usize), StoreError> {
-    let decisions: Vec<(String, String)> = store
-        .client()
-        .query(LOGGED_DECISIONS_SQL)
-        .bind(tenant)
-        .bind(from_us)
+    let q = |sql| store.client().query(sql).bind(tenant).bind(from_us);
+    let decisions: Vec<(String, String)> = q(LOGGED_DECISIONS_SQL)
         .bind(to_us)
         .fetch_all()
         .await
         .map_err(store.err())?;
-    let feedback: Vec<(String, String)> = store
-        .client()
-        .query(LOGGED_FEEDBACK_SQL)
-        .bind(tenant)
-        .bind(from_us)
+    let feedback: Vec<(String, String)> = q(LOGGED_FEEDBACK_SQL)
         .fetch_all()
         .await
         .map_err(store.err())?;
