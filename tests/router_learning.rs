@@ -329,3 +329,113 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
     let solid = &arms[BEST];
     assert!(solid.latency_q.is_some() && solid.mean_cost().unwrap() > 0.0);
 }
+
+/// A non-contextual policy counts a feedback at once (before any refresh), and the refresh
+/// that reads the same outcomes back from ClickHouse does not count them again: greedy's
+/// score of a candidate after three failures is the same before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_counts_feedback_at_once_and_once() {
+    let p = Pipeline::new("router_now");
+    let _ingest = p.ingest(None);
+    common::wait_for(Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        log.contains("narrative projector loaded").then_some(())
+    })
+    .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
+    let (_router, base) = p.router(
+        KEY,
+        "acme",
+        &[
+            "--policy",
+            "greedy",
+            "--refresh-ms",
+            "300",
+            "--half-life-s",
+            "0",
+        ],
+    );
+    let http = reqwest::Client::new();
+    let body = json!({
+        "context": {"intent": "now"},
+        "candidates": [
+            {"candidate_id": "a", "candidate_type": "tool"},
+            {"candidate_id": "b", "candidate_type": "tool"}
+        ]
+    });
+    let route = || async {
+        let r = http
+            .post(format!("{base}/v1/route"))
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    };
+    let metric = |name: &'static str| {
+        let base = base.clone();
+        async move {
+            let text = reqwest::get(format!("{base}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        }
+    };
+    let first = route().await;
+    assert_eq!(
+        first["candidate"]["candidate_id"], "a",
+        "ties go to the first"
+    );
+    let score_a = |d: &Value| d["metadata"]["x_weft_scores"]["a"].as_f64().unwrap();
+    let untried = score_a(&first);
+    for i in 0..3 {
+        // "a" is the choice or a fallback: either way, its outcome is this decision's.
+        let d = if i == 0 { first.clone() } else { route().await };
+        let r = http
+            .post(format!("{base}/v1/feedback"))
+            .bearer_auth(KEY)
+            .json(&json!({
+                "decision_id": d["decision_id"],
+                "candidate_id": "a",
+                "success": false,
+                "timestamp": weft_schemas::time::now_rfc3339(),
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    // At once (greedy turned to "b" after the first): "a" scores three failures.
+    let now = route().await;
+    assert_eq!(now["candidate"]["candidate_id"], "b", "{now}");
+    let after_three = score_a(&now);
+    assert!(after_three < untried, "{untried} -> {after_three}");
+    // Once the refresh has read the three outcomes back (and refreshed twice more, so
+    // the aggregates read hold them too), "a" still scores exactly three failures.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while metric("weft_router_model_refresh_rows_total").await < 3.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "outcomes not read back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refreshes = metric("weft_router_snapshot_refresh_total").await;
+    while metric("weft_router_snapshot_refresh_total").await < refreshes + 2.0 {
+        assert!(std::time::Instant::now() < deadline, "no refresh");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let later = route().await;
+    assert_eq!(later["candidate"]["candidate_id"], "b", "{later}");
+    assert!(
+        (score_a(&later) - after_three).abs() < 1e-9,
+        "counted once: {after_three} before the refresh, {} after",
+        score_a(&later)
+    );
+}

@@ -10,7 +10,7 @@ use weft_schemas::contracts::{ExecutionCandidate, ExecutionRoutingDecision};
 use crate::error::RouterError;
 use crate::features::{self, Example, Feature};
 use crate::learner::{self, TenantModel};
-use crate::model::Snapshot;
+use crate::model::{Arms, Snapshot};
 use crate::policy::{self, Constraints, Estimate, PolicyConfig, PolicyName, PosteriorMemo};
 use crate::rng::Rng;
 
@@ -139,8 +139,10 @@ pub struct Admission {
     pub excluded: Map<String, Value>,
 }
 
-/// Estimate the candidates (aggregates per context, declared priors, and the contextual
-/// model's live figures, which win once there is an outcome) and apply the constraints.
+/// Estimate the candidates (aggregates per context, with `held`: those aggregates plus
+/// this replica's outcomes not stored yet, when there are any; declared priors; and the
+/// contextual model's live figures, which win once there is an outcome) and apply the
+/// constraints.
 /// A figure a constraint needs that is still unknown admits the candidate only while fewer
 /// than `risk_budget` of its decisions are in flight (`inflight(candidate)`).
 pub fn admit(
@@ -149,9 +151,12 @@ pub fn admit(
     snap: &Snapshot,
     tenant: &str,
     live: &TenantModel,
+    held: Option<Arms>,
     inflight: impl Fn(&str) -> u32,
 ) -> Admission {
-    let arms = snap.arms(tenant, &context_key(&req.context));
+    let arms = held
+        .as_ref()
+        .or_else(|| snap.arms(tenant, &context_key(&req.context)));
     let mut ests = policy::estimates(
         cfg,
         req.candidates
@@ -515,7 +520,15 @@ mod sim {
                     body["constraints"] = serde_json::json!({"max_latency_ms": m});
                 }
                 let req: RouteRequest = serde_json::from_value(body).unwrap();
-                let adm = admit(&cfg, &req, &Snapshot::empty("sim"), "t", &model, |_| 0);
+                let adm = admit(
+                    &cfg,
+                    &req,
+                    &Snapshot::empty("sim"),
+                    "t",
+                    &model,
+                    None,
+                    |_| 0,
+                );
                 let ch = choose(
                     PolicyName::SquareCb,
                     &cfg,

@@ -8,6 +8,7 @@
 //!   `squarecb` (hashed context x candidate features, online regression, SquareCB
 //!   exploration), learnt at once from feedback and reconciled with ClickHouse;
 //! - [`decide`]: one decision in stages (limits, constraints, choice, the decision built);
+//! - [`overlay`]: this replica's feedback not yet in the aggregates, counted at once;
 //! - [`policy`]: greedy, epsilon-greedy, Thompson sampling, UCB and static choice, each with
 //!   its propensity, under the request's constraints;
 //! - [`eval`]: off-policy estimates (IPS, SNIPS, DR) with bootstrap intervals;
@@ -22,6 +23,7 @@ pub mod learner;
 pub mod live;
 pub mod metrics;
 pub mod model;
+pub mod overlay;
 pub mod policy;
 pub mod rng;
 pub mod service;

@@ -162,6 +162,15 @@ impl Live {
             .clone()
     }
 
+    /// `true` when the base (what ClickHouse holds, as last read) has learnt this
+    /// feedback identity.
+    pub fn holds(&self, tenant: &str, feedback_id: &str) -> bool {
+        self.tenants
+            .read()
+            .get(tenant)
+            .is_some_and(|t| t.read().base.applied.set.contains(feedback_id))
+    }
+
     /// The model decisions of `tenant` are served from (empty for an unknown tenant; no
     /// state is created by reading).
     pub fn model(&self, tenant: &str) -> Arc<TenantModel> {

@@ -37,7 +37,8 @@ use crate::learner::{Observation, Outcome};
 use crate::live::Live;
 use crate::metrics::RouterMetrics;
 use crate::model::Snapshot;
-use crate::policy::{PolicyConfig, PosteriorMemo};
+use crate::overlay::{Delta, Overlay};
+use crate::policy::{PolicyConfig, PolicyName, PosteriorMemo};
 use crate::rng::Rng;
 
 pub use crate::decide::context_key;
@@ -115,6 +116,7 @@ pub struct Service {
     recent: Mutex<Recent>,
     metrics: Arc<RouterMetrics>,
     live: Live,
+    overlay: Overlay,
     memo: PosteriorMemo,
 }
 
@@ -163,6 +165,7 @@ impl Service {
             recent: Mutex::new(Recent::default()),
             metrics: Arc::default(),
             live,
+            overlay: Overlay::default(),
         })
     }
 
@@ -212,6 +215,11 @@ impl Service {
             self.health.lock().late = late;
             top
         };
+        // Trimmed before the new aggregates are served, so nothing counts twice.
+        self.overlay.trim(
+            |t, id| self.live.holds(t, id),
+            Duration::from_secs(self.cfg.window_s),
+        );
         *self.snapshot.write() = Arc::new(stats);
         let mut h = self.health.lock();
         if full {
@@ -283,7 +291,16 @@ impl Service {
             e.into_response()
         })?;
         let live = self.live.model(tenant);
-        let adm = decide::admit(cfg, &req, &self.snapshot(), tenant, &live, |c| {
+        let snap = self.snapshot();
+        // The contextual policy reads this replica's outcomes from its model; the others
+        // from the aggregates with the outcomes not stored yet added.
+        let held = (policy != PolicyName::SquareCb)
+            .then(|| {
+                let key = decide::context_key(&req.context);
+                self.overlay.arms(tenant, &key, snap.arms(tenant, &key))
+            })
+            .flatten();
+        let adm = decide::admit(cfg, &req, &snap, tenant, &live, held, |c| {
             self.live.inflight(tenant, c)
         });
         let (has_data, stale, age_s) = {
@@ -444,14 +461,32 @@ impl Service {
             RouterError::Publish(e.code(), e.to_string(), StatusCode::SERVICE_UNAVAILABLE)
         })?;
         self.metrics.feedback.inc();
+        let pc = &self.cfg.policy;
+        let outcome = Outcome::from_feedback(&payload, &pc.weights, pc.prior_quality);
+        let context_key = payload
+            .get("metadata")
+            .and_then(|m| m.get("x_weft_context"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        self.overlay.add(
+            tenant,
+            &Delta {
+                feedback_id: &feedback_id,
+                context_key,
+                candidate_id: &candidate,
+                success: payload.get("success").and_then(Value::as_bool) == Some(true),
+                latency_ms: outcome.latency_ms,
+                cost: outcome.cost,
+                quality: outcome.quality,
+            },
+        );
         let example = remembered.and_then(|r| r.example(&candidate));
         if let Some(example) = example {
-            let pc = &self.cfg.policy;
             let obs = Observation {
                 feedback_id,
                 candidate_id: candidate,
                 example,
-                outcome: Outcome::from_feedback(&payload, &pc.weights, pc.prior_quality),
+                outcome,
             };
             if self.live.learn_now(&pc.learner, tenant, obs) {
                 self.metrics.learned_now.inc();

@@ -1,0 +1,192 @@
+//! This replica's feedback not yet in the aggregates, so that the non-contextual policies
+//! (greedy, epsilon-greedy, Thompson, UCB) count a `POST /v1/feedback` at once, as the
+//! contextual model does.
+//!
+//! An outcome enters when its feedback is durable, keyed by (tenant, context key,
+//! candidate), and is added to the aggregates' arms of its context at decision time. It
+//! leaves at the refresh that reads its feedback identity back from ClickHouse (the
+//! contextual model's base then holds it; the aggregates, read just before, do too, or at
+//! the next refresh), or when older than the aggregates' window. It is never counted twice:
+//! the overlay is trimmed before the new aggregates are installed, so a decision sees
+//! either the old aggregates with the overlay or the new ones without what they hold (an
+//! outcome stored between the two reads of one refresh counts from the next one).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::model::{ArmStats, Arms};
+
+/// Outcomes held at most per tenant; beyond, a feedback counts from the next refresh.
+pub const OVERLAY_MAX: usize = 10_000;
+
+struct Entry {
+    feedback_id: String,
+    candidate_id: String,
+    delta: ArmStats,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct TenantOverlay {
+    by_context: HashMap<String, Vec<Entry>>,
+    ids: HashSet<String>,
+}
+
+/// The pending outcomes of every tenant.
+#[derive(Default)]
+pub struct Overlay {
+    tenants: Mutex<HashMap<String, TenantOverlay>>,
+}
+
+/// One outcome as an aggregate cell's increment.
+pub struct Delta<'a> {
+    /// Its feedback identity.
+    pub feedback_id: &'a str,
+    /// The context key it is filed under (the decision's).
+    pub context_key: &'a str,
+    /// The candidate that ran.
+    pub candidate_id: &'a str,
+    /// Success reported.
+    pub success: bool,
+    /// Latency reported (ms).
+    pub latency_ms: Option<f64>,
+    /// Cost (`cost.usd`, else `cost.amount`, else 0).
+    pub cost: f64,
+    /// Quality score reported.
+    pub quality: Option<f64>,
+}
+
+fn add(a: &mut ArmStats, d: &ArmStats) {
+    a.n += d.n;
+    a.successes += d.successes;
+    a.latency_n += d.latency_n;
+    a.latency_sum += d.latency_sum;
+    a.cost_sum += d.cost_sum;
+    a.quality_n += d.quality_n;
+    a.quality_sum += d.quality_sum;
+}
+
+impl Overlay {
+    /// Hold one outcome of `tenant` (once per feedback identity); `false` when it was held
+    /// already or the tenant's overlay is full.
+    pub fn add(&self, tenant: &str, d: &Delta) -> bool {
+        let mut all = self.tenants.lock();
+        let t = all.entry(tenant.to_owned()).or_default();
+        if t.ids.len() >= OVERLAY_MAX || !t.ids.insert(d.feedback_id.to_owned()) {
+            return false;
+        }
+        let delta = ArmStats {
+            n: 1.0,
+            successes: f64::from(u8::from(d.success)),
+            latency_n: f64::from(u8::from(d.latency_ms.is_some())),
+            latency_sum: d.latency_ms.unwrap_or(0.0),
+            latency_q: None,
+            cost_sum: d.cost,
+            quality_n: f64::from(u8::from(d.quality.is_some())),
+            quality_sum: d.quality.unwrap_or(0.0),
+        };
+        t.by_context
+            .entry(d.context_key.to_owned())
+            .or_default()
+            .push(Entry {
+                feedback_id: d.feedback_id.to_owned(),
+                candidate_id: d.candidate_id.to_owned(),
+                delta,
+                at: Instant::now(),
+            });
+        true
+    }
+
+    /// The arms of (tenant, context) with the held outcomes added to `base`; `None` when
+    /// none is held there (use `base` as it is).
+    pub fn arms(&self, tenant: &str, context_key: &str, base: Option<&Arms>) -> Option<Arms> {
+        let all = self.tenants.lock();
+        let held = all.get(tenant)?.by_context.get(context_key)?;
+        let mut arms = base.cloned().unwrap_or_default();
+        for e in held {
+            add(arms.entry(e.candidate_id.clone()).or_default(), &e.delta);
+        }
+        Some(arms)
+    }
+
+    /// Drop the outcomes ClickHouse now holds (`stored(tenant, feedback_id)`) and those
+    /// older than `max_age`.
+    pub fn trim(&self, stored: impl Fn(&str, &str) -> bool, max_age: Duration) {
+        let mut all = self.tenants.lock();
+        for (tenant, t) in all.iter_mut() {
+            let ids = &mut t.ids;
+            for held in t.by_context.values_mut() {
+                held.retain(|e| {
+                    let keep = e.at.elapsed() < max_age && !stored(tenant, &e.feedback_id);
+                    if !keep {
+                        ids.remove(&e.feedback_id);
+                    }
+                    keep
+                });
+            }
+            t.by_context.retain(|_, held| !held.is_empty());
+        }
+        all.retain(|_, t| !t.ids.is_empty());
+    }
+
+    /// Outcomes held for `tenant`.
+    pub fn len(&self, tenant: &str) -> usize {
+        self.tenants.lock().get(tenant).map_or(0, |t| t.ids.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta<'a>(id: &'a str, ctx: &'a str, cand: &'a str, success: bool) -> Delta<'a> {
+        Delta {
+            feedback_id: id,
+            context_key: ctx,
+            candidate_id: cand,
+            success,
+            latency_ms: Some(100.0),
+            cost: 0.5,
+            quality: None,
+        }
+    }
+
+    #[test]
+    fn held_outcomes_count_once_until_stored() {
+        let o = Overlay::default();
+        assert!(o.add("t", &delta("f1", "c", "a", true)));
+        assert!(
+            !o.add("t", &delta("f1", "c", "a", true)),
+            "once per identity"
+        );
+        assert!(o.add("t", &delta("f2", "c", "b", false)));
+        assert!(o.add("u", &delta("f3", "c", "a", true)));
+        let mut base = Arms::new();
+        base.insert(
+            "a".into(),
+            ArmStats {
+                n: 2.0,
+                successes: 1.0,
+                ..ArmStats::default()
+            },
+        );
+        let arms = o.arms("t", "c", Some(&base)).unwrap();
+        assert_eq!((arms["a"].n, arms["a"].successes), (3.0, 2.0));
+        assert_eq!((arms["b"].n, arms["b"].successes), (1.0, 0.0));
+        assert_eq!(arms["a"].latency_n, 1.0);
+        assert!((arms["b"].cost_sum - 0.5).abs() < 1e-12);
+        assert!(o.arms("t", "other", Some(&base)).is_none());
+        // f1 is stored now: it leaves; f2 stays; u's is untouched.
+        o.trim(|t, id| t == "t" && id == "f1", Duration::from_secs(60));
+        let arms = o.arms("t", "c", Some(&base)).unwrap();
+        assert_eq!(arms["a"].n, 2.0);
+        assert_eq!(o.len("t"), 1);
+        assert_eq!(o.len("u"), 1);
+        // Older than the window: gone.
+        o.trim(|_, _| false, Duration::ZERO);
+        assert_eq!((o.len("t"), o.len("u")), (0, 0));
+        assert!(o.arms("t", "c", None).is_none());
+    }
+}
