@@ -28,9 +28,29 @@ struct Entry {
     at: Instant,
 }
 
+/// The outcomes held in one context, and their sum per candidate (what a decision adds:
+/// its cost does not grow with the outcomes held).
+#[derive(Default)]
+struct Held {
+    entries: Vec<Entry>,
+    sum: Arms,
+}
+
+impl Held {
+    fn resum(&mut self) {
+        self.sum.clear();
+        for e in &self.entries {
+            add(
+                self.sum.entry(e.candidate_id.clone()).or_default(),
+                &e.delta,
+            );
+        }
+    }
+}
+
 #[derive(Default)]
 struct TenantOverlay {
-    by_context: HashMap<String, Vec<Entry>>,
+    by_context: HashMap<String, Held>,
     ids: HashSet<String>,
 }
 
@@ -87,15 +107,17 @@ impl Overlay {
             quality_n: f64::from(u8::from(d.quality.is_some())),
             quality_sum: d.quality.unwrap_or(0.0),
         };
-        t.by_context
-            .entry(d.context_key.to_owned())
-            .or_default()
-            .push(Entry {
-                feedback_id: d.feedback_id.to_owned(),
-                candidate_id: d.candidate_id.to_owned(),
-                delta,
-                at: Instant::now(),
-            });
+        let held = t.by_context.entry(d.context_key.to_owned()).or_default();
+        add(
+            held.sum.entry(d.candidate_id.to_owned()).or_default(),
+            &delta,
+        );
+        held.entries.push(Entry {
+            feedback_id: d.feedback_id.to_owned(),
+            candidate_id: d.candidate_id.to_owned(),
+            delta,
+            at: Instant::now(),
+        });
         true
     }
 
@@ -105,8 +127,8 @@ impl Overlay {
         let all = self.tenants.lock();
         let held = all.get(tenant)?.by_context.get(context_key)?;
         let mut arms = base.cloned().unwrap_or_default();
-        for e in held {
-            add(arms.entry(e.candidate_id.clone()).or_default(), &e.delta);
+        for (candidate, d) in &held.sum {
+            add(arms.entry(candidate.clone()).or_default(), d);
         }
         Some(arms)
     }
@@ -118,15 +140,19 @@ impl Overlay {
         for (tenant, t) in all.iter_mut() {
             let ids = &mut t.ids;
             for held in t.by_context.values_mut() {
-                held.retain(|e| {
+                let before = held.entries.len();
+                held.entries.retain(|e| {
                     let keep = e.at.elapsed() < max_age && !stored(tenant, &e.feedback_id);
                     if !keep {
                         ids.remove(&e.feedback_id);
                     }
                     keep
                 });
+                if held.entries.len() != before {
+                    held.resum();
+                }
             }
-            t.by_context.retain(|_, held| !held.is_empty());
+            t.by_context.retain(|_, held| !held.entries.is_empty());
         }
         all.retain(|_, t| !t.ids.is_empty());
     }
