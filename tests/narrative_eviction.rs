@@ -14,6 +14,7 @@ use common::facts::fact;
 use common::pipeline::{Membership, Pipeline};
 use serde_json::{json, Value};
 use weft_consumers::decode::Fact;
+use weft_consumers::narrative::filter::node_hash;
 use weft_consumers::narrative::graph::{Graph, NodeIdx};
 use weft_consumers::narrative::projector::{ApplyStats, ProjectBatch, Projector};
 use weft_schemas::links::NodeKind;
@@ -183,6 +184,9 @@ async fn a_late_event_whose_anchor_was_evicted_long_ago_lands_in_the_anchors_nar
         "the anchor must be long gone: {churn:?}"
     );
     assert!(h.projector.graph_len() <= 30 + 40);
+    // A restart in between: the new process holds nothing and must find the anchor.
+    h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
+    assert_eq!(h.projector.graph_len(), 0);
     let late = h.feed(&[handle("h-late", None)], 1).await;
     assert!(
         late.loaded >= 1,
@@ -266,4 +270,28 @@ async fn a_component_far_over_the_budget_is_assigned_exactly() {
         "the ad hoc narrative is empty"
     );
     h.assert_exact().await;
+}
+
+/// The id filter's hashes, computed by ClickHouse when it is rebuilt at start, are the ones
+/// the projector computes for the ids it meets (else a restarted process would miss them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_id_filter_hashes_as_clickhouse_does() {
+    let client = clickhouse::Client::default().with_url(common::clickhouse_url());
+    for (t, k, i) in [
+        ("default", "handle", "h-1"),
+        ("tenant-β", "flow", ""),
+        ("a", "b", "c\u{1f}d"),
+    ] {
+        let got: u64 = client
+            .query(
+                "SELECT xxHash64(concat({t:String}, char(31), {k:String}, char(31), {i:String}))",
+            )
+            .param("t", t)
+            .param("k", k)
+            .param("i", i)
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(got, node_hash(t, k, i), "{t}/{k}/{i}");
+    }
 }
