@@ -14,7 +14,6 @@ use common::facts::fact;
 use common::pipeline::{Membership, Pipeline};
 use serde_json::{json, Value};
 use weft_consumers::decode::Fact;
-use weft_consumers::narrative::filter::node_hash;
 use weft_consumers::narrative::graph::{Graph, NodeIdx};
 use weft_consumers::narrative::projector::{ApplyStats, ProjectBatch, Projector};
 use weft_schemas::links::NodeKind;
@@ -292,6 +291,6 @@ async fn the_id_filter_hashes_as_clickhouse_does() {
             .fetch_one()
             .await
             .unwrap();
-        assert_eq!(got, node_hash(t, k, i), "{t}/{k}/{i}");
+        assert_eq!(got, weft_store::ids::id_hash(t, k, i), "{t}/{k}/{i}");
     }
 }

@@ -94,6 +94,8 @@ pub struct IngestMetrics {
     pub freshness_seconds: HistogramVec,
     /// Events moved to another narrative by a late anchor.
     pub narratives_moved: IntCounter,
+    /// Identities the dedup state could not decide, checked in ClickHouse.
+    pub dedup_checked: IntCounter,
     /// Nodes held in the projector's in-memory graph.
     pub narrative_graph_nodes: IntGauge,
     /// Nodes of evicted components loaded back from ClickHouse.
@@ -201,6 +203,10 @@ impl IngestMetrics {
                 "Events moved to another narrative by a late anchor",
             ),
             narrative_graph_nodes,
+            dedup_checked: r.counter(
+                "weft_ingest_dedup_checked_total",
+                "Identities older than the dedup state holds exactly, checked in ClickHouse",
+            ),
             narrative_loaded: r.counter(
                 "weft_narrative_loaded_nodes_total",
                 "Nodes of evicted narrative components loaded back from ClickHouse",

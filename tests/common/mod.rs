@@ -63,3 +63,20 @@ pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Op
 pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// The sum of a counter or gauge (every label set) on the `/metrics` page at `addr`, `None`
+/// when the page does not answer or does not name it.
+pub async fn metric(addr: &str, name: &str) -> Option<u64> {
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let values: Vec<u64> = body
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok().map(|v| v as u64))
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}

@@ -5,40 +5,33 @@
 //! ClickHouse ([`super::loader`]). Most are new — an event's own id, a link to something that
 //! has not arrived — and the filter says so without a round trip; only its positives (ids
 //! seen before, and about 1% false ones) are looked up. It is rebuilt at start from hashes
-//! ClickHouse computes (8 bytes per node), so a restart reads no ids and no payloads.
+//! ClickHouse computes ([`weft_store::ids::id_hash`], 8 bytes per node), so a restart reads
+//! no ids and no payloads.
 //!
 //! Its size is fixed (`expected_items`), so memory stays bounded whatever the history: past
 //! that many nodes its false-positive rate rises, which costs lookups, never correctness.
 
 use fastbloom::BloomFilter;
 use tracing::{info, instrument};
-use xxhash_rust::xxh64::Xxh64;
 
 use super::graph::NodeKey;
+use weft_store::ids::{id_hash, id_hash_sql};
 use weft_store::{Store, StoreError};
 
 /// Nodes the filter is sized for by default (about 57 MiB at a 1% false-positive rate).
 pub const DEFAULT_EXPECTED_ITEMS: usize = 50_000_000;
 
-/// The hash of a node, as `HASH_SQL` computes it in ClickHouse: XXH64 (seed 0) of tenant,
-/// kind and id joined by the unit separator (0x1f).
-pub fn node_hash(tenant: &str, kind: &str, id: &str) -> u64 {
-    let mut h = Xxh64::new(0);
-    h.update(tenant.as_bytes());
-    h.update(&[0x1f]);
-    h.update(kind.as_bytes());
-    h.update(&[0x1f]);
-    h.update(id.as_bytes());
-    h.digest()
+/// Every stored node's [`id_hash`], computed by ClickHouse.
+fn hash_sql() -> String {
+    format!(
+        "SELECT {} FROM weft_narrative_nodes \
+         UNION ALL SELECT {} FROM weft_links \
+         UNION ALL SELECT {} FROM weft_links",
+        id_hash_sql("tenant", "kind", "id"),
+        id_hash_sql("tenant", "to_kind", "to_id"),
+        id_hash_sql("tenant", "from_kind", "from_id"),
+    )
 }
-
-/// Every node's [`node_hash`], computed by ClickHouse.
-const HASH_SQL: &str = "
-SELECT xxHash64(concat(tenant, char(31), kind, char(31), id)) FROM weft_narrative_nodes
-UNION ALL
-SELECT xxHash64(concat(tenant, char(31), to_kind, char(31), to_id)) FROM weft_links
-UNION ALL
-SELECT xxHash64(concat(tenant, char(31), from_kind, char(31), from_id)) FROM weft_links";
 
 /// Which nodes the narrative tables may know.
 pub struct SeenFilter {
@@ -59,7 +52,7 @@ impl SeenFilter {
         let mut me = Self::new(expected_items);
         let mut cursor = store
             .client()
-            .query(HASH_SQL)
+            .query(&hash_sql())
             .fetch::<u64>()
             .map_err(store.err())?;
         let mut n = 0u64;
@@ -83,7 +76,7 @@ impl SeenFilter {
 }
 
 fn hash(key: &NodeKey) -> u64 {
-    node_hash(&key.tenant, key.kind.as_str(), &key.id)
+    id_hash(&key.tenant, key.kind.as_str(), &key.id)
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use weft_schemas::links::NodeKind;
 
 use super::filter::{SeenFilter, DEFAULT_EXPECTED_ITEMS};
 use super::graph::{Change, Graph, NodeIdx};
-use super::loader::{self, chunks_by_bytes, MAX_PARAM_BYTES};
+use super::loader;
+use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{check_columns, insert, Fact, Store, StoreError};
 
