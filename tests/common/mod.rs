@@ -64,8 +64,8 @@ pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The sum of a counter or gauge (every label set) on the `/metrics` page at `addr`, `None`
-/// when the page does not answer or does not name it.
+/// The sum of a counter or gauge (every label set) on the `/metrics` page at `addr` (0 when
+/// the page does not name it yet), `None` when the page does not answer.
 pub async fn metric(addr: &str, name: &str) -> Option<u64> {
     let body = reqwest::get(format!("http://{addr}/metrics"))
         .await
@@ -73,10 +73,11 @@ pub async fn metric(addr: &str, name: &str) -> Option<u64> {
         .text()
         .await
         .ok()?;
-    let values: Vec<u64> = body
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok().map(|v| v as u64))
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum(),
+    )
 }

@@ -583,8 +583,8 @@ async fn weft_ingest(
         avg_batch_rows: metrics.batch_rows.get_sample_sum()
             / (metrics.batch_rows.get_sample_count().max(1) as f64),
         insert_wall_s: metrics.insert_seconds.get_sample_sum(),
-        projector_passes: metrics.projector_seconds.get_sample_count(),
-        projector_wall_s: metrics.projector_seconds.get_sample_sum(),
+        projector_passes: metrics.narrative.projector_seconds.get_sample_count(),
+        projector_wall_s: metrics.narrative.projector_seconds.get_sample_sum(),
     };
     Ok(WeftRun {
         role,

@@ -194,7 +194,7 @@ impl Ingestor {
             }
         };
         if let Some(p) = &flusher.projector {
-            self.metrics.narrative_graph_nodes.set(p.graph_len() as i64);
+            self.metrics.narrative.graph_nodes.set(p.graph_len() as i64);
         }
         let has_facts = self.cfg.role != Role::Narratives;
         let has_projector = flusher.projector.is_some();
