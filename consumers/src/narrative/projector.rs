@@ -92,14 +92,15 @@ pub struct Projector {
 }
 
 impl Projector {
-    /// Load the projector's state from ClickHouse.
-    /// The graph starts empty and keeps at most `max_nodes` nodes between passes (a pass
-    /// may exceed it while its own components are larger).
+    /// Load the projector's state from ClickHouse: progress, a killed pass's placements and
+    /// the id filter. The graph starts empty and keeps at most `max_nodes` nodes between
+    /// passes (a pass may exceed it while its own components are larger).
     #[instrument(skip(store))]
     pub async fn load(store: Store, max_nodes: usize) -> Result<Self, StoreError> {
         check_columns::<NarrativeRow>(&store, "weft_narratives").await?;
         check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
         check_columns::<LinkRow>(&store, "weft_links").await?;
+        check_columns::<LinkRow>(&store, "weft_links_from").await?;
         check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
         // The projector is the only writer of these tables: an insert running now is a dead
         // predecessor's, and reading before it lands would place its members wrongly.
