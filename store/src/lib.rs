@@ -12,6 +12,7 @@
 //! - [`narrative`]: the narrative tables' rows and the narrative read ([`narrative::query`]);
 //! - [`router`]: the router's reads (aggregates, decisions joined with their feedback);
 //! - [`telemetry`]: ingest's telemetry tables' rows;
+//! - [`ids`]: the id hash Rust and ClickHouse share, and id lists cut to fit a parameter;
 //! - [`ddl`]: the columns the migrations declare, for the code to check itself against.
 //!
 //! No Kafka here: the audit reads ClickHouse through this crate without linking rdkafka.
@@ -19,6 +20,7 @@
 pub mod chain;
 pub mod ddl;
 pub mod events;
+pub mod ids;
 pub mod narrative;
 pub mod router;
 pub mod search;

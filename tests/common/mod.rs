@@ -6,6 +6,7 @@
 //! that silently skips would report green without checking anything.
 #![allow(dead_code)]
 
+pub mod facts;
 pub mod pipeline;
 
 use std::process::Command;
@@ -61,4 +62,22 @@ pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Op
 /// Path of the repository root.
 pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The sum of a counter or gauge (every label set) on the `/metrics` page at `addr` (0 when
+/// the page does not name it yet), `None` when the page does not answer.
+pub async fn metric(addr: &str, name: &str) -> Option<u64> {
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum(),
+    )
 }

@@ -63,6 +63,13 @@ pub struct IngestConfig {
     pub flush_interval_ms: u64,
     /// How long identities are remembered for deduplication (seconds; default 7 days).
     pub dedup_window_secs: u64,
+    /// Identities each partition holds exactly, per generation (two generations; default
+    /// 250,000, about 17 MB). Older ones of the window are found through the filter and a
+    /// ClickHouse check, so the bound costs lookups, never exactness.
+    pub dedup_max_entries: usize,
+    /// Identities each partition's window filter is sized for, per half window (two
+    /// generations; default 5,000,000, about 6 MB each at 1% false positives).
+    pub dedup_filter_items: usize,
     /// Status server (`/metrics`, `/healthz`, `/v1/narratives/{id}`); empty disables it.
     pub listen: String,
     /// Longest wait between ClickHouse retries (milliseconds).
@@ -80,6 +87,10 @@ pub struct IngestConfig {
     /// Seconds with records fetched but none stored (judged from this process's own positions)
     /// after which `/healthz` answers 503 and `weft_ingest_stalled` is 1; 0 disables.
     pub stall_after_secs: u64,
+    /// Nodes the narrative graph keeps in memory between passes (default 1,000,000, about
+    /// 250 MB); the least recently touched components are evicted beyond it and load again
+    /// from ClickHouse when an event names them.
+    pub narrative_max_nodes: usize,
 }
 
 impl Default for IngestConfig {
@@ -95,16 +106,28 @@ impl Default for IngestConfig {
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
             dedup_window_secs: 7 * 24 * 3600,
+            dedup_max_entries: 250_000,
+            dedup_filter_items: 5_000_000,
             listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
             max_backoff_ms: 10_000,
             kafka_properties: BTreeMap::new(),
             max_message_bytes: 1_000_000,
             stall_after_secs: 120,
+            narrative_max_nodes: crate::narrative::projector::DEFAULT_MAX_NODES,
         }
     }
 }
 
 impl IngestConfig {
+    /// The bounds of each partition's dedup state.
+    pub fn dedup_limits(&self) -> crate::facts::DedupLimits {
+        crate::facts::DedupLimits {
+            window: std::time::Duration::from_secs(self.dedup_window_secs),
+            max_entries: self.dedup_max_entries,
+            filter_items: self.dedup_filter_items,
+        }
+    }
+
     /// The Kafka consumer group this process commits offsets to. A `facts` member that takes
     /// a partition over starts reading at the group's committed offset, trusting that it
     /// never passes what is stored in ClickHouse. The `narratives` process commits after

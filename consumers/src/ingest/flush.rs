@@ -142,7 +142,11 @@ impl Flusher {
         loop {
             match projector.apply(batches).await {
                 Ok(stats) => {
-                    self.metrics.narratives_moved.inc_by(stats.moved as u64);
+                    let m = &self.metrics.narrative;
+                    m.moved.inc_by(stats.moved as u64);
+                    m.loaded.inc_by(stats.loaded as u64);
+                    m.evicted.inc_by(stats.evicted as u64);
+                    m.largest_component.set(stats.largest_component as i64);
                     break;
                 }
                 Err(e) => {
@@ -155,7 +159,8 @@ impl Flusher {
                     tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
                     // Replaying onto the moved-ahead graph would find nothing to change and
                     // lose the pass's moves (the progress row, written last, was not).
-                    match Projector::load(self.store.clone()).await {
+                    let max_nodes = self.cfg.narrative_max_nodes;
+                    match Projector::load(self.store.clone(), max_nodes).await {
                         Ok(fresh) => *projector = fresh,
                         Err(e) => {
                             warn!(error = %e, "reloading the narrative graph failed; retrying");
@@ -166,6 +171,7 @@ impl Flusher {
             }
         }
         self.metrics
+            .narrative
             .projector_seconds
             .observe(started.elapsed().as_secs_f64());
         Ok(())
