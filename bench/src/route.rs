@@ -146,7 +146,7 @@ fn context(i: usize) -> serde_json::Value {
         "lang": LANGS[i % 5],
         "task": TASKS[i % 8],
         "doc_tokens": 200 + (i * 7919) % 60_000,
-        "urgent": i % 7 == 0,
+        "urgent": i.is_multiple_of(7),
     })
 }
 
@@ -171,7 +171,7 @@ async fn train(req: &RouteRequest, n: usize) -> anyhow::Result<()> {
         let fb = serde_json::json!({
             "decision_id": d["decision_id"],
             "candidate_id": cand,
-            "success": (i + cand.len()) % 3 != 0,
+            "success": !(i + cand.len()).is_multiple_of(3),
             "latency_ms": 100 + (i * 31) % 400,
             "timestamp": weft_schemas::time::now_rfc3339(),
         });
