@@ -143,14 +143,16 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
             .map(|x| best - ARMS.iter().find(|a| a.0 == x.1).unwrap().1)
             .sum()
     };
-    let first_half = regret(&log[..CYCLES / 2]);
-    let second_half = regret(&log[CYCLES / 2..]);
+    // Feedback counts at once, so learning takes the first few hundred decisions: the
+    // regret of the first 500 against the last 500 (halves would both be mostly converged).
+    let first = regret(&log[..500]);
+    let last_regret = regret(&log[CYCLES - 500..]);
     eprintln!(
         "{CYCLES} cycles in {elapsed:?}; best share in the last 500: {best_share:.3}; \
-         expected-success regret first half {first_half:.1}, second half {second_half:.1}"
+         expected-success regret first 500 {first:.1}, last 500 {last_regret:.1}"
     );
     assert!(best_share >= 0.8, "best share {best_share}");
-    assert!(second_half < first_half, "regret must grow sublinearly");
+    assert!(last_regret < first, "regret must grow sublinearly");
     assert!(log.iter().all(|x| x.2 > 0.0 && x.2 <= 1.0));
 
     // Everything reached ClickHouse: every decision with its propensity, every outcome in
