@@ -375,19 +375,10 @@ async fn greedy_counts_feedback_at_once_and_once() {
         assert_eq!(r.status(), 200);
         r.json::<Value>().await.unwrap()
     };
+    let addr = base.trim_start_matches("http://").to_owned();
     let metric = |name: &'static str| {
-        let base = base.clone();
-        async move {
-            let text = reqwest::get(format!("{base}/metrics"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
-        }
+        let addr = addr.clone();
+        async move { common::metric(&addr, name).await.unwrap_or(0) }
     };
     let first = route().await;
     assert_eq!(
@@ -421,7 +412,7 @@ async fn greedy_counts_feedback_at_once_and_once() {
     // Once the refresh has read the three outcomes back (and refreshed twice more, so
     // the aggregates read hold them too), "a" still scores exactly three failures.
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while metric("weft_router_model_refresh_rows_total").await < 3.0 {
+    while metric("weft_router_model_refresh_rows_total").await < 3 {
         assert!(
             std::time::Instant::now() < deadline,
             "outcomes not read back"
@@ -429,7 +420,7 @@ async fn greedy_counts_feedback_at_once_and_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let refreshes = metric("weft_router_snapshot_refresh_total").await;
-    while metric("weft_router_snapshot_refresh_total").await < refreshes + 2.0 {
+    while metric("weft_router_snapshot_refresh_total").await < refreshes + 2 {
         assert!(std::time::Instant::now() < deadline, "no refresh");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
