@@ -267,3 +267,59 @@ async fn a_forced_stall_turns_healthz_503_and_sigterm_still_ends_within_10_s() {
         .status();
     assert_eq!(s, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_dead_letter_is_retried_ends_within_10_s() {
+    let p = Pipeline::new("it_dlq_term");
+    let none = p.path("none.jsonl");
+    std::fs::write(&none, "").unwrap();
+    p.publish(&none); // the topics
+    let topic = format!("{}trace_events", p.prefix);
+    // A dead letter that cannot be queued: the ingest producers' buffer is 1 KiB, so sending
+    // this 4 KiB garbage record fails with QueueFull, a transient error, retried forever
+    // with the partition's offsets held (the broker and the dead-letter topic stay fine).
+    send(&producer(), &topic, "poison-retried", &random_bytes(4096)).await;
+    let config = p.path("weft.toml");
+    std::fs::write(
+        &config,
+        "[kafka.ingest.properties]\n\"queue.buffering.max.kbytes\" = \"1\"\n",
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let ingest = p.ingest_with(Some(&addr), &[("WEFT_CONFIG", config.to_str().unwrap())]);
+    assert!(wait_for_port(&addr, Duration::from_secs(30)));
+    let retries = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("weft_ingest_dead_letter_retries_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let retrying = common::wait_for(Duration::from_secs(90), || {
+        let m = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async {
+                let url = format!("http://{addr}/metrics");
+                reqwest::get(url).await.ok()?.text().await.ok()
+            })
+        })?;
+        (retries(&m) >= 2).then_some(m)
+    });
+    let metrics =
+        retrying.unwrap_or_else(|| panic!("no dead-letter retries seen:\n{}", p.ingest_log()));
+    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+    assert!(
+        log.contains("dead-letter publish failed; retrying"),
+        "{}",
+        p.ingest_log()
+    );
+    assert!(
+        !metrics.contains("weft_ingest_dead_lettered_total{"),
+        "the dead letter must still be pending: {metrics}"
+    );
+
+    let t0 = Instant::now();
+    let status = ingest.terminate();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?} to stop");
+    assert!(status.code().is_some(), "{status}");
+    eprintln!("SIGTERM during a dead-letter retry: stopped in {took:?} ({status})");
+}

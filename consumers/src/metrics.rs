@@ -100,6 +100,8 @@ pub struct IngestMetrics {
     pub projector_seconds: Histogram,
     /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
     pub dead_letters_quarantined: IntCounter,
+    /// Dead-letter sends retried after a transient error (broker unreachable, queue full).
+    pub dead_letter_retries: IntCounter,
     /// 1 while records are fetched but none stored for `stall_after_secs`.
     pub stalled: IntGauge,
     /// Seconds since this process last stored (or dead-lettered) a fetched record while
@@ -203,6 +205,10 @@ impl IngestMetrics {
             dead_letters_quarantined: r.counter(
                 "weft_ingest_dead_letters_quarantined_total",
                 "Dead letters refused by the dead-letter topic in every form (kept in weft_dead_letters)",
+            ),
+            dead_letter_retries: r.counter(
+                "weft_ingest_dead_letter_retries_total",
+                "Dead-letter sends retried after a transient error (offsets held meanwhile)",
             ),
             stalled: r.gauge(
                 "weft_ingest_stalled",

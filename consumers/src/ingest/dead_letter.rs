@@ -245,6 +245,7 @@ impl Flusher {
                 Err((e, _)) if is_permanent(&e) => return Ok(Err(e)),
                 Err((e, _)) => {
                     attempt += 1;
+                    self.metrics.dead_letter_retries.inc();
                     warn!(error = %e, attempt, "dead-letter publish failed; retrying (offsets held)");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => {}
