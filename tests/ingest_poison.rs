@@ -3,7 +3,7 @@
 //! stopped all of ingest for good: its dead-letter copy was over the producer's limit and was
 //! retried forever); an event at the configured maximum stored end to end; a stall forced by
 //! taking `weft_events` away turns `/healthz` to 503 and shows in `/metrics`; SIGTERM in that
-//! state ends the process within 10 s.
+//! state ends the process within 10 s, and so does SIGTERM while a dead letter is retried.
 
 mod common;
 
