@@ -120,6 +120,8 @@ pub struct Ingestor {
     stop: watch::Receiver<bool>,
     /// Best-effort figures for ClickHouse (batches, dead letters, lag); never blocks.
     telemetry: Telemetry,
+    /// Nonconforming payload keys logged already (each is logged once).
+    reported: weft_schemas::extensions::Reported,
 }
 
 fn backoff(attempt: u32, max_ms: u64) -> Duration {
@@ -214,6 +216,7 @@ impl Ingestor {
             positions: Arc::default(),
             stop,
             telemetry,
+            reported: Default::default(),
         };
         me.subscribe().await?;
         Ok(me)
