@@ -71,7 +71,12 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
 
     // A pass that completes, so the killed one is not the first.
     let earlier = fact(erd_topic, &ROUTING.replace("erd-1", "erd-0"), Some("req-0"));
-    let mut projector = Projector::load(store.clone()).await.unwrap();
+    let mut projector = Projector::load(
+        store.clone(),
+        weft_consumers::narrative::projector::DEFAULT_MAX_NODES,
+    )
+    .await
+    .unwrap();
     projector
         .apply(&[batch(erd_topic, &earlier)])
         .await
@@ -94,7 +99,12 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
     }
 
     // The restart: the replayed batch now holds the routing decision too.
-    let mut projector = Projector::load(store.clone()).await.unwrap();
+    let mut projector = Projector::load(
+        store.clone(),
+        weft_consumers::narrative::projector::DEFAULT_MAX_NODES,
+    )
+    .await
+    .unwrap();
     projector
         .apply(&[batch(fb_topic, &feedback), batch(erd_topic, &routing)])
         .await

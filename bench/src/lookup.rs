@@ -402,7 +402,11 @@ async fn load_template(store: &Store, args: &BenchLookupArgs) -> anyhow::Result<
     }
     ins.end().await?;
     // Narratives: the real projector, fed in stream order in batches, as ingest does.
-    let mut projector = Projector::load(store.clone()).await?;
+    let mut projector = Projector::load(
+        store.clone(),
+        weft_consumers::narrative::projector::DEFAULT_MAX_NODES,
+    )
+    .await?;
     for chunk in facts.chunks(2_000) {
         let last = chunk.last().map_or(0, |c| c.2);
         let batch = ProjectBatch {

@@ -96,6 +96,12 @@ pub struct IngestMetrics {
     pub narratives_moved: IntCounter,
     /// Nodes held in the projector's in-memory graph.
     pub narrative_graph_nodes: IntGauge,
+    /// Nodes of evicted components loaded back from ClickHouse.
+    pub narrative_loaded: IntCounter,
+    /// Nodes evicted from the graph to keep it within `narrative_max_nodes`.
+    pub narrative_evicted: IntCounter,
+    /// Size of the largest uncolored component the last pass assigned.
+    pub narrative_largest_component: IntGauge,
     /// Time to project one batch onto the narratives.
     pub projector_seconds: Histogram,
     /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
@@ -200,6 +206,18 @@ impl IngestMetrics {
                 "Events moved to another narrative by a late anchor",
             ),
             narrative_graph_nodes,
+            narrative_loaded: r.counter(
+                "weft_narrative_loaded_nodes_total",
+                "Nodes of evicted narrative components loaded back from ClickHouse",
+            ),
+            narrative_evicted: r.counter(
+                "weft_narrative_evicted_nodes_total",
+                "Nodes evicted from the narrative graph to stay within narrative_max_nodes",
+            ),
+            narrative_largest_component: r.gauge(
+                "weft_narrative_largest_component",
+                "Nodes of the largest uncolored component the last narrative pass assigned",
+            ),
             projector_seconds: r.histogram(
                 "weft_narrative_projector_seconds",
                 "Time to project one batch",

@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use serde_with::rust::double_option;
+use serde_with::skip_serializing_none;
 
 /// Unknown and extension keys, kept verbatim.
 pub type Extra = Map<String, Value>;
@@ -88,6 +89,7 @@ pub enum Outcome {
 }
 
 /// An immutable audit log entry (Core, produced by agent-kernel).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceEvent {
     /// The event's natural id (non-empty).
@@ -97,52 +99,26 @@ pub struct TraceEvent {
     /// When it happened (RFC 3339); narratives are ordered by it.
     pub timestamp: String,
     /// The capability involved. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub capability_id: Option<Option<String>>,
     /// Who acted (a principal id). Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub principal: Option<Option<String>>,
     /// The authorization PolicyDecision this event belongs to.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub decision_id: Option<Option<String>>,
     /// The Frame this event refers to. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub frame_id: Option<Option<String>>,
     /// The Handle this event refers to. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub handle_id: Option<Option<String>>,
     /// How the step ended. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
     /// Error text, when there is one. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub error_message: Option<Option<String>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -160,6 +136,7 @@ pub enum Verdict {
 }
 
 /// The kernel's authorization verdict for one capability invocation (Core).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicyDecision {
     /// The decision's natural id; TraceEvents point at it by `decision_id`.
@@ -171,19 +148,13 @@ pub struct PolicyDecision {
     /// Who asked for the capability (a principal id).
     pub principal: String,
     /// The CapabilityToken the decision links to. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub token_id: Option<Option<String>>,
     /// Why this verdict, for people. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// When the decision was made (RFC 3339).
     pub timestamp: String,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -191,6 +162,7 @@ pub struct PolicyDecision {
 }
 
 /// A firewall-filtered, LLM-safe view of a tool result (Core). Never raw output (I-01).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Frame {
     /// The frame's natural id.
@@ -200,22 +172,15 @@ pub struct Frame {
     /// The filtered result as text the LLM may see (non-empty).
     pub summary: String,
     /// The filtered result as a JSON object. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub structured_data: Option<Option<Map<String, Value>>>,
     /// Handles holding the raw output behind this frame. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handle_refs: Option<Vec<String>>,
     /// What was filtered out, and where it went. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redaction_notes: Option<String>,
     /// When the frame was made (RFC 3339).
     pub created_at: String,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -223,6 +188,7 @@ pub struct Frame {
 }
 
 /// An opaque, access-controlled reference to a raw artifact (Core).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Handle {
     /// The handle's natural id; Frames list it in `handle_refs`.
@@ -234,24 +200,14 @@ pub struct Handle {
     /// When the handle was made (RFC 3339).
     pub created_at: String,
     /// When the handle expires (RFC 3339). Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub expires_at: Option<Option<String>>,
     /// The policy that governs resolving the handle. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_policy: Option<String>,
     /// Size of the raw artifact in bytes. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub byte_size: Option<Option<u64>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -259,6 +215,7 @@ pub struct Handle {
 }
 
 /// A scoped authorization credential (Core). Single-use or expiring (I-06).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapabilityToken {
     /// The token's natural id; PolicyDecisions point at it by `token_id`.
@@ -270,20 +227,13 @@ pub struct CapabilityToken {
     /// When the token was issued (RFC 3339).
     pub issued_at: String,
     /// When the token expires (RFC 3339). Optional, nullable; if unset, `single_use` must be true.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub expires_at: Option<Option<String>>,
     /// Absent means `false` (the spec's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub single_use: Option<bool>,
     /// Who issued the token, e.g. an agent-kernel instance. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issuer: Option<String>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -291,6 +241,7 @@ pub struct CapabilityToken {
 }
 
 /// One option presented to an LLM inside a ChoiceCard (Core).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelectableItem {
     /// The item's id; `RoutingDecision.selected_item_id` names it.
@@ -300,10 +251,8 @@ pub struct SelectableItem {
     /// What the item does, as presented to the LLM.
     pub description: String,
     /// The capability the item stands for. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability_id: Option<String>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -311,6 +260,7 @@ pub struct SelectableItem {
 }
 
 /// A bounded menu of SelectableItems (Core).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChoiceCard {
     /// The card's id; `RoutingDecision.selected_card_id` names it.
@@ -318,10 +268,8 @@ pub struct ChoiceCard {
     /// The options on the card, 1 to 20.
     pub items: Vec<SelectableItem>,
     /// Guidance for the LLM on what to choose. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_hint: Option<String>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -329,6 +277,7 @@ pub struct ChoiceCard {
 }
 
 /// contextweaver's routing output: the ChoiceCards shown and the selection (Core).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RoutingDecision {
     /// The decision's natural id.
@@ -336,26 +285,16 @@ pub struct RoutingDecision {
     /// The cards presented to the LLM (at least one).
     pub choice_cards: Vec<ChoiceCard>,
     /// The item the LLM picked. Optional, nullable. Unset until the LLM has responded.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub selected_item_id: Option<Option<String>>,
     /// The card the picked item came from. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub selected_card_id: Option<Option<String>>,
     /// When routing happened (RFC 3339).
     pub timestamp: String,
     /// Short account of what was being routed. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_summary: Option<String>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -377,63 +316,36 @@ pub enum Sensitivity {
 }
 
 /// A compiled flow exposed as a routable item (Extended).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompiledFlow {
     /// The flow's id (non-empty).
     pub flow_id: String,
     /// Human-readable name. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub name: Option<Option<String>>,
     /// The flow's version. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub version: Option<Option<String>>,
     /// What the flow does. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub description: Option<Option<String>>,
     /// Reference to the schema of the flow's input. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub input_schema_ref: Option<Option<String>>,
     /// Reference to the schema of the flow's output. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub output_schema_ref: Option<Option<String>>,
     /// The tools the flow calls. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_dependencies: Option<Vec<String>>,
     /// Classification of the data the flow handles. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub sensitivity: Option<Option<Sensitivity>>,
     /// Effects beyond the flow's output, e.g. `external_email`. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub side_effects: Option<Vec<String>>,
     /// Absent means `true` (the spec's default: flows never bypass authorization).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requires_authorization: Option<bool>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -457,6 +369,7 @@ pub enum CandidateType {
 }
 
 /// Something a router can select for execution (Extended).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionCandidate {
     /// The candidate's id; ExecutionFeedback refers to it by `candidate_id`.
@@ -464,35 +377,18 @@ pub struct ExecutionCandidate {
     /// What sort of thing would run.
     pub candidate_type: CandidateType,
     /// Human-readable name. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub name: Option<Option<String>>,
     /// The candidate's version. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub version: Option<Option<String>>,
     /// What the candidate does. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub description: Option<Option<String>>,
     /// Only valid when `candidate_type` is `flow` (checked by the JSON Schema `if/then`).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub compiled_flow: Option<Option<CompiledFlow>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -500,6 +396,7 @@ pub struct ExecutionCandidate {
 }
 
 /// A router's advisory recommendation (Extended). It grants nothing (I-02, I-07).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionRoutingDecision {
     /// The *routing* decision id; ExecutionFeedback.decision_id points here.
@@ -507,51 +404,27 @@ pub struct ExecutionRoutingDecision {
     /// The recommended candidate.
     pub candidate: ExecutionCandidate,
     /// The router's confidence in the choice, in [0, 1]. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub confidence: Option<Option<f64>>,
     /// Machine-readable reasons for the choice. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason_codes: Option<Vec<String>>,
     /// Why this candidate, for people. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub reason: Option<Option<String>>,
     /// Alternatives to the recommended candidate. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_candidates: Option<Vec<ExecutionCandidate>>,
     /// The limits the choice was made under, e.g. `max_latency_ms`. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraints: Option<Map<String, Value>>,
     /// Reference to the policy context of the decision. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub policy_context_ref: Option<Option<String>>,
     /// Reference to a trace of the routing. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub trace_ref: Option<Option<String>>,
     /// When the decision was made (RFC 3339); narratives are ordered by it. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub created_at: Option<Option<String>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -560,6 +433,7 @@ pub struct ExecutionRoutingDecision {
 
 /// The observed outcome of executing a routed candidate (Extended). It has no id of its
 /// own; weft identifies it by the hash of its canonical JSON (see [`crate::identity`]).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionFeedback {
     /// The *routing* decision id (ExecutionRoutingDecision), not an authorization decision.
@@ -571,48 +445,25 @@ pub struct ExecutionFeedback {
     /// When the outcome was recorded (RFC 3339).
     pub timestamp: String,
     /// How long the execution took, in milliseconds. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub latency_ms: Option<Option<u64>>,
     /// What the execution cost, e.g. tokens or money. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Map<String, Value>>,
     /// Quality of the result, in [0, 1]. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub quality_score: Option<Option<f64>>,
     /// Category of the failure. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub error_type: Option<Option<String>>,
     /// Error text, when there is one. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub error_message: Option<Option<String>>,
     /// Reference to the execution's trace. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub trace_ref: Option<Option<String>>,
     /// Implementation-specific account of the run, e.g. its step count. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub execution_summary: Option<Map<String, Value>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -620,6 +471,7 @@ pub struct ExecutionFeedback {
 }
 
 /// A detached signature (ed25519 or es256) over a JCS-canonicalized document (Extended).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Signature {
     /// Signing algorithm: `ed25519` or `es256`.
@@ -629,14 +481,9 @@ pub struct Signature {
     /// Base64url, no padding, 86 characters.
     pub sig: String,
     /// How the document was canonicalised before signing; only `JCS`, the default when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canonicalization: Option<String>,
     /// When it was signed (RFC 3339). Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub signed_at: Option<Option<String>>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -644,6 +491,7 @@ pub struct Signature {
 }
 
 /// One request's Core artifacts in a single, optionally signed document (Extended).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceBundle {
     /// The bundle's id.
@@ -659,20 +507,13 @@ pub struct TraceBundle {
     /// The request's TraceEvents.
     pub trace_events: Vec<TraceEvent>,
     /// How the bundle is canonicalised for signing; only `JCS`, the default when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canonicalization: Option<String>,
     /// Signature over the bundle. Optional. Absent means unsigned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<Signature>,
     /// When the bundle was assembled (RFC 3339). Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub created_at: Option<Option<String>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]
@@ -706,6 +547,7 @@ pub enum RecommendationKind {
 }
 
 /// An offline evaluation report with explicit support semantics (Extended).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvaluationArtifact {
     /// The report's id (non-empty).
@@ -715,79 +557,44 @@ pub struct EvaluationArtifact {
     /// When the report was written (RFC 3339).
     pub created_at: String,
     /// What sort of evaluation, e.g. `offline_policy_evaluation`. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifact_type: Option<String>,
     /// Version of the tool that wrote it. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub producer_version: Option<Option<String>>,
     /// The quantity being estimated. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub target_estimand: Option<Option<String>>,
     /// The policy being evaluated. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub candidate_policy: Option<Option<String>>,
     /// The policy it is compared with. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub baseline_policy: Option<Option<String>>,
     /// The estimates. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Map<String, Value>>,
     /// Uncertainty of the estimates, e.g. confidence intervals. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uncertainty: Option<Map<String, Value>>,
     /// How far the data support the estimates. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub support_state: Option<SupportState>,
     /// Evidence behind `support_state`, e.g. effective sample size. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub support_diagnostics: Option<Map<String, Value>>,
     /// Checks on the propensities used, e.g. the largest importance weight. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub propensity_diagnostics: Option<Map<String, Value>>,
     /// Classification of the report's data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sensitivity: Option<Sensitivity>,
     /// Caveats for readers. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warnings: Option<Vec<String>>,
     /// What to do, for people. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub recommendation: Option<Option<String>>,
     /// What to do, machine-readable. Optional, nullable.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "double_option"
-    )]
+    #[serde(default, with = "double_option")]
     pub recommendation_kind: Option<Option<RecommendationKind>>,
     /// Known limits of the evaluation. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limitations: Option<Vec<String>>,
     /// Where the inputs came from. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Map<String, Value>>,
     /// Implementation-specific data. Optional.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
     #[serde(flatten)]

@@ -113,3 +113,42 @@ fn inference_finds_the_schema_of_core_samples() {
         assert_eq!(v.infer(&doc), Some(want), "{file}");
     }
 }
+
+/// Every sample of a contract weft types goes through its struct and back unchanged: no field
+/// dropped, renamed or defaulted, extension keys kept.
+#[test]
+fn typed_contracts_round_trip_every_sample() {
+    use weft_schemas::contracts::*;
+    fn back<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) -> Value {
+        let typed: T = serde_json::from_value(doc.clone()).expect("sample deserializes");
+        serde_json::to_value(typed).expect("serializes")
+    }
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("spec/examples/sample_payloads");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let stem = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let doc = load(&format!("examples/sample_payloads/{stem}.json"));
+        let got = match sample_schema(&stem) {
+            "trace_event" => back::<TraceEvent>(&doc),
+            "policy_decision" => back::<PolicyDecision>(&doc),
+            "frame" => back::<Frame>(&doc),
+            "handle" => back::<Handle>(&doc),
+            "capability_token" => back::<CapabilityToken>(&doc),
+            "routing_decision" => back::<RoutingDecision>(&doc),
+            "execution_routing_decision" => back::<ExecutionRoutingDecision>(&doc),
+            "execution_feedback" => back::<ExecutionFeedback>(&doc),
+            "trace_bundle" => back::<TraceBundle>(&doc),
+            "evaluation_artifact" => back::<EvaluationArtifact>(&doc),
+            "compiled_flow" => back::<CompiledFlow>(&doc),
+            "execution_candidate" => back::<ExecutionCandidate>(&doc),
+            "selectable_item" => back::<SelectableItem>(&doc),
+            "choice_card" => back::<ChoiceCard>(&doc),
+            _ => continue,
+        };
+        assert_eq!(got, doc, "{stem}");
+        n += 1;
+    }
+    assert!(n >= 14, "only {n} typed samples found");
+}

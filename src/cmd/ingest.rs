@@ -60,6 +60,11 @@ pub struct IngestArgs {
     /// `weft_ingest_stalled` is 1 (default 120; 0 disables).
     #[arg(long, value_name = "SECS")]
     pub stall_after_secs: Option<u64>,
+    /// Nodes the narrative graph keeps in memory (default 1000000, about 250 MB): beyond it
+    /// the least recently touched components are evicted, and load again from ClickHouse
+    /// when a later event names them. Narratives stay exact at any value.
+    #[arg(long, value_name = "NODES")]
+    pub narrative_max_nodes: Option<usize>,
     /// Keys for the narrative API: `KEY=TENANT[,KEY=TENANT...]`, each key scoped
     /// to one tenant (at least 16 characters).
     #[arg(
@@ -129,6 +134,9 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     }
     if let Some(v) = a.stall_after_secs {
         cfg.stall_after_secs = v;
+    }
+    if let Some(v) = a.narrative_max_nodes {
+        cfg.narrative_max_nodes = v;
     }
     let keys = api_keys(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
     let store = Store::new(settings.clickhouse)?;

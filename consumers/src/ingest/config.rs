@@ -80,6 +80,10 @@ pub struct IngestConfig {
     /// Seconds with records fetched but none stored (judged from this process's own positions)
     /// after which `/healthz` answers 503 and `weft_ingest_stalled` is 1; 0 disables.
     pub stall_after_secs: u64,
+    /// Nodes the narrative graph keeps in memory between passes (default 1,000,000, about
+    /// 250 MB); the least recently touched components are evicted beyond it and load again
+    /// from ClickHouse when an event names them.
+    pub narrative_max_nodes: usize,
 }
 
 impl Default for IngestConfig {
@@ -100,6 +104,7 @@ impl Default for IngestConfig {
             kafka_properties: BTreeMap::new(),
             max_message_bytes: 1_000_000,
             stall_after_secs: 120,
+            narrative_max_nodes: crate::narrative::projector::DEFAULT_MAX_NODES,
         }
     }
 }

@@ -142,7 +142,12 @@ impl Flusher {
         loop {
             match projector.apply(batches).await {
                 Ok(stats) => {
-                    self.metrics.narratives_moved.inc_by(stats.moved as u64);
+                    let m = &self.metrics;
+                    m.narratives_moved.inc_by(stats.moved as u64);
+                    m.narrative_loaded.inc_by(stats.loaded as u64);
+                    m.narrative_evicted.inc_by(stats.evicted as u64);
+                    m.narrative_largest_component
+                        .set(stats.largest_component as i64);
                     break;
                 }
                 Err(e) => {
@@ -155,7 +160,8 @@ impl Flusher {
                     tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
                     // Replaying onto the moved-ahead graph would find nothing to change and
                     // lose the pass's moves (the progress row, written last, was not).
-                    match Projector::load(self.store.clone()).await {
+                    let max_nodes = self.cfg.narrative_max_nodes;
+                    match Projector::load(self.store.clone(), max_nodes).await {
                         Ok(fresh) => *projector = fresh,
                         Err(e) => {
                             warn!(error = %e, "reloading the narrative graph failed; retrying");

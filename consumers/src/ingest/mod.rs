@@ -185,7 +185,7 @@ impl Ingestor {
             Role::Facts => None,
             Role::All | Role::Narratives => Some(
                 retry_store(&cfg, &metrics, "load narratives", || {
-                    Projector::load(store.clone())
+                    Projector::load(store.clone(), cfg.narrative_max_nodes)
                 })
                 .await?,
             ),

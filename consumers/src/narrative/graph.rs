@@ -45,7 +45,7 @@ impl NodeKey {
     }
 }
 
-/// Dense index of a node inside a [`Graph`].
+/// Dense index of a node inside a [`Graph`]; valid until the next [`Graph::evict`].
 pub type NodeIdx = u32;
 
 #[derive(Debug)]
@@ -58,6 +58,13 @@ struct Node {
     adj: Vec<(NodeIdx, Via)>,
     /// The narrative currently published for this node (present nodes only).
     assigned: Option<Arc<str>>,
+    /// The event's own time (micros), 0 for flows and phantoms.
+    ts: i64,
+    /// The pass that last touched the node, for least-recently-touched eviction.
+    touched: u64,
+    /// Every link of the node is in memory. Uncolored nodes are always complete between
+    /// loads (see [`Graph`]); a colored node loaded at a component's edge may not be.
+    complete: bool,
 }
 
 /// A narrative assignment that changed: publish `new`, retract `old` if any.
@@ -71,24 +78,41 @@ pub struct Change {
     pub new: Arc<str>,
 }
 
-/// The link graph of the events seen so far, with current assignments.
+/// What a stored event says about itself when its node is loaded.
+#[derive(Debug, Clone)]
+pub struct Stored<'a> {
+    /// Its request id, empty when none.
+    pub request_id: &'a str,
+    /// The narrative it was last published in.
+    pub narrative: &'a str,
+    /// Its own time (micros).
+    pub ts: i64,
+}
+
+/// The link graph of the events in memory, with current assignments.
+///
+/// **Invariant:** every uncolored node in memory has all its links in memory, so its whole
+/// uncolored component and the colored nodes around it are here, and [`Graph::settle`]
+/// assigns it exactly as a rebuild over all events would. A colored node's own narrative is
+/// its request id whatever its links, so colored nodes may be held with only some of them.
+/// [`Graph::evict`] keeps the invariant by dropping whole uncolored components (and only the
+/// colored nodes no kept component touches); the projector keeps it by loading the
+/// component of every id a pass names that is not in memory before the pass settles.
 #[derive(Debug, Default)]
 pub struct Graph {
     index: HashMap<NodeKey, NodeIdx>,
     nodes: Vec<Node>,
-    /// Components larger than this are not expanded further (logged by the caller).
-    pub max_component: usize,
-    /// Set when the last settle hit `max_component`.
-    pub truncated: bool,
+    tenants: HashSet<Arc<str>>,
+    /// The current pass, stamped on every node it touches.
+    pass: u64,
+    /// Size of the largest uncolored component the last [`Graph::settle`] assigned.
+    pub largest_component: usize,
 }
 
 impl Graph {
-    /// An empty graph that expands components up to 200,000 nodes.
+    /// An empty graph.
     pub fn new() -> Self {
-        Self {
-            max_component: 200_000,
-            ..Self::default()
-        }
+        Self::default()
     }
 
     /// Number of nodes, including flows and phantoms.
@@ -101,12 +125,29 @@ impl Graph {
         self.nodes.is_empty()
     }
 
+    /// The key of a node of `tenant`, sharing one allocation per tenant.
+    pub fn node_key(&mut self, tenant: &str, kind: NodeKind, id: &str) -> NodeKey {
+        let tenant = match self.tenants.get(tenant) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = tenant.into();
+                self.tenants.insert(t.clone());
+                t
+            }
+        };
+        NodeKey {
+            tenant,
+            kind,
+            id: id.into(),
+        }
+    }
+
     /// The identity of a node.
     pub fn key(&self, n: NodeIdx) -> &NodeKey {
         &self.nodes[n as usize].key
     }
 
-    /// The index of a known node, `None` if it was never added.
+    /// The index of a node in memory, `None` if it is not.
     pub fn lookup(&self, key: &NodeKey) -> Option<NodeIdx> {
         self.index.get(key).copied()
     }
@@ -116,8 +157,46 @@ impl Graph {
         self.nodes[n as usize].assigned.as_ref()
     }
 
-    fn intern(&mut self, key: NodeKey) -> NodeIdx {
+    /// The event's own time (micros), 0 for flows and phantoms.
+    pub fn ts(&self, n: NodeIdx) -> i64 {
+        self.nodes[n as usize].ts
+    }
+
+    /// The node's own request id (arrived events that carry one).
+    pub fn request_id(&self, n: NodeIdx) -> Option<&Arc<str>> {
+        self.nodes[n as usize].color.as_ref()
+    }
+
+    /// `true` when the node is an arrived event (not a flow or a phantom).
+    pub fn is_present(&self, n: NodeIdx) -> bool {
+        self.nodes[n as usize].present
+    }
+
+    /// Start a pass: nodes it touches are stamped with it.
+    pub fn begin_pass(&mut self) {
+        self.pass += 1;
+    }
+
+    /// `true` when `key` must be loaded before a pass may touch it: it is not in memory, or
+    /// it is an uncolored node whose links are still being loaded.
+    pub fn needs_load(&self, key: &NodeKey) -> bool {
+        match self.lookup(key) {
+            None => true,
+            Some(n) => {
+                let node = &self.nodes[n as usize];
+                node.color.is_none() && !node.complete
+            }
+        }
+    }
+
+    /// `true` when the node is an arrived event with a request id.
+    pub fn is_colored(&self, n: NodeIdx) -> bool {
+        self.nodes[n as usize].color.is_some()
+    }
+
+    fn intern(&mut self, key: NodeKey, complete: bool) -> NodeIdx {
         if let Some(i) = self.index.get(&key) {
+            self.nodes[*i as usize].touched = self.pass;
             return *i;
         }
         let i = self.nodes.len() as NodeIdx;
@@ -128,6 +207,9 @@ impl Graph {
             present: false,
             adj: Vec::new(),
             assigned: None,
+            ts: 0,
+            touched: self.pass,
+            complete,
         });
         i
     }
@@ -142,48 +224,66 @@ impl Graph {
         }
     }
 
-    /// Record an arrived event with its request id (empty = none) and outgoing links.
-    /// Returns its index. Call [`Graph::settle`] with [`Graph::seeds`] afterwards.
-    pub fn add_event(&mut self, key: NodeKey, request_id: &str, links: &[Link]) -> NodeIdx {
+    /// Record an arrived event with its request id (empty = none), its time and its
+    /// outgoing links. Every id it names must be in memory or new (see [`Graph`]). Returns
+    /// its index; call [`Graph::settle`] with [`Graph::seeds`] afterwards.
+    pub fn add_event(
+        &mut self,
+        key: NodeKey,
+        request_id: &str,
+        ts: i64,
+        links: &[Link],
+    ) -> NodeIdx {
         let tenant = key.tenant.clone();
-        let me = self.intern(key);
+        let me = self.intern(key, true);
         let node = &mut self.nodes[me as usize];
         node.present = true;
+        node.ts = ts;
         if !request_id.is_empty() && node.color.is_none() {
             node.color = Some(request_id.into());
         }
         for l in links {
-            let peer = self.intern(NodeKey {
-                tenant: tenant.clone(),
-                kind: l.to_kind,
-                id: l.to_id.as_str().into(),
-            });
+            let peer = self.intern(
+                NodeKey {
+                    tenant: tenant.clone(),
+                    kind: l.to_kind,
+                    id: l.to_id.as_str().into(),
+                },
+                true,
+            );
             self.connect(me, peer, l.via);
         }
         me
     }
 
-    /// Reload an arrived event without its links (they are added with [`Graph::add_link`]).
-    pub fn add_node(&mut self, key: NodeKey, request_id: &str) -> NodeIdx {
-        self.add_event(key, request_id, &[])
+    /// Load a node from storage, its links still to come ([`Graph::load_link`]): as a
+    /// stored event when `stored` is given, else as a flow or phantom.
+    pub fn load_node(&mut self, key: NodeKey, stored: Option<Stored<'_>>) -> NodeIdx {
+        let n = self.intern(key, false);
+        if let Some(s) = stored {
+            let node = &mut self.nodes[n as usize];
+            node.present = true;
+            node.ts = s.ts;
+            if !s.request_id.is_empty() {
+                node.color = Some(s.request_id.into());
+            }
+            node.assigned = Some(s.narrative.into());
+        }
+        n
     }
 
-    /// Reload one link between two nodes.
-    pub fn add_link(&mut self, from: NodeKey, to: NodeKey, via: Via) {
-        let a = self.intern(from);
-        let b = self.intern(to);
-        self.connect(a, b, via);
+    /// Load one stored link of `n`; returns the peer's index when the peer was not in
+    /// memory (its own links must be loaded next if it turns out uncolored).
+    pub fn load_link(&mut self, n: NodeIdx, peer: NodeKey, via: Via) -> Option<NodeIdx> {
+        let new = self.lookup(&peer).is_none();
+        let p = self.intern(peer, false);
+        self.connect(n, p, via);
+        new.then_some(p)
     }
 
-    /// `true` when the node is an arrived event (not a flow or a phantom).
-    pub fn is_present(&self, n: NodeIdx) -> bool {
-        self.nodes[n as usize].present
-    }
-
-    /// Restore a previously published assignment (after a restart), so that only real
-    /// changes are published again.
-    pub fn restore_assignment(&mut self, n: NodeIdx, narrative: &str) {
-        self.nodes[n as usize].assigned = Some(narrative.into());
+    /// Mark a node's links as all loaded.
+    pub fn set_complete(&mut self, n: NodeIdx) {
+        self.nodes[n as usize].complete = true;
     }
 
     /// The nodes whose narrative may change after `n` arrived: itself and its neighbors.
@@ -195,10 +295,11 @@ impl Graph {
 
     /// Recompute the narratives around `seeds` and return what changed.
     pub fn settle(&mut self, seeds: &[NodeIdx]) -> Vec<Change> {
-        self.truncated = false;
+        self.largest_component = 0;
         let mut changes = Vec::new();
         let mut done: HashSet<NodeIdx> = HashSet::default();
         for &s in seeds {
+            self.nodes[s as usize].touched = self.pass;
             let starts: Vec<NodeIdx> = match &self.nodes[s as usize].color {
                 Some(c) => {
                     let c = c.clone();
@@ -218,6 +319,7 @@ impl Graph {
                 }
                 let component = self.component(start);
                 done.extend(component.iter().copied());
+                self.largest_component = self.largest_component.max(component.len());
                 self.assign_component(&component, &mut changes);
             }
         }
@@ -243,17 +345,14 @@ impl Graph {
         });
     }
 
-    /// The uncolored nodes connected to `start` through uncolored nodes.
+    /// The uncolored nodes connected to `start` through uncolored nodes, stamped as touched.
     fn component(&mut self, start: NodeIdx) -> Vec<NodeIdx> {
         let mut seen = HashSet::from_iter([start]);
         let mut stack = vec![start];
         let mut out = Vec::new();
         while let Some(n) = stack.pop() {
             out.push(n);
-            if out.len() >= self.max_component {
-                self.truncated = true;
-                break;
-            }
+            self.nodes[n as usize].touched = self.pass;
             for &(p, _) in &self.nodes[n as usize].adj {
                 if self.nodes[p as usize].color.is_none() && seen.insert(p) {
                     stack.push(p);
@@ -262,7 +361,6 @@ impl Graph {
         }
         out
     }
-
     fn assign_component(&mut self, component: &[NodeIdx], changes: &mut Vec<Change>) {
         let members: HashSet<NodeIdx> = component.iter().copied().collect();
         // Layer 0: the colored neighbors of the component, with their own colors.
@@ -317,6 +415,100 @@ impl Graph {
             }
         }
     }
+
+    /// Drop the least recently touched components until at most `keep` nodes remain, and
+    /// return how many nodes went. Nothing the current pass touched goes, so a pass whose
+    /// own components exceed `keep` keeps them (and the graph stays over `keep` until later
+    /// passes move on). Indices change: no [`NodeIdx`] survives this call.
+    pub fn evict(&mut self, keep: usize) -> usize {
+        if self.nodes.len() <= keep {
+            return 0;
+        }
+        let stamps = self.unit_stamps();
+        // The cutoff: the smallest stamp whose removal (with every older one) leaves `keep`.
+        let mut by_stamp: Vec<u64> = stamps.iter().copied().filter(|s| *s < self.pass).collect();
+        by_stamp.sort_unstable();
+        let excess = self.nodes.len() - keep;
+        let Some(&cutoff) = by_stamp.get(excess.min(by_stamp.len()).saturating_sub(1)) else {
+            return 0;
+        };
+        let before = self.nodes.len();
+        self.retain(|n| stamps[n as usize] > cutoff);
+        before - self.nodes.len()
+    }
+
+    /// Every node's eviction stamp: an uncolored node carries its component's latest touch;
+    /// a colored node the latest of its own and of every uncolored component it borders, so
+    /// that it never goes while a component that needs it stays.
+    fn unit_stamps(&self) -> Vec<u64> {
+        let mut stamp = vec![0u64; self.nodes.len()];
+        let mut seen = vec![false; self.nodes.len()];
+        for start in 0..self.nodes.len() {
+            if seen[start] || self.nodes[start].color.is_some() {
+                continue;
+            }
+            let mut members = vec![start as NodeIdx];
+            seen[start] = true;
+            let mut i = 0;
+            let mut latest = 0;
+            while i < members.len() {
+                let n = &self.nodes[members[i] as usize];
+                latest = latest.max(n.touched);
+                for &(p, _) in &n.adj {
+                    if self.nodes[p as usize].color.is_none() && !seen[p as usize] {
+                        seen[p as usize] = true;
+                        members.push(p);
+                    }
+                }
+                i += 1;
+            }
+            for &m in &members {
+                stamp[m as usize] = latest;
+                for &(p, _) in &self.nodes[m as usize].adj {
+                    if self.nodes[p as usize].color.is_some() {
+                        stamp[p as usize] = stamp[p as usize].max(latest);
+                    }
+                }
+            }
+        }
+        for (n, s) in self.nodes.iter().zip(stamp.iter_mut()) {
+            if n.color.is_some() {
+                *s = (*s).max(n.touched);
+            }
+        }
+        stamp
+    }
+
+    /// Keep only the nodes `keep` accepts; a kept node that loses a link is no longer complete.
+    fn retain(&mut self, keep: impl Fn(NodeIdx) -> bool) {
+        let mut remap: Vec<Option<NodeIdx>> = Vec::with_capacity(self.nodes.len());
+        let mut next = 0;
+        for n in 0..self.nodes.len() as NodeIdx {
+            remap.push(keep(n).then(|| {
+                next += 1;
+                next - 1
+            }));
+        }
+        let old = std::mem::take(&mut self.nodes);
+        self.index.clear();
+        for (n, mut node) in old.into_iter().enumerate() {
+            if remap[n].is_none() {
+                continue;
+            }
+            let degree = node.adj.len();
+            node.adj = node
+                .adj
+                .iter()
+                .filter_map(|(p, via)| Some((remap[*p as usize]?, *via)))
+                .collect();
+            if node.adj.len() < degree {
+                node.complete = false;
+            }
+            self.index
+                .insert(node.key.clone(), self.nodes.len() as NodeIdx);
+            self.nodes.push(node);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -369,7 +561,7 @@ mod tests {
     fn run(events: &[Ev]) -> Vec<(String, String)> {
         let mut g = Graph::new();
         for (kind, id, req, links) in events {
-            let n = g.add_event(NodeKey::event("t", *kind, id), req, links);
+            let n = g.add_event(NodeKey::event("t", *kind, id), req, 0, links);
             let seeds = g.seeds(n);
             g.settle(&seeds);
         }
@@ -439,13 +631,14 @@ mod tests {
     #[test]
     fn late_anchor_reassigns_and_reports_the_old_narrative() {
         let mut g = Graph::new();
-        let h = g.add_event(NodeKey::event("t", Kind::Handle, "h"), "", &[]);
+        let h = g.add_event(NodeKey::event("t", Kind::Handle, "h"), "", 0, &[]);
         let c = g.settle(&g.seeds(h));
         assert_eq!(c.len(), 1);
         assert_eq!(&*c[0].new, "adhoc:handle:h");
         let te = g.add_event(
             NodeKey::event("t", Kind::TraceEvent, "te"),
             "req",
+            0,
             &[link(Via::HandleId, Kind::Handle, "h")],
         );
         let c = g.settle(&g.seeds(te));
@@ -460,11 +653,95 @@ mod tests {
         let a = g.add_event(
             NodeKey::event("A", Kind::TraceEvent, "te"),
             "req",
+            0,
             &[link(Via::HandleId, Kind::Handle, "h")],
         );
         g.settle(&g.seeds(a));
-        let b = g.add_event(NodeKey::event("B", Kind::Handle, "h"), "", &[]);
+        let b = g.add_event(NodeKey::event("B", Kind::Handle, "h"), "", 0, &[]);
         let c = g.settle(&g.seeds(b));
         assert_eq!(&*c[0].new, "adhoc:handle:h");
+    }
+
+    #[test]
+    fn eviction_drops_whole_stale_components_and_keeps_the_current_pass() {
+        let mut g = Graph::new();
+        // Pass 1: request a (te with a handle and a frame); pass 2: request b.
+        for (pass, p) in [(1, "a-"), (2, "b-")] {
+            g.begin_pass();
+            let req = if pass == 1 { "req-a" } else { "req-b" };
+            for (kind, id, r, links) in flow(req, p) {
+                let n = g.add_event(
+                    NodeKey::event("t", kind, id),
+                    if r.is_empty() { "" } else { req },
+                    0,
+                    &links,
+                );
+                let seeds = g.seeds(n);
+                g.settle(&seeds);
+            }
+        }
+        assert_eq!(g.len(), 10);
+        let evicted = g.evict(6);
+        assert_eq!(
+            evicted, 5,
+            "all of pass 1's request goes, nothing of pass 2's"
+        );
+        for id in ["b-tok", "b-pd", "b-te", "b-fr", "b-h"] {
+            let n = g
+                .lookup(&NodeKey::event("t", Kind::CapabilityToken, id))
+                .or_else(|| g.lookup(&NodeKey::event("t", Kind::PolicyDecision, id)))
+                .or_else(|| g.lookup(&NodeKey::event("t", Kind::TraceEvent, id)))
+                .or_else(|| g.lookup(&NodeKey::event("t", Kind::Frame, id)))
+                .or_else(|| g.lookup(&NodeKey::event("t", Kind::Handle, id)));
+            let n = n.unwrap_or_else(|| panic!("{id} was evicted"));
+            assert_eq!(g.assigned(n).map(|s| &**s), Some("req-b"));
+        }
+        // Nothing the current pass touched goes, even over the budget.
+        assert_eq!(g.evict(0), 0);
+        g.begin_pass();
+        assert_eq!(g.evict(0), 5);
+        assert!(g.is_empty());
+    }
+
+    #[test]
+    fn a_colored_node_stays_while_a_kept_component_borders_it() {
+        let mut g = Graph::new();
+        let add = |g: &mut Graph, kind, id, req, links: &[Link]| {
+            g.begin_pass();
+            let n = g.add_event(NodeKey::event("t", kind, id), req, 0, links);
+            g.settle(&g.seeds(n));
+        };
+        // te (colored) borders h1's component and, from pass 2, f2's; pass 3 grows f2's.
+        add(
+            &mut g,
+            Kind::TraceEvent,
+            "te",
+            "req",
+            &[link(Via::HandleId, Kind::Handle, "h1")],
+        );
+        add(
+            &mut g,
+            Kind::Frame,
+            "f2",
+            "",
+            &[link(Via::FrameId, Kind::TraceEvent, "te")],
+        );
+        add(
+            &mut g,
+            Kind::Handle,
+            "g2",
+            "",
+            &[link(Via::HandleRefs, Kind::Frame, "f2")],
+        );
+        g.begin_pass();
+        assert_eq!(g.evict(3), 1, "only h1's component is older than f2's");
+        assert!(g.lookup(&NodeKey::event("t", Kind::Handle, "h1")).is_none());
+        let te = g
+            .lookup(&NodeKey::event("t", Kind::TraceEvent, "te"))
+            .unwrap();
+        assert!(!g.nodes[te as usize].complete, "te lost its link to h1");
+        assert!(!g.needs_load(g.key(te)), "a colored node may be partial");
+        let f2 = g.lookup(&NodeKey::event("t", Kind::Frame, "f2")).unwrap();
+        assert_eq!(g.assigned(f2).map(|s| &**s), Some("req"));
     }
 }

@@ -2,5 +2,6 @@
 //! Their rows and the read side are `weft_store::narrative`.
 
 pub mod graph;
+pub mod loader;
 pub mod projector;
 pub mod rebuild;

@@ -2,19 +2,21 @@
 //! resulting narrative rows to ClickHouse.
 //!
 //! State lives in two places: ClickHouse (`weft_narratives`, `weft_narrative_nodes`,
-//! `weft_links`, `weft_projector_progress`) is the truth; the in-memory graph is a cache of it,
-//! reloaded at start. Every write is idempotent (ReplacingMergeTree rows keyed by what they
-//! describe, versions from a monotonic clock), so replaying facts after a crash is harmless,
-//! and progress is written last.
+//! `weft_links`, `weft_links_from`, `weft_projector_progress`) is the truth; the in-memory
+//! graph is a bounded cache of it: it starts empty, each pass loads what it names and is not
+//! in memory ([`super::loader`]), and after the pass the least recently touched components
+//! are evicted down to the budget ([`Projector::with_max_nodes`]). Every write is idempotent
+//! (ReplacingMergeTree rows keyed by what they describe, versions from a monotonic clock), so
+//! replaying facts after a crash is harmless, and progress is written last.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tracing::{info, instrument, warn};
-use weft_schemas::links::{NodeKind, Via};
-use weft_schemas::Kind;
+use tracing::{info, instrument};
+use weft_schemas::links::NodeKind;
 
-use super::graph::{Change, Graph, NodeIdx, NodeKey};
+use super::graph::{Change, Graph, NodeIdx};
+use super::loader::{self, chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{check_columns, insert, Fact, Store, StoreError};
 
@@ -23,8 +25,12 @@ const NARRATIVE_TABLES: &[&str] = &[
     "weft_narratives",
     "weft_narrative_nodes",
     "weft_links",
+    "weft_links_from",
     "weft_projector_progress",
 ];
+
+/// Nodes the graph keeps in memory by default (about 250 bytes each, so ~250 MB).
+pub const DEFAULT_MAX_NODES: usize = 1_000_000;
 
 /// A monotonic version: wall-clock micros, never repeating or going back.
 #[derive(Debug, Default)]
@@ -64,6 +70,12 @@ pub struct ApplyStats {
     pub facts: usize,
     /// Events moved to another narrative; feeds `weft_narratives_moved_total`.
     pub moved: usize,
+    /// Nodes loaded back from ClickHouse before the pass settled.
+    pub loaded: usize,
+    /// Nodes evicted after the pass.
+    pub evicted: usize,
+    /// The largest uncolored component the pass assigned.
+    pub largest_component: usize,
 }
 
 /// Builds and maintains narratives from facts.
@@ -72,15 +84,15 @@ pub struct Projector {
     graph: Graph,
     clock: VersionClock,
     progress: HashMap<(String, i32), i64>,
-    /// ts of present nodes (by node index; 0 for others), needed to rewrite node rows when
-    /// they move.
-    node_ts: Vec<i64>,
+    max_nodes: usize,
 }
 
 impl Projector {
     /// Load the projector's state from ClickHouse.
+    /// The graph starts empty and keeps at most `max_nodes` nodes between passes (a pass
+    /// may exceed it while its own components are larger).
     #[instrument(skip(store))]
-    pub async fn load(store: Store) -> Result<Self, StoreError> {
+    pub async fn load(store: Store, max_nodes: usize) -> Result<Self, StoreError> {
         check_columns::<NarrativeRow>(&store, "weft_narratives").await?;
         check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
         check_columns::<LinkRow>(&store, "weft_links").await?;
@@ -90,48 +102,7 @@ impl Projector {
         store
             .wait_for_running_inserts(NARRATIVE_TABLES, std::time::Duration::from_secs(60))
             .await?;
-        let mut graph = Graph::new();
-        let mut node_ts = Vec::new();
         let c = store.client();
-        let mut nodes = c
-            .query(
-                "SELECT tenant, kind, id, argMax(narrative_id, version) AS narrative_id, \
-                        any(request_id) AS request_id, any(ts) AS ts, max(version) AS version \
-                 FROM weft_narrative_nodes GROUP BY tenant, kind, id",
-            )
-            .fetch::<NodeRow>()
-            .map_err(store.err())?;
-        let mut n_nodes = 0usize;
-        while let Some(r) = nodes.next().await.map_err(store.err())? {
-            let Ok(kind) = r.kind.parse::<Kind>() else {
-                continue;
-            };
-            let n = graph.add_node(NodeKey::event(&r.tenant, kind, &r.id), &r.request_id);
-            graph.restore_assignment(n, &r.narrative_id);
-            set_ts(&mut node_ts, n, r.ts);
-            n_nodes += 1;
-        }
-        let mut links = c
-            .query(
-                "SELECT DISTINCT tenant, to_kind, to_id, from_kind, from_id, via FROM weft_links",
-            )
-            .fetch::<LinkRow>()
-            .map_err(store.err())?;
-        while let Some(r) = links.next().await.map_err(store.err())? {
-            let (Some(fk), Some(tk), Some(via)) = (
-                NodeKind::parse(&r.from_kind),
-                NodeKind::parse(&r.to_kind),
-                Via::parse(&r.via),
-            ) else {
-                continue;
-            };
-            let key = |kind, id: &str| NodeKey {
-                tenant: r.tenant.as_str().into(),
-                kind,
-                id: id.into(),
-            };
-            graph.add_link(key(fk, &r.from_id), key(tk, &r.to_id), via);
-        }
         let progress: Vec<ProgressRow> = c
             .query(
                 "SELECT topic, partition, argMax(offset, version) AS offset, max(version) AS version \
@@ -162,12 +133,6 @@ impl Projector {
             .map_err(store.err())?;
         let mut restored = Vec::new();
         while let Some(r) = placed.next().await.map_err(store.err())? {
-            let Ok(kind) = r.kind.parse::<Kind>() else {
-                continue;
-            };
-            let n = graph.add_node(NodeKey::event(&r.tenant, kind, &r.id), &r.request_id);
-            graph.restore_assignment(n, &r.narrative_id);
-            set_ts(&mut node_ts, n, r.ts);
             restored.push(r);
         }
         let n_unfinished = restored.len();
@@ -177,17 +142,15 @@ impl Projector {
             .map(|p| ((p.topic, p.partition as i32), p.offset))
             .collect();
         info!(
-            nodes = n_nodes,
-            graph = graph.len(),
             unfinished_pass = n_unfinished,
-            "narrative projector loaded"
+            "narrative projector loaded (components load on demand)"
         );
         Ok(Self {
             store,
-            graph,
+            graph: Graph::new(),
             clock: VersionClock::default(),
             progress,
-            node_ts,
+            max_nodes,
         })
     }
 
@@ -209,16 +172,22 @@ impl Projector {
     #[instrument(skip_all, fields(partitions = batches.len()))]
     pub async fn apply(&mut self, batches: &[ProjectBatch<'_>]) -> Result<ApplyStats, StoreError> {
         let version = self.clock.tick();
+        self.graph.begin_pass();
+        let facts: Vec<&Fact> = batches
+            .iter()
+            .flat_map(|b| b.facts.iter().copied())
+            .collect();
+        let loaded = self.load_named(&facts).await?;
         let mut seeds = Vec::new();
         let mut fed: Vec<(NodeIdx, &Fact)> = Vec::new();
         let mut link_rows = Vec::new();
-        for f in batches.iter().flat_map(|b| b.facts.iter().copied()) {
+        for f in facts {
             let env = &f.envelope;
-            let key = NodeKey::event(&env.tenant, env.kind, &f.id);
-            let n = self
+            let key = self
                 .graph
-                .add_event(key, env.request_id.as_deref().unwrap_or(""), &f.links);
-            set_ts(&mut self.node_ts, n, f.ts_micros);
+                .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
+            let request_id = env.request_id.as_deref().unwrap_or("");
+            let n = self.graph.add_event(key, request_id, f.ts_micros, &f.links);
             seeds.extend(self.graph.seeds(n));
             fed.push((n, f));
             for l in &f.links {
@@ -233,12 +202,6 @@ impl Projector {
             }
         }
         let changes = self.graph.settle(&seeds);
-        if self.graph.truncated {
-            warn!(
-                max = self.graph.max_component,
-                "a narrative component hit the size bound; its narratives may be incomplete"
-            );
-        }
         let mut narrative_rows = Vec::new();
         let mut node_rows: HashMap<NodeIdx, NodeRow> = HashMap::new();
         for (n, f) in &fed {
@@ -298,10 +261,35 @@ impl Projector {
             self.progress
                 .insert((b.topic.to_owned(), b.partition), b.last_offset);
         }
+        let largest_component = self.graph.largest_component;
+        let evicted = self.graph.evict(self.max_nodes);
         Ok(ApplyStats {
             facts: fed.len(),
             moved,
+            loaded,
+            evicted,
+            largest_component,
         })
+    }
+
+    /// Load every id the facts name (their own and their links' targets) that is not in
+    /// memory; returns how many nodes came back.
+    async fn load_named(&mut self, facts: &[&Fact]) -> Result<usize, StoreError> {
+        let mut wanted = Vec::new();
+        for f in facts {
+            let tenant = &f.envelope.tenant;
+            let own = self
+                .graph
+                .node_key(tenant, NodeKind::Event(f.envelope.kind), &f.id);
+            wanted.push(own);
+            for l in &f.links {
+                wanted.push(self.graph.node_key(tenant, l.to_kind, &l.to_id));
+            }
+        }
+        wanted.retain(|k| self.graph.needs_load(k));
+        Ok(loader::load(&self.store, &mut self.graph, wanted)
+            .await?
+            .loaded)
     }
 
     fn node_row(&self, n: NodeIdx, narrative: &str, request_id: &str, version: u64) -> NodeRow {
@@ -312,7 +300,7 @@ impl Projector {
             id: key.id.to_string(),
             narrative_id: narrative.to_owned(),
             request_id: request_id.to_owned(),
-            ts: self.node_ts.get(n as usize).copied().unwrap_or(0),
+            ts: self.graph.ts(n),
             version,
         }
     }
@@ -385,62 +373,5 @@ impl Projector {
             }
         }
         Ok(moved)
-    }
-}
-
-/// Bytes of ids per query parameter: well under ClickHouse's default 128 KiB field limit,
-/// leaving room for the array's quoting and escaping.
-const MAX_PARAM_BYTES: usize = 64 << 10;
-
-/// Split `ids` into runs whose total length stays under `max_bytes` (one id per run at least).
-fn chunks_by_bytes(ids: Vec<String>, max_bytes: usize) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = Vec::new();
-    let mut size = 0;
-    for id in ids {
-        let n = id.len() + 4;
-        match out.last_mut() {
-            Some(last) if size + n <= max_bytes => {
-                size += n;
-                last.push(id);
-            }
-            _ => {
-                size = n;
-                out.push(vec![id]);
-            }
-        }
-    }
-    out
-}
-
-fn set_ts(node_ts: &mut Vec<i64>, n: NodeIdx, ts: i64) {
-    let i = n as usize;
-    if node_ts.len() <= i {
-        node_ts.resize(i + 1, 0);
-    }
-    node_ts[i] = ts;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunks_stay_under_the_byte_budget_and_keep_every_id_once() {
-        let ids: Vec<String> = (0..5000)
-            .map(|i| format!("adhoc:trace_event:te-{i}"))
-            .collect();
-        let chunks = chunks_by_bytes(ids.clone(), 4096);
-        assert!(chunks.len() > 1);
-        for c in &chunks {
-            assert!(c.iter().map(|s| s.len() + 4).sum::<usize>() <= 4096);
-        }
-        assert_eq!(chunks.concat(), ids);
-        // An id longer than the budget still goes, alone.
-        let long = vec!["x".repeat(10_000), "y".into()];
-        assert_eq!(
-            chunks_by_bytes(long.clone(), 100),
-            vec![vec![long[0].clone()], vec!["y".to_owned()]]
-        );
-        assert!(chunks_by_bytes(Vec::new(), 100).is_empty());
     }
 }

@@ -5,7 +5,7 @@
 //! every event, and the narrative tables are rewritten. Run it with ingest stopped: the
 //! tables are emptied first.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use tracing::info;
 use weft_schemas::links::{Link, NodeKind, Via};
 use weft_schemas::Kind;
 
-use super::graph::{Graph, NodeKey};
+use super::graph::{Graph, NodeIdx, NodeKey};
 use super::projector::VersionClock;
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{insert, Store, StoreError};
@@ -65,26 +65,55 @@ fn parse_link(via: &str, kind: &str, id: &str) -> Option<Link> {
 
 /// Rebuild all narratives from `weft_events`.
 pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
-    let c = store.client();
-    for table in [
-        "weft_narratives",
-        "weft_narrative_nodes",
-        "weft_links",
-        "weft_projector_progress",
-    ] {
-        c.query(&format!("TRUNCATE TABLE IF EXISTS {table}"))
+    for table in TABLES {
+        store
+            .client()
+            .query(&format!("TRUNCATE TABLE IF EXISTS {table}"))
             .execute()
             .await
             .map_err(store.err())?;
     }
-    let mut clock = VersionClock::default();
-    let version = clock.tick();
+    let version = VersionClock::default().tick();
     let mut graph = Graph::new();
-    let mut info: HashMap<(String, String, String), (i64, String)> = HashMap::new();
-    let mut progress: HashMap<(String, u32), i64> = HashMap::new();
     let mut stats = RebuildStats::default();
+    let progress = read_links(store, &mut graph, &mut stats).await?;
+    graph.settle_all();
+    stats.narratives = write_narratives(store, &graph, version).await?;
+    write_nodes(store, &graph, version).await?;
+    let progress: Vec<ProgressRow> = progress
+        .into_iter()
+        .map(|((topic, partition), offset)| ProgressRow {
+            topic,
+            partition,
+            offset,
+            version,
+        })
+        .collect();
+    insert::<ProgressRow>(store, "weft_projector_progress", &progress).await?;
+    info!(?stats, "narratives rebuilt");
+    Ok(stats)
+}
+
+/// The tables a rebuild rewrites (`weft_links_from` is emptied too: its view refills it).
+const TABLES: [&str; 5] = [
+    "weft_narratives",
+    "weft_narrative_nodes",
+    "weft_links",
+    "weft_links_from",
+    "weft_projector_progress",
+];
+
+/// First read: every fact's links into the graph and `weft_links`; returns the highest
+/// offset of each source partition.
+async fn read_links(
+    store: &Store,
+    graph: &mut Graph,
+    stats: &mut RebuildStats,
+) -> Result<HashMap<(String, u32), i64>, StoreError> {
+    let mut progress: HashMap<(String, u32), i64> = HashMap::new();
     let mut link_rows = Vec::with_capacity(CHUNK);
-    let mut cursor = c
+    let mut cursor = store
+        .client()
         .query("SELECT tenant, kind, id, request_id, ts, links, topic, partition, offset FROM weft_events")
         .fetch::<FactLinks>()
         .map_err(store.err())?;
@@ -97,11 +126,8 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             .iter()
             .filter_map(|(v, k, i)| parse_link(v, k, i))
             .collect();
-        graph.add_event(
-            NodeKey::event(&f.tenant, kind, &f.id),
-            &f.request_id,
-            &links,
-        );
+        let key = graph.node_key(&f.tenant, NodeKind::Event(kind), &f.id);
+        graph.add_event(key, &f.request_id, f.ts, &links);
         for l in &links {
             link_rows.push(LinkRow {
                 tenant: f.tenant.clone(),
@@ -117,34 +143,37 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             insert::<LinkRow>(store, "weft_links", &link_rows).await?;
             link_rows.clear();
         }
-        let p = progress.entry((f.topic.clone(), f.partition)).or_insert(-1);
+        let p = progress.entry((f.topic, f.partition)).or_insert(-1);
         *p = (*p).max(f.offset as i64);
-        info.insert((f.tenant, f.kind, f.id), (f.ts, f.request_id));
         stats.facts += 1;
     }
     stats.links += link_rows.len();
     insert::<LinkRow>(store, "weft_links", &link_rows).await?;
-    graph.settle_all();
+    Ok(progress)
+}
 
-    let narrative_of = |tenant: &str, kind: &str, id: &str| -> Option<String> {
-        let kind = kind.parse::<Kind>().ok()?;
-        let n = graph.lookup(&NodeKey::event(tenant, kind, id))?;
-        graph.assigned(n).map(|s| s.to_string())
-    };
+/// Second read: every fact's payload into its narrative; returns the number of distinct
+/// (tenant, narrative) pairs.
+async fn write_narratives(store: &Store, graph: &Graph, version: u64) -> Result<usize, StoreError> {
     let mut rows = Vec::with_capacity(CHUNK);
-    let mut narratives = std::collections::HashSet::new();
-    let mut cursor = c
+    let mut narratives = HashSet::new();
+    let mut cursor = store
+        .client()
         .query("SELECT tenant, kind, id, content_hash, ts, request_id, payload FROM weft_events")
         .fetch::<FactPayload>()
         .map_err(store.err())?;
     while let Some(f) = cursor.next().await.map_err(store.err())? {
-        let Some(nid) = narrative_of(&f.tenant, &f.kind, &f.id) else {
+        let Ok(kind) = f.kind.parse::<Kind>() else {
+            continue;
+        };
+        let key = NodeKey::event(&f.tenant, kind, &f.id);
+        let Some(nid) = graph.lookup(&key).and_then(|n| graph.assigned(n)) else {
             continue;
         };
         narratives.insert((f.tenant.clone(), nid.clone()));
         rows.push(NarrativeRow {
             tenant: f.tenant,
-            narrative_id: nid,
+            narrative_id: nid.to_string(),
             kind: f.kind,
             id: f.id,
             content_hash: f.content_hash,
@@ -160,20 +189,27 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
         }
     }
     insert::<NarrativeRow>(store, "weft_narratives", &rows).await?;
-    stats.narratives = narratives.len();
+    Ok(narratives.len())
+}
 
+/// Every arrived event's place, from the graph.
+async fn write_nodes(store: &Store, graph: &Graph, version: u64) -> Result<(), StoreError> {
     let mut nodes = Vec::with_capacity(CHUNK);
-    for ((tenant, kind, id), (ts, request_id)) in info {
-        let Some(nid) = narrative_of(&tenant, &kind, &id) else {
+    for n in 0..graph.len() as NodeIdx {
+        let Some(nid) = graph.assigned(n).filter(|_| graph.is_present(n)) else {
             continue;
         };
+        let key = graph.key(n);
         nodes.push(NodeRow {
-            tenant,
-            kind,
-            id,
-            narrative_id: nid,
-            request_id,
-            ts,
+            tenant: key.tenant.to_string(),
+            kind: key.kind.as_str().to_owned(),
+            id: key.id.to_string(),
+            narrative_id: nid.to_string(),
+            request_id: graph
+                .request_id(n)
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+            ts: graph.ts(n),
             version,
         });
         if nodes.len() >= CHUNK {
@@ -181,17 +217,5 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             nodes.clear();
         }
     }
-    insert::<NodeRow>(store, "weft_narrative_nodes", &nodes).await?;
-    let progress: Vec<ProgressRow> = progress
-        .into_iter()
-        .map(|((topic, partition), offset)| ProgressRow {
-            topic,
-            partition,
-            offset,
-            version,
-        })
-        .collect();
-    insert::<ProgressRow>(store, "weft_projector_progress", &progress).await?;
-    info!(?stats, "narratives rebuilt");
-    Ok(stats)
+    insert::<NodeRow>(store, "weft_narrative_nodes", &nodes).await
 }

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .context import FlowStep, reset_flow_step, reset_request_id, set_flow_step, set_request_id
-from .publisher import Publisher, contract_to_dict
+from .publisher import Publisher, contract_to_dict, iso_timestamp
 
 _routed: contextvars.ContextVar[tuple[Any, bool] | None] = contextvars.ContextVar("weft_routed", default=None)
 
@@ -40,12 +40,6 @@ def flow_id_for(trace_id: str) -> str:
 def trace_ref_for(trace_id: str) -> str:
     """The ExecutionFeedback `trace_ref` of one ChainWeaver execution."""
     return f"chainweaver:trace_id:{trace_id}"
-
-
-def _iso(ts: datetime.datetime) -> str:
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=datetime.timezone.utc)
-    return ts.isoformat()
 
 
 def _now() -> str:
@@ -186,7 +180,7 @@ class WeftFlowMiddleware:
             self._publisher.publish(
                 "execution_feedback",
                 functools.partial(
-                    _feedback, decision, tid, bool(res.success), res.total_duration_ms, _iso(res.ended_at),
+                    _feedback, decision, tid, bool(res.success), res.total_duration_ms, iso_timestamp(res.ended_at),
                     failed[0].error_type if failed else None, failed[0].error_message if failed else None,
                 ),
                 request_id=tid,
@@ -213,7 +207,7 @@ class WeftFlowMiddleware:
 def _flow_event(event_id: str, event_type: str, ts: Any, capability: str, meta: dict[str, Any],
                 outcome: str | None, error: str | None, principal: str | None) -> dict[str, Any]:
     if isinstance(ts, datetime.datetime):
-        ts = _iso(ts)
+        ts = iso_timestamp(ts)
     payload: dict[str, Any] = {
         "event_id": event_id,
         "event_type": event_type,

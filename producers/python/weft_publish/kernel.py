@@ -29,7 +29,7 @@ import functools
 from typing import Any
 
 from .context import current_flow_step, current_request_id
-from .publisher import Publisher
+from .publisher import Publisher, iso_timestamp
 
 # Set while an attached Kernel.invoke/expand runs: the wrapper publishes the real Frame,
 # so `record` must not publish its trace-derived stand-in.
@@ -39,12 +39,6 @@ _capturing: contextvars.ContextVar[bool] = contextvars.ContextVar("weft_kernel_c
 def decision_id_for(action_id: str) -> str:
     """The PolicyDecision id of a kernel action: stable, so a replay publishes the same id."""
     return f"kd-{action_id}"
-
-
-def _iso(ts: datetime.datetime) -> str:
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=datetime.timezone.utc)
-    return ts.isoformat()
 
 
 class WeftTraceStore:
@@ -177,7 +171,7 @@ def _policy_decision(trace: Any, did: str, kernel_id: str, flow: dict | None) ->
         "decision": "deny" if deny else "allow",
         "capability_id": trace.capability_id,
         "principal": trace.principal_id or "anonymous",
-        "timestamp": _iso(trace.invoked_at),
+        "timestamp": iso_timestamp(trace.invoked_at),
         "metadata": {"kernel_id": kernel_id, "action_id": trace.action_id, "kernel_event": trace.event_type},
     }
     if trace.token_id:
@@ -229,7 +223,7 @@ def _authorized_event(trace: Any, did: str, flow: dict | None) -> dict[str, Any]
     # (`invoked_at`, also the execution event's); the authorization is stamped 1 µs earlier so
     # that every reader orders it first. Same type as the execution event's timestamp.
     at = trace.invoked_at - datetime.timedelta(microseconds=1)
-    out["timestamp"] = at if isinstance(out.get("timestamp"), datetime.datetime) else _iso(at)
+    out["timestamp"] = at if isinstance(out.get("timestamp"), datetime.datetime) else iso_timestamp(at)
     out["metadata"]["kernel_event"] = "authorize"
     return out
 
@@ -255,8 +249,8 @@ def _handle(handle: Any) -> dict[str, Any]:
         "handle_id": handle.handle_id,
         "capability_id": handle.capability_id,
         "artifact_type": "application/json",
-        "created_at": _iso(handle.created_at),
-        "expires_at": _iso(handle.expires_at),
+        "created_at": iso_timestamp(handle.created_at),
+        "expires_at": iso_timestamp(handle.expires_at),
         "metadata": {"total_rows": handle.total_rows, "principal_id": handle.principal_id},
     }
 
@@ -273,7 +267,7 @@ def _frame_from_trace(trace: Any) -> dict[str, Any]:
         "frame_id": trace.action_id,
         "capability_id": trace.capability_id,
         "summary": summary,
-        "created_at": _iso(trace.invoked_at),
+        "created_at": iso_timestamp(trace.invoked_at),
         "handle_refs": [trace.handle_id] if trace.handle_id else [],
         "metadata": {"response_mode": trace.response_mode, "source": "action_trace"},
     }
@@ -285,7 +279,7 @@ def _handle_from_trace(trace: Any) -> dict[str, Any]:
         "handle_id": trace.handle_id,
         "capability_id": trace.capability_id,
         "artifact_type": "application/json",
-        "created_at": _iso(trace.invoked_at),
+        "created_at": iso_timestamp(trace.invoked_at),
         "metadata": {"source": "action_trace"},
     }
 

@@ -92,6 +92,14 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
+def iso_timestamp(ts: datetime.datetime) -> str:
+    """RFC 3339 text of a timestamp; a naive one is taken as UTC (the spec's times carry
+    an offset)."""
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=datetime.timezone.utc)
+    return ts.isoformat()
+
+
 def contract_to_dict(obj: Any) -> dict[str, Any]:
     """A weaver-contracts dataclass as its JSON object: top-level `None` fields omitted
     (several spec fields, e.g. CapabilityToken.issuer, are optional but not nullable),

@@ -1,0 +1,237 @@
+//! Loading evicted components back into the [`Graph`] from ClickHouse.
+//!
+//! Before a pass settles, every id it names must be in memory or new (the graph's
+//! invariant). The ids that are not in memory are looked up together: their node rows
+//! (`weft_narrative_nodes`) and their links from both ends (`weft_links` by target,
+//! `weft_links_from` by source). A found id that is uncolored (a phantom, a flow, or an event
+//! without a request id) brings its neighbors, round after round, until the uncolored
+//! component and the colored nodes around it are all here; an id found nowhere is new. One
+//! round is three queries per tenant, whatever the number of ids.
+
+use std::collections::{HashMap, HashSet};
+
+use tracing::{debug, instrument};
+use weft_schemas::links::{NodeKind, Via};
+
+use super::graph::{Graph, NodeKey, Stored};
+use weft_store::narrative::{LinkRow, NodeRow};
+use weft_store::{Store, StoreError};
+
+/// What one [`load`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LoadStats {
+    /// Ids looked up (every round's).
+    pub looked_up: usize,
+    /// Nodes that came back into memory.
+    pub loaded: usize,
+    /// Lookup rounds (0 when every id was in memory).
+    pub rounds: usize,
+}
+
+/// Bytes of ids per query parameter: well under ClickHouse's default 128 KiB field limit,
+/// leaving room for the array's quoting and escaping.
+pub(super) const MAX_PARAM_BYTES: usize = 64 << 10;
+
+/// Load the components of `keys` (those [`Graph::needs_load`] names) into `graph`.
+#[instrument(skip_all, fields(keys = keys.len()))]
+pub async fn load(
+    store: &Store,
+    graph: &mut Graph,
+    keys: Vec<NodeKey>,
+) -> Result<LoadStats, StoreError> {
+    let mut stats = LoadStats::default();
+    let mut pending: Vec<NodeKey> = dedup(keys);
+    while !pending.is_empty() {
+        stats.rounds += 1;
+        stats.looked_up += pending.len();
+        let found = fetch(store, graph, &pending).await?;
+        // Every pending node first, so links among them are not taken for new peers.
+        let idx: Vec<_> = pending
+            .iter()
+            .map(|k| {
+                let row = found.nodes.get(k);
+                if row.is_some() || found.links.contains_key(k) {
+                    stats.loaded += 1;
+                }
+                let stored = row.map(|r| Stored {
+                    request_id: &r.request_id,
+                    narrative: &r.narrative_id,
+                    ts: r.ts,
+                });
+                graph.load_node(k.clone(), stored)
+            })
+            .collect();
+        let mut next = Vec::new();
+        for (k, n) in pending.iter().zip(idx) {
+            // A colored node's narrative is its own: its other links need not come.
+            if graph.is_colored(n) {
+                continue;
+            }
+            for (peer, via) in found.links.get(k).into_iter().flatten() {
+                if let Some(p) = graph.load_link(n, peer.clone(), *via) {
+                    next.push(graph.key(p).clone());
+                }
+            }
+            graph.set_complete(n);
+        }
+        pending = dedup(next);
+    }
+    if stats.rounds > 0 {
+        debug!(?stats, "narrative components loaded");
+    }
+    Ok(stats)
+}
+
+fn dedup(keys: Vec<NodeKey>) -> Vec<NodeKey> {
+    let mut seen = HashSet::new();
+    keys.into_iter()
+        .filter(|k| seen.insert(k.clone()))
+        .collect()
+}
+
+/// What storage knows of one round's ids.
+#[derive(Default)]
+struct Found {
+    nodes: HashMap<NodeKey, NodeRow>,
+    links: HashMap<NodeKey, Vec<(NodeKey, Via)>>,
+}
+
+async fn fetch(store: &Store, graph: &mut Graph, keys: &[NodeKey]) -> Result<Found, StoreError> {
+    let wanted: HashSet<&NodeKey> = keys.iter().collect();
+    let mut by_tenant: HashMap<&str, Vec<String>> = HashMap::new();
+    for k in keys {
+        by_tenant
+            .entry(&k.tenant)
+            .or_default()
+            .push(k.id.to_string());
+    }
+    let mut found = Found::default();
+    for (tenant, ids) in by_tenant {
+        let ids: Vec<String> = ids
+            .into_iter()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        for chunk in chunks_by_bytes(ids, MAX_PARAM_BYTES) {
+            for r in query_nodes(store, tenant, &chunk).await? {
+                let Some(kind) = NodeKind::parse(&r.kind) else {
+                    continue;
+                };
+                let key = graph.node_key(&r.tenant, kind, &r.id);
+                if wanted.contains(&key) {
+                    found.nodes.insert(key, r);
+                }
+            }
+            for r in query_links(store, tenant, &chunk).await? {
+                let (Some(fk), Some(tk), Some(via)) = (
+                    NodeKind::parse(&r.from_kind),
+                    NodeKind::parse(&r.to_kind),
+                    Via::parse(&r.via),
+                ) else {
+                    continue;
+                };
+                let from = graph.node_key(&r.tenant, fk, &r.from_id);
+                let to = graph.node_key(&r.tenant, tk, &r.to_id);
+                for (end, peer) in [(&from, &to), (&to, &from)] {
+                    if wanted.contains(end) {
+                        found
+                            .links
+                            .entry(end.clone())
+                            .or_default()
+                            .push((peer.clone(), via));
+                    }
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+async fn query_nodes(
+    store: &Store,
+    tenant: &str,
+    ids: &[String],
+) -> Result<Vec<NodeRow>, StoreError> {
+    store
+        .client()
+        .query(
+            "SELECT tenant, kind, id, argMax(narrative_id, version) AS narrative_id, \
+                    argMax(request_id, version) AS request_id, argMax(ts, version) AS ts, \
+                    max(version) AS version \
+             FROM weft_narrative_nodes WHERE tenant = {t:String} AND id IN {ids:Array(String)} \
+             GROUP BY tenant, kind, id",
+        )
+        .param("t", tenant)
+        .param("ids", ids)
+        .fetch_all()
+        .await
+        .map_err(store.err())
+}
+
+/// The links of `ids` from both ends (a link between two of them comes twice; the graph
+/// keeps one).
+async fn query_links(
+    store: &Store,
+    tenant: &str,
+    ids: &[String],
+) -> Result<Vec<LinkRow>, StoreError> {
+    store
+        .client()
+        .query(
+            "SELECT DISTINCT tenant, to_kind, to_id, from_kind, from_id, via FROM weft_links \
+             WHERE tenant = {t:String} AND to_id IN {ids:Array(String)} \
+             UNION ALL \
+             SELECT DISTINCT tenant, to_kind, to_id, from_kind, from_id, via FROM weft_links_from \
+             WHERE tenant = {t:String} AND from_id IN {ids:Array(String)}",
+        )
+        .param("t", tenant)
+        .param("ids", ids)
+        .fetch_all()
+        .await
+        .map_err(store.err())
+}
+
+/// Split `ids` into runs whose total length stays under `max_bytes` (one id per run at least).
+pub(super) fn chunks_by_bytes(ids: Vec<String>, max_bytes: usize) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut size = 0;
+    for id in ids {
+        let n = id.len() + 4;
+        match out.last_mut() {
+            Some(last) if size + n <= max_bytes => {
+                size += n;
+                last.push(id);
+            }
+            _ => {
+                size = n;
+                out.push(vec![id]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_stay_under_the_byte_budget_and_keep_every_id_once() {
+        let ids: Vec<String> = (0..5000)
+            .map(|i| format!("adhoc:trace_event:te-{i}"))
+            .collect();
+        let chunks = chunks_by_bytes(ids.clone(), 4096);
+        assert!(chunks.len() > 1);
+        for c in &chunks {
+            assert!(c.iter().map(|s| s.len() + 4).sum::<usize>() <= 4096);
+        }
+        assert_eq!(chunks.concat(), ids);
+        // An id longer than the budget still goes, alone.
+        let long = vec!["x".repeat(10_000), "y".into()];
+        assert_eq!(
+            chunks_by_bytes(long.clone(), 100),
+            vec![vec![long[0].clone()], vec!["y".to_owned()]]
+        );
+        assert!(chunks_by_bytes(Vec::new(), 100).is_empty());
+    }
+}
