@@ -1,4 +1,4 @@
-//! Ingest's telemetry tables (migration 0006) and its quarantine (0008): their names and rows.
+//! Ingest's telemetry tables (migration 0006) and its quarantine (0009): their names and rows.
 //! The telemetry writer (best effort, off the ingest path) is `weft_consumers::telemetry`; the
 //! quarantine is written in the flush (`weft_consumers::ingest`).
 
@@ -69,7 +69,7 @@ pub struct LagRow {
     pub lag: i64,
 }
 
-/// Table of quarantined records (migration 0008): rejected records whose dead letter the
+/// Table of quarantined records (migration 0009): rejected records whose dead letter the
 /// dead-letter topic refused in every form. Unlike the tables above it is not best effort:
 /// ingest writes it in the flush, before the partition's offsets move on.
 pub const QUARANTINE: &str = "weft_quarantine";

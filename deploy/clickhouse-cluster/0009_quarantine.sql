@@ -1,4 +1,4 @@
--- Cluster variant of schemas/clickhouse/0008_quarantine.sql, sharded by source partition
+-- Cluster variant of schemas/clickhouse/0009_quarantine.sql, sharded by source partition
 -- (cityHash64(topic, partition)) like weft_dead_letters: one partition's rows live on one
 -- shard, so a replayed record collapses with its first copy.
 
