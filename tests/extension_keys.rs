@@ -49,12 +49,7 @@ async fn ingest_counts_and_logs_nonconforming_keys_and_stores_the_events() {
     let _ingest = p.ingest(Some(&addr));
     p.wait_for_facts(3, Duration::from_secs(120)).await;
     assert!(wait_for_port(&addr, Duration::from_secs(10)));
-    let metrics = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&addr, "/metrics").await;
     assert!(
         metrics.contains("weft_ingest_nonconforming_keys_total 3"),
         "{metrics}"

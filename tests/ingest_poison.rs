@@ -408,12 +408,7 @@ async fn a_dead_letter_refused_in_every_form_is_quarantined_in_clickhouse_and_th
     assert_eq!(after, 1);
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 2);
     assert!(wait_for_port(&addr, Duration::from_secs(5)));
-    let metrics = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&addr, "/metrics").await;
     assert!(
         metrics.contains("weft_ingest_dead_letters_quarantined_total 1"),
         "{metrics}"

@@ -62,3 +62,14 @@ pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Op
 pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// The body of `GET http://{addr}{path}` as text, e.g. a status server's `/metrics`.
+pub async fn get_text(addr: &str, path: &str) -> String {
+    let url = format!("http://{addr}{path}");
+    let resp = reqwest::get(&url)
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    resp.text()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
