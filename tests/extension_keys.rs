@@ -49,10 +49,9 @@ async fn ingest_counts_and_logs_nonconforming_keys_and_stores_the_events() {
     let _ingest = p.ingest(Some(&addr));
     p.wait_for_facts(3, Duration::from_secs(120)).await;
     assert!(wait_for_port(&addr, Duration::from_secs(10)));
-    let metrics = common::get_text(&addr, "/metrics").await;
-    assert!(
-        metrics.contains("weft_ingest_nonconforming_keys_total 3"),
-        "{metrics}"
+    assert_eq!(
+        common::metric(&addr, "weft_ingest_nonconforming_keys_total").await,
+        Some(3)
     );
     let log = std::fs::read_to_string(p.path("ingest.log")).unwrap();
     let lines: Vec<&str> = log

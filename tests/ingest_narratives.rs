@@ -38,7 +38,22 @@ async fn narratives_match_the_ground_truth_whatever_the_arrival_order() {
     );
     let main = p.path("events.jsonl");
     let late = p.path("late.jsonl");
-    let ingest = p.ingest(None);
+    // Budgets far below the run's size, so late events load evicted components and old
+    // copies go through the dedup filter and a ClickHouse check (small batches keep them in
+    // other batches than their originals): both must stay exact.
+    let addr = format!("127.0.0.1:{}", common::pipeline::free_port());
+    let ingest = p.ingest_args(
+        Some(&addr),
+        &[],
+        &[
+            "--narrative-max-nodes",
+            "300",
+            "--dedup-max-entries",
+            "20",
+            "--batch-max-rows",
+            "50",
+        ],
+    );
 
     // Everything but the held-back events first, and wait until it is stored...
     p.publish(&main);
@@ -55,6 +70,15 @@ async fn narratives_match_the_ground_truth_whatever_the_arrival_order() {
 
     // Exactly once: as many rows as distinct facts, none twice.
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, all);
+    // ... and the bounded paths were taken, not only the in-memory ones.
+    for name in [
+        "weft_ingest_dedup_checked_total",
+        "weft_narrative_evicted_nodes_total",
+        "weft_narrative_loaded_nodes_total",
+    ] {
+        let v = common::metric(&addr, name).await.unwrap_or(0);
+        assert!(v > 0, "{name} = {v}: the small budgets were not exercised");
+    }
     assert_eq!(
         p.scalar("SELECT uniqExact(tenant, kind, id, content_hash) FROM weft_events")
             .await,

@@ -288,32 +288,30 @@ async fn sigterm_while_a_dead_letter_is_retried_ends_within_10_s() {
     let addr = format!("127.0.0.1:{}", free_port());
     let ingest = p.ingest_with(Some(&addr), &[("WEFT_CONFIG", config.to_str().unwrap())]);
     assert!(wait_for_port(&addr, Duration::from_secs(30)));
-    let retries = |text: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("weft_ingest_dead_letter_retries_total "))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
+    let metric = |name: &'static str| {
+        let addr = addr.clone();
+        tokio::task::block_in_place(move || {
+            tokio::runtime::Handle::current().block_on(common::metric(&addr, name))
+        })
     };
     let retrying = common::wait_for(Duration::from_secs(90), || {
-        let m = tokio::task::block_in_place(|| {
-            tokio::runtime::Handle::current().block_on(async {
-                let url = format!("http://{addr}/metrics");
-                reqwest::get(url).await.ok()?.text().await.ok()
-            })
-        })?;
-        (retries(&m) >= 2).then_some(m)
+        (metric("weft_ingest_dead_letter_retries_total")? >= 2).then_some(())
     });
-    let metrics =
-        retrying.unwrap_or_else(|| panic!("no dead-letter retries seen:\n{}", p.ingest_log()));
+    assert!(
+        retrying.is_some(),
+        "no dead-letter retries seen:\n{}",
+        p.ingest_log()
+    );
     let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
     assert!(
         log.contains("dead-letter publish failed; retrying"),
         "{}",
         p.ingest_log()
     );
-    assert!(
-        !metrics.contains("weft_ingest_dead_lettered_total{"),
-        "the dead letter must still be pending: {metrics}"
+    assert_eq!(
+        metric("weft_ingest_dead_lettered_total"),
+        Some(0),
+        "the dead letter must still be pending"
     );
 
     let t0 = Instant::now();
@@ -408,9 +406,8 @@ async fn a_dead_letter_refused_in_every_form_is_quarantined_in_clickhouse_and_th
     assert_eq!(after, 1);
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 2);
     assert!(wait_for_port(&addr, Duration::from_secs(5)));
-    let metrics = common::get_text(&addr, "/metrics").await;
-    assert!(
-        metrics.contains("weft_ingest_dead_letters_quarantined_total 1"),
-        "{metrics}"
+    assert_eq!(
+        common::metric(&addr, "weft_ingest_dead_letters_quarantined_total").await,
+        Some(1)
     );
 }

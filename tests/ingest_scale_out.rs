@@ -118,18 +118,7 @@ async fn survivor_takes_over(stop: Stop, name: &str) {
 
 /// Rows a facts member has stored, from its `/metrics` (`weft_ingest_inserted_total`).
 async fn stored_by(addr: &str) -> Option<u64> {
-    let body = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    Some(
-        body.lines()
-            .filter(|l| l.starts_with("weft_ingest_inserted_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum(),
-    )
+    common::metric(addr, "weft_ingest_inserted_total").await
 }
 
 /// Wait until the member at `addr` has stored rows (it holds partitions); returns how many.

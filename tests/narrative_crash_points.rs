@@ -20,9 +20,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::pipeline::{truth_membership, Pipeline};
-use weft_consumers::decode::{decode, Fact, Record};
+use weft_consumers::decode::Fact;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
-use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{Envelope, Topics};
 use weft_store::{ClickHouseConfig, Store};
 
@@ -45,7 +44,6 @@ struct Log {
 
 fn logs(file: &std::path::Path) -> Vec<Log> {
     let topics = Topics::default();
-    let ids = SchemaIds::default();
     let mut by_topic: BTreeMap<(String, i32), Vec<Fact>> = BTreeMap::new();
     let text = std::fs::read_to_string(file).unwrap();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -54,20 +52,8 @@ fn logs(file: &std::path::Path) -> Vec<Log> {
         // Two partitions per topic, by request id (or identity), as the Publisher keys them.
         let key = env.request_id.clone().unwrap_or_else(|| line.to_owned());
         let partition = (key.bytes().fold(7u32, |h, b| h.wrapping_mul(31) ^ b as u32) % 2) as i32;
-        let value = wire::encode_value(&env, ContentType::Json, &ids).unwrap();
-        let headers = wire::encode_headers(&env, ContentType::Json);
-        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         let log = by_topic.entry((topic.clone(), partition)).or_default();
-        let rec = Record {
-            topic: &topic,
-            partition,
-            offset: log.len() as i64,
-            key: None,
-            value: Some(&value),
-            headers: &headers,
-            timestamp_ms: Some(1_700_000_000_000),
-        };
-        log.push(decode(&rec, &topics, &ids).unwrap_or_else(|r| panic!("{}", r.message)));
+        log.push(common::facts::fact(&env, partition, log.len() as i64));
     }
     by_topic
         .into_iter()

@@ -14,13 +14,15 @@
 //! projection when a partition is assigned. A known identity with the same content is dropped;
 //! with different content it is stored and flagged `conflict = 1`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use clickhouse::Row;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use fastbloom::BloomFilter;
+use weft_store::ids::{chunks_by_bytes, id_hash_sql, MAX_PARAM_BYTES};
 use weft_store::{Store, StoreError};
 
 /// 128-bit digest of (tenant, kind, id): the dedup key. Collisions are negligible at any
@@ -46,50 +48,125 @@ pub enum Seen {
     Conflict,
 }
 
-/// Per-partition memory of identities, bounded by time with two generations: entries live
-/// between one and two `half_window`s, which is the documented dedup window.
+/// Per-partition memory of identities, bounded by time and by size.
+///
+/// Exact within the window: an identity is either held exactly (two generations of at most
+/// `max_entries` each, so a copy that arrives soon after its original is decided in memory),
+/// or ruled out by a Bloom filter of every identity of the window (two time generations of
+/// fixed size), or — the filter's positives, about 1% of new identities plus older copies —
+/// [`DedupCache::unsure`] and checked in ClickHouse ([`check_stored`]) before the batch is
+/// decided. Entries live between one and two `half_window`s: that is the documented window.
 #[derive(Debug)]
 pub struct DedupCache {
     current: HashMap<u128, Vec<u64>>,
     previous: HashMap<u128, Vec<u64>>,
     rotated_at: Instant,
     half_window: Duration,
+    max_entries: usize,
+    /// Every identity of the window: `[current, previous]`, rotated with time only.
+    filter: [BloomFilter; 2],
+    filter_items: usize,
+    /// Identities checked in ClickHouse for the coming decision and found absent.
+    absent: HashSet<u128>,
+}
+
+/// Bounds of a [`DedupCache`].
+#[derive(Debug, Clone, Copy)]
+pub struct DedupLimits {
+    /// How long identities are remembered: entries live between half of it and all of it.
+    pub window: Duration,
+    /// Identities held exactly per generation (two generations).
+    pub max_entries: usize,
+    /// Identities each of the two filter generations is sized for (1% false positives).
+    pub filter_items: usize,
 }
 
 fn short(hash: &[u8; 32]) -> u64 {
     u64::from_le_bytes(hash[..8].try_into().unwrap_or_default())
 }
 
+fn bloom(items: usize) -> BloomFilter {
+    BloomFilter::with_false_pos(0.01).expected_items(items.max(1))
+}
+
 impl DedupCache {
-    /// An empty cache whose entries live between `window / 2` and `window`.
-    pub fn new(window: Duration) -> Self {
+    /// An empty cache within `limits`.
+    pub fn new(limits: DedupLimits) -> Self {
         Self {
             current: HashMap::new(),
             previous: HashMap::new(),
             rotated_at: Instant::now(),
-            half_window: window / 2,
+            half_window: limits.window / 2,
+            max_entries: limits.max_entries.max(1),
+            filter: [bloom(limits.filter_items), bloom(limits.filter_items)],
+            filter_items: limits.filter_items,
+            absent: HashSet::new(),
         }
     }
 
-    /// Identities remembered, summed over both generations.
+    /// Identities held exactly, summed over both generations.
     pub fn len(&self) -> usize {
         self.current.len() + self.previous.len()
     }
 
-    /// `true` when no identity is remembered.
+    /// `true` when no identity is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Classify and remember one identity/content pair.
-    pub fn observe(&mut self, key: u128, hash: &[u8; 32]) -> Seen {
+    fn rotate(&mut self) {
         if self.rotated_at.elapsed() >= self.half_window {
             self.previous = std::mem::take(&mut self.current);
+            self.filter.swap(0, 1);
+            self.filter[0] = bloom(self.filter_items);
             self.rotated_at = Instant::now();
         }
+    }
+
+    fn known(&self, key: u128) -> Option<&Vec<u64>> {
+        self.current.get(&key).or_else(|| self.previous.get(&key))
+    }
+
+    /// `true` when neither memory nor the filter can decide `key`: check it in ClickHouse
+    /// and report with [`DedupCache::stored`] before [`DedupCache::observe`].
+    pub fn unsure(&self, key: u128, id_hash: u64) -> bool {
+        self.known(key).is_none()
+            && !self.absent.contains(&key)
+            && self.filter.iter().any(|f| f.contains_hash(id_hash))
+    }
+
+    /// What ClickHouse holds for an [`unsure`](DedupCache::unsure) identity: the content
+    /// hashes stored within the window (none: it is new).
+    pub fn stored(&mut self, key: u128, hashes: &[[u8; 32]]) {
+        if hashes.is_empty() {
+            self.absent.insert(key);
+            return;
+        }
+        let entry = self.current.entry(key).or_default();
+        for h in hashes {
+            if !entry.contains(&short(h)) {
+                entry.push(short(h));
+            }
+        }
+    }
+
+    /// Forget the ClickHouse answers once a batch is decided, and start a new generation
+    /// when this one is full. Never inside a batch: a copy later in the same batch is not
+    /// stored yet, so only memory can tell it from a new event.
+    pub fn decided(&mut self) {
+        self.absent.clear();
+        if self.current.len() >= self.max_entries {
+            self.previous = std::mem::take(&mut self.current);
+        }
+    }
+
+    /// Classify and remember one identity/content pair (`id_hash`: the identity's
+    /// [`weft_store::ids::id_hash`]). An identity left [`unsure`](DedupCache::unsure) counts
+    /// as new.
+    pub fn observe(&mut self, key: u128, id_hash: u64, hash: &[u8; 32]) -> Seen {
+        self.rotate();
         let h = short(hash);
-        let known: Option<&Vec<u64>> = self.current.get(&key).or_else(|| self.previous.get(&key));
-        let seen = match known {
+        let seen = match self.known(key) {
             None => Seen::New,
             Some(hs) if hs.contains(&h) => Seen::Duplicate,
             Some(_) => Seen::Conflict,
@@ -101,8 +178,17 @@ impl DedupCache {
             if !entry.contains(&h) {
                 entry.push(h);
             }
+            self.filter[0].insert_hash(id_hash);
         }
         seen
+    }
+
+    /// Remember an identity stored before this process took the partition.
+    fn preload(&mut self, key: u128, hash: &[u8; 32]) {
+        let entry = self.current.entry(key).or_default();
+        if !entry.contains(&short(hash)) {
+            entry.push(short(hash));
+        }
     }
 
     /// Forget an observation that was not stored after all (its insert is being retried
@@ -144,51 +230,163 @@ pub async fn stored_max_offset(
     })
 }
 
-/// Reload the identities a partition stored within `window` into a fresh cache.
+/// A fresh cache for a partition: its window's identities in the filter, the most recent
+/// `max_entries` of them held exactly.
 pub async fn load_dedup(
     store: &Store,
     topic: &str,
     partition: i32,
-    window: Duration,
+    limits: DedupLimits,
 ) -> Result<DedupCache, StoreError> {
-    let mut cache = DedupCache::new(window);
-    let mut cursor = store
+    let mut cache = DedupCache::new(limits);
+    let window = "topic = {t:String} AND partition = {p:UInt32} \
+                  AND ingested_at >= now64(6) - toIntervalSecond({w:UInt64})";
+    let mut hashes = store
         .client()
-        .query(
-            "SELECT tenant, kind, id, content_hash FROM weft_events \
-             WHERE topic = {t:String} AND partition = {p:UInt32} \
-               AND ingested_at >= now64(6) - toIntervalSecond({w:UInt64})",
-        )
+        .query(&format!(
+            "SELECT {} FROM weft_events WHERE {window}",
+            id_hash_sql("tenant", "kind", "id")
+        ))
         .param("t", topic)
         .param("p", partition as u32)
-        .param("w", window.as_secs())
+        .param("w", limits.window.as_secs())
+        .fetch::<u64>()
+        .map_err(store.err())?;
+    while let Some(h) = hashes.next().await.map_err(store.err())? {
+        cache.filter[0].insert_hash(h);
+    }
+    let mut recent = store
+        .client()
+        .query(&format!(
+            "SELECT tenant, kind, id, content_hash FROM weft_events WHERE {window} \
+             ORDER BY offset DESC LIMIT {{n:UInt64}}"
+        ))
+        .param("t", topic)
+        .param("p", partition as u32)
+        .param("w", limits.window.as_secs())
+        .param("n", limits.max_entries as u64)
         .fetch::<IdentityRow>()
         .map_err(store.err())?;
-    while let Some(r) = cursor.next().await.map_err(store.err())? {
-        cache.observe(identity_key(&r.tenant, &r.kind, &r.id), &r.content_hash);
+    while let Some(r) = recent.next().await.map_err(store.err())? {
+        cache.preload(identity_key(&r.tenant, &r.kind, &r.id), &r.content_hash);
     }
     Ok(cache)
 }
 
+/// One identity to check in ClickHouse.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// Tenant.
+    pub tenant: String,
+    /// Event kind.
+    pub kind: String,
+    /// The natural id.
+    pub id: String,
+}
+
+/// The content hashes stored within `window` in one partition for each of `ids` (absent
+/// ids map to nothing). One query per tenant and kind, ids cut to fit a parameter.
+pub async fn check_stored(
+    store: &Store,
+    topic: &str,
+    partition: i32,
+    window: Duration,
+    ids: &[Identity],
+) -> Result<HashMap<Identity, Vec<[u8; 32]>>, StoreError> {
+    let mut groups: HashMap<(&str, &str), Vec<String>> = HashMap::new();
+    for i in ids {
+        groups
+            .entry((&i.tenant, &i.kind))
+            .or_default()
+            .push(i.id.clone());
+    }
+    let mut out: HashMap<Identity, Vec<[u8; 32]>> = HashMap::new();
+    for ((tenant, kind), group) in groups {
+        for chunk in chunks_by_bytes(group, MAX_PARAM_BYTES) {
+            let rows: Vec<IdentityRow> = store
+                .client()
+                .query(
+                    "SELECT tenant, kind, id, content_hash FROM weft_events \
+                     WHERE topic = {t:String} AND partition = {p:UInt32} \
+                       AND ingested_at >= now64(6) - toIntervalSecond({w:UInt64}) \
+                       AND tenant = {tenant:String} AND kind = {kind:String} \
+                       AND id IN {ids:Array(String)}",
+                )
+                .param("t", topic)
+                .param("p", partition as u32)
+                .param("w", window.as_secs())
+                .param("tenant", tenant)
+                .param("kind", kind)
+                .param("ids", chunk)
+                .fetch_all()
+                .await
+                .map_err(store.err())?;
+            for r in rows {
+                let key = Identity {
+                    tenant: r.tenant,
+                    kind: r.kind,
+                    id: r.id,
+                };
+                out.entry(key).or_default().push(r.content_hash);
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
     fn duplicates_conflicts_and_window() {
-        let mut c = DedupCache::new(Duration::from_secs(3600));
+        let mut c = DedupCache::new(limits(Duration::from_secs(3600), 1000));
         let k = identity_key("t", "frame", "f1");
         assert_ne!(k, identity_key("t", "frame", "f2"));
         assert_ne!(identity_key("ab", "c", "d"), identity_key("a", "bc", "d"));
-        assert_eq!(c.observe(k, &[1; 32]), Seen::New);
-        assert_eq!(c.observe(k, &[1; 32]), Seen::Duplicate);
-        assert_eq!(c.observe(k, &[2; 32]), Seen::Conflict);
-        assert_eq!(c.observe(k, &[2; 32]), Seen::Duplicate);
-        assert_eq!(c.observe(k, &[1; 32]), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, &[1; 32]), Seen::New);
+        assert_eq!(c.observe(k, 1, &[1; 32]), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, &[2; 32]), Seen::Conflict);
+        assert_eq!(c.observe(k, 1, &[2; 32]), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, &[1; 32]), Seen::Duplicate);
 
-        let mut short_lived = DedupCache::new(Duration::ZERO);
-        assert_eq!(short_lived.observe(k, &[1; 32]), Seen::New);
+        let mut short_lived = DedupCache::new(limits(Duration::ZERO, 1000));
+        assert_eq!(short_lived.observe(k, 1, &[1; 32]), Seen::New);
         // Rotates on every call: still remembered one generation later, then forgotten.
-        assert_eq!(short_lived.observe(k, &[1; 32]), Seen::Duplicate);
+        assert_eq!(short_lived.observe(k, 1, &[1; 32]), Seen::Duplicate);
+    }
+
+    pub(crate) fn limits(window: Duration, max_entries: usize) -> DedupLimits {
+        DedupLimits {
+            window,
+            max_entries,
+            filter_items: 10_000,
+        }
+    }
+
+    #[test]
+    fn beyond_its_exact_entries_the_cache_asks_instead_of_guessing() {
+        let mut c = DedupCache::new(limits(Duration::from_secs(3600), 10));
+        let key = |i: u32| identity_key("t", "handle", &format!("h-{i}"));
+        for i in 0..100u32 {
+            assert_eq!(c.observe(key(i), i as u64, &[1; 32]), Seen::New);
+            if i % 10 == 9 {
+                c.decided();
+            }
+        }
+        assert!(c.len() <= 20, "two generations of at most 10: {}", c.len());
+        // h-0 left memory long ago, but the filter knows it was seen: unsure, not new.
+        assert!(c.unsure(key(0), 0));
+        // Never seen at all: the filter rules it out (no ClickHouse check).
+        assert!(!c.unsure(identity_key("t", "handle", "never"), 1_000_000));
+        // ClickHouse says h-0 is stored with this content: a copy.
+        c.stored(key(0), &[[1; 32]]);
+        assert!(!c.unsure(key(0), 0));
+        assert_eq!(c.observe(key(0), 0, &[1; 32]), Seen::Duplicate);
+        // ClickHouse says h-1 is not stored (a filter false positive): new.
+        c.stored(key(1), &[]);
+        assert!(!c.unsure(key(1), 1));
+        assert_eq!(c.observe(key(1), 1, &[2; 32]), Seen::New);
+        c.decided();
     }
 }

@@ -92,18 +92,10 @@ pub struct IngestMetrics {
     pub lag: IntGaugeVec,
     /// Time from `emitted_at` to queryable in ClickHouse, per kind.
     pub freshness_seconds: HistogramVec,
-    /// Events moved to another narrative by a late anchor.
-    pub narratives_moved: IntCounter,
-    /// Nodes held in the projector's in-memory graph.
-    pub narrative_graph_nodes: IntGauge,
-    /// Nodes of evicted components loaded back from ClickHouse.
-    pub narrative_loaded: IntCounter,
-    /// Nodes evicted from the graph to keep it within `narrative_max_nodes`.
-    pub narrative_evicted: IntCounter,
-    /// Size of the largest uncolored component the last pass assigned.
-    pub narrative_largest_component: IntGauge,
-    /// Time to project one batch onto the narratives.
-    pub projector_seconds: Histogram,
+    /// Identities the dedup state could not decide, checked in ClickHouse.
+    pub dedup_checked: IntCounter,
+    /// The narrative projector's metrics.
+    pub narrative: NarrativeMetrics,
     /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
     pub dead_letters_quarantined: IntCounter,
     /// Top-level payload keys of stored events neither defined by their kind nor of the
@@ -120,6 +112,54 @@ pub struct IngestMetrics {
     pub health: Health,
     /// Telemetry rows (migration 0006) dropped: queue full, table missing or insert failed.
     pub telemetry_dropped: IntCounterVec,
+}
+
+/// The narrative projector's metrics (dashboards read these names).
+pub struct NarrativeMetrics {
+    /// Events moved to another narrative by a late anchor.
+    pub moved: IntCounter,
+    /// Nodes held in the projector's in-memory graph.
+    pub graph_nodes: IntGauge,
+    /// Nodes of evicted components loaded back from ClickHouse.
+    pub loaded: IntCounter,
+    /// Nodes evicted from the graph to keep it within `narrative_max_nodes`.
+    pub evicted: IntCounter,
+    /// Size of the largest uncolored component the last pass assigned.
+    pub largest_component: IntGauge,
+    /// Time to project one batch onto the narratives.
+    pub projector_seconds: Histogram,
+}
+
+impl NarrativeMetrics {
+    fn new(r: &MetricsRegistry) -> Self {
+        Self {
+            moved: r.counter(
+                "weft_narratives_moved_total",
+                "Events moved to another narrative by a late anchor",
+            ),
+            graph_nodes: r.gauge(
+                "weft_narrative_graph_nodes",
+                "Nodes held by the narrative projector",
+            ),
+            loaded: r.counter(
+                "weft_narrative_loaded_nodes_total",
+                "Nodes of evicted narrative components loaded back from ClickHouse",
+            ),
+            evicted: r.counter(
+                "weft_narrative_evicted_nodes_total",
+                "Nodes evicted from the narrative graph to stay within narrative_max_nodes",
+            ),
+            largest_component: r.gauge(
+                "weft_narrative_largest_component",
+                "Nodes of the largest uncolored component the last narrative pass assigned",
+            ),
+            projector_seconds: r.histogram(
+                "weft_narrative_projector_seconds",
+                "Time to project one batch",
+                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            ),
+        }
+    }
 }
 
 impl IngestMetrics {
@@ -142,10 +182,6 @@ impl IngestMetrics {
         let clickhouse_up = r.gauge(
             "weft_ingest_clickhouse_up",
             "1 when the last ClickHouse insert succeeded",
-        );
-        let narrative_graph_nodes = r.gauge(
-            "weft_narrative_graph_nodes",
-            "Nodes held by the narrative projector",
         );
         Self {
             consumed: r.counter_vec(
@@ -201,28 +237,11 @@ impl IngestMetrics {
             clickhouse_up,
             lag,
             freshness_seconds: freshness,
-            narratives_moved: r.counter(
-                "weft_narratives_moved_total",
-                "Events moved to another narrative by a late anchor",
+            dedup_checked: r.counter(
+                "weft_ingest_dedup_checked_total",
+                "Identities older than the dedup state holds exactly, checked in ClickHouse",
             ),
-            narrative_graph_nodes,
-            narrative_loaded: r.counter(
-                "weft_narrative_loaded_nodes_total",
-                "Nodes of evicted narrative components loaded back from ClickHouse",
-            ),
-            narrative_evicted: r.counter(
-                "weft_narrative_evicted_nodes_total",
-                "Nodes evicted from the narrative graph to stay within narrative_max_nodes",
-            ),
-            narrative_largest_component: r.gauge(
-                "weft_narrative_largest_component",
-                "Nodes of the largest uncolored component the last narrative pass assigned",
-            ),
-            projector_seconds: r.histogram(
-                "weft_narrative_projector_seconds",
-                "Time to project one batch",
-                vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
-            ),
+            narrative: NarrativeMetrics::new(&r),
             dead_letters_quarantined: r.counter(
                 "weft_ingest_dead_letters_quarantined_total",
                 "Dead letters refused by the dead-letter topic in every form (kept in weft_dead_letters)",

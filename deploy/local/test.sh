@@ -46,7 +46,8 @@ $STACK stop kafka
 WEFT_KAFKA_STORAGE=sqlite $STACK start kafka
 # SIGKILL of ingest (11 times) during a large ingest, and a 30 s ClickHouse outage. The
 # SIGKILL run uses 200k events here to fit CI's time on 2 cores in a debug build (each restart
-# reloads the narrative graph); WEFT_FAULT_EVENTS=1000000 runs the full size.
+# starts a narrative graph of at most 2,000 nodes that loads on demand); WEFT_FAULT_EVENTS=1000000
+# runs the full size.
 WEFT_FAULT_EVENTS=${WEFT_FAULT_EVENTS:-200000} cargo test --test fault_ingest -- --test-threads=1
 cargo test --test fault_broker -- --test-threads=1
 # The stack's supervisor restarts a SIGKILLed broker; the spool drains; stored exactly once.

@@ -65,6 +65,11 @@ pub struct IngestArgs {
     /// when a later event names them. Narratives stay exact at any value.
     #[arg(long, value_name = "NODES")]
     pub narrative_max_nodes: Option<usize>,
+    /// Identities each partition holds exactly, per generation (default 250000): copies of
+    /// older ones are found through the window's filter and a ClickHouse check, so
+    /// deduplication stays exact at any value.
+    #[arg(long, value_name = "IDENTITIES")]
+    pub dedup_max_entries: Option<usize>,
     /// Keys for the narrative API: `KEY=TENANT[,KEY=TENANT...]`, each key scoped
     /// to one tenant (at least 16 characters).
     #[arg(
@@ -137,6 +142,9 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     }
     if let Some(v) = a.narrative_max_nodes {
         cfg.narrative_max_nodes = v;
+    }
+    if let Some(v) = a.dedup_max_entries {
+        cfg.dedup_max_entries = v;
     }
     let keys = api_keys(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
     let store = Store::new(settings.clickhouse)?;

@@ -11,6 +11,7 @@
 //! - [`search`]: a search hit, its query and CSV header;
 //! - [`narrative`]: the narrative tables' rows and the narrative read ([`narrative::query`]);
 //! - [`telemetry`]: ingest's telemetry tables' rows and its quarantine's;
+//! - [`ids`]: the id hash Rust and ClickHouse share, and id lists cut to fit a parameter;
 //! - [`ddl`]: the columns the migrations declare, for the code to check itself against.
 //!
 //! No Kafka here: the audit reads ClickHouse through this crate without linking rdkafka.
@@ -18,6 +19,7 @@
 pub mod chain;
 pub mod ddl;
 pub mod events;
+pub mod ids;
 pub mod narrative;
 pub mod search;
 mod store;

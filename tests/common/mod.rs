@@ -6,6 +6,7 @@
 //! that silently skips would report green without checking anything.
 #![allow(dead_code)]
 
+pub mod facts;
 pub mod pipeline;
 
 use std::process::Command;
@@ -63,13 +64,20 @@ pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The body of `GET http://{addr}{path}` as text, e.g. a status server's `/metrics`.
-pub async fn get_text(addr: &str, path: &str) -> String {
-    let url = format!("http://{addr}{path}");
-    let resp = reqwest::get(&url)
+/// The sum of a counter or gauge (every label set) on the `/metrics` page at `addr` (0 when
+/// the page does not name it yet), `None` when the page does not answer.
+pub async fn metric(addr: &str, name: &str) -> Option<u64> {
+    let body = reqwest::get(format!("http://{addr}/metrics"))
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    resp.text()
+        .ok()?
+        .text()
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .ok()?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum(),
+    )
 }

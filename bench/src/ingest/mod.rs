@@ -583,8 +583,8 @@ async fn weft_ingest(
         avg_batch_rows: metrics.batch_rows.get_sample_sum()
             / (metrics.batch_rows.get_sample_count().max(1) as f64),
         insert_wall_s: metrics.insert_seconds.get_sample_sum(),
-        projector_passes: metrics.projector_seconds.get_sample_count(),
-        projector_wall_s: metrics.projector_seconds.get_sample_sum(),
+        projector_passes: metrics.narrative.projector_seconds.get_sample_count(),
+        projector_wall_s: metrics.narrative.projector_seconds.get_sample_sum(),
     };
     Ok(WeftRun {
         role,
@@ -999,13 +999,19 @@ fn step_costs(cfg: SimConfig, n: usize, topics: &Topics) -> anyhow::Result<Vec<S
             rows.push(EventRow::new(f, "t", 0, i as i64, 0, false));
         }
     });
-    time("dedup (identity key SHA-256 + cache)", &mut || {
-        let mut cache = DedupCache::new(Duration::from_secs(7 * 24 * 3600));
-        for f in &facts {
-            let k = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
-            std::hint::black_box(cache.observe(k, &f.content_hash));
-        }
-    });
+    time(
+        "dedup (identity key SHA-256 + id hash + cache)",
+        &mut || {
+            let mut cache =
+                DedupCache::new(weft_consumers::ingest::IngestConfig::default().dedup_limits());
+            for f in &facts {
+                let (tenant, kind) = (&f.envelope.tenant, f.envelope.kind.as_str());
+                let k = identity_key(tenant, kind, &f.id);
+                let h = weft_store::ids::id_hash(tenant, kind, &f.id);
+                std::hint::black_box(cache.observe(k, h, &f.content_hash));
+            }
+        },
+    );
     time("serialize rows (serde_json, for scale only)", &mut || {
         for r in &rows {
             std::hint::black_box(serde_json::to_vec(r).ok());

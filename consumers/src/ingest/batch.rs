@@ -1,14 +1,15 @@
 //! Per-partition buffers, and taking them out as one flush (deduplication decided here).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{error, info_span, Instrument};
 
 use super::dead_letter::DeadLetter;
 use super::flush::{FlusherSlot, Stopped};
-use super::{Ingestor, Role};
+use super::{retry_store, Ingestor, Role};
 use crate::decode::Fact;
-use crate::facts::{identity_key, DedupCache, Seen};
+use crate::facts::{self, identity_key, DedupCache, Identity, Seen};
+use weft_store::ids::id_hash;
 
 /// Buffered work and resume points of one source partition.
 pub(super) struct PartitionState {
@@ -53,8 +54,12 @@ impl PartitionState {
                 if role == Role::Narratives || *offset <= self.stored {
                     return None;
                 }
-                let key = identity_key(&f.envelope.tenant, f.envelope.kind.as_str(), &f.id);
-                match self.dedup.observe(key, &f.content_hash) {
+                let (tenant, kind) = (&f.envelope.tenant, f.envelope.kind.as_str());
+                let key = identity_key(tenant, kind, &f.id);
+                match self
+                    .dedup
+                    .observe(key, id_hash(tenant, kind, &f.id), &f.content_hash)
+                {
                     Seen::Duplicate => {
                         decided.duplicates += 1;
                         None
@@ -67,6 +72,7 @@ impl PartitionState {
                 }
             })
             .collect();
+        self.dedup.decided();
         let part = FlushPart {
             topic: self.topic.clone(),
             partition: self.partition,
@@ -79,6 +85,29 @@ impl PartitionState {
         };
         self.oldest = None;
         Some((part, decided))
+    }
+
+    /// The buffered identities that neither memory nor the filter can decide.
+    pub(super) fn unsure(&self) -> Vec<Identity> {
+        let mut out: Vec<Identity> = self
+            .facts
+            .iter()
+            .filter(|(offset, _)| *offset > self.stored)
+            .filter_map(|(_, f)| {
+                let (tenant, kind) = (&f.envelope.tenant, f.envelope.kind.as_str());
+                let key = identity_key(tenant, kind, &f.id);
+                self.dedup
+                    .unsure(key, id_hash(tenant, kind, &f.id))
+                    .then(|| Identity {
+                        tenant: tenant.clone(),
+                        kind: kind.to_owned(),
+                        id: f.id.clone(),
+                    })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.tenant, &a.kind, &a.id).cmp(&(&b.tenant, &b.kind, &b.id)));
+        out.dedup();
+        out
     }
 
     /// Move the resume points past a landed flush that ended at `last`: the stored offset
@@ -129,6 +158,7 @@ impl Ingestor {
     /// may hand a partition to another member, which must find its rows stored.
     pub(super) async fn flush(&mut self) -> Result<(), Stopped> {
         self.settle_flush().await?;
+        self.check_unsure().await?;
         let batch = self.take_batch();
         if batch.is_empty() {
             return Ok(());
@@ -164,7 +194,7 @@ impl Ingestor {
             }
         };
         if let Some(p) = &flusher.projector {
-            self.metrics.narrative_graph_nodes.set(p.graph_len() as i64);
+            self.metrics.narrative.graph_nodes.set(p.graph_len() as i64);
         }
         let has_facts = self.cfg.role != Role::Narratives;
         let has_projector = flusher.projector.is_some();
@@ -180,6 +210,37 @@ impl Ingestor {
             }
         }
         self.publish_positions();
+        Ok(())
+    }
+
+    /// Ask ClickHouse about the identities no partition's dedup state can decide (older
+    /// than what it holds exactly, and not ruled out by its filter), before they are.
+    async fn check_unsure(&mut self) -> Result<(), Stopped> {
+        if self.cfg.role == Role::Narratives {
+            return Ok(());
+        }
+        let window = Duration::from_secs(self.cfg.dedup_window_secs);
+        for st in self.parts.values_mut() {
+            let unsure = st.unsure();
+            if unsure.is_empty() {
+                continue;
+            }
+            let (store, topic, partition) = (&self.store, st.topic.as_str(), st.partition);
+            let found = retry_store(&self.cfg, &self.metrics, "check identities", || {
+                facts::check_stored(store, topic, partition, window, &unsure)
+            })
+            .await
+            .map_err(|e| {
+                error!(error = %e, "checking identities failed; stopping");
+                Stopped
+            })?;
+            self.metrics.dedup_checked.inc_by(unsure.len() as u64);
+            for i in &unsure {
+                let hashes = found.get(i).map_or(&[][..], |v| v.as_slice());
+                st.dedup
+                    .stored(identity_key(&i.tenant, &i.kind, &i.id), hashes);
+            }
+        }
         Ok(())
     }
 
@@ -244,7 +305,7 @@ pub(super) mod tests {
             partition: 3,
             stored,
             projected,
-            dedup: DedupCache::new(Duration::from_secs(3600)),
+            dedup: DedupCache::new(crate::facts::tests::limits(Duration::from_secs(3600), 1000)),
             facts,
             dead: Vec::new(),
             bytes: 100,
@@ -272,7 +333,8 @@ pub(super) mod tests {
         // `b` is in the dedup window already, as `load_dedup` would have put it there.
         let b = fact("b", "flow_started");
         let key = identity_key(&b.envelope.tenant, b.envelope.kind.as_str(), &b.id);
-        assert_eq!(st.dedup.observe(key, &b.content_hash), Seen::New);
+        let h = id_hash(&b.envelope.tenant, b.envelope.kind.as_str(), &b.id);
+        assert_eq!(st.dedup.observe(key, h, &b.content_hash), Seen::New);
 
         let (part, decided) = st.take(Role::All).expect("records to flush");
         let offsets: Vec<i64> = part.facts.iter().map(|(o, _)| *o).collect();

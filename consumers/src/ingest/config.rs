@@ -63,6 +63,13 @@ pub struct IngestConfig {
     pub flush_interval_ms: u64,
     /// How long identities are remembered for deduplication (seconds; default 7 days).
     pub dedup_window_secs: u64,
+    /// Identities each partition holds exactly, per generation (two generations; default
+    /// 250,000, about 17 MB). Older ones of the window are found through the filter and a
+    /// ClickHouse check, so the bound costs lookups, never exactness.
+    pub dedup_max_entries: usize,
+    /// Identities each partition's window filter is sized for, per half window (two
+    /// generations; default 5,000,000, about 6 MB each at 1% false positives).
+    pub dedup_filter_items: usize,
     /// Status server (`/metrics`, `/healthz`, `/v1/narratives/{id}`); empty disables it.
     pub listen: String,
     /// Longest wait between ClickHouse retries (milliseconds).
@@ -99,6 +106,8 @@ impl Default for IngestConfig {
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
             dedup_window_secs: 7 * 24 * 3600,
+            dedup_max_entries: 250_000,
+            dedup_filter_items: 5_000_000,
             listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
             max_backoff_ms: 10_000,
             kafka_properties: BTreeMap::new(),
@@ -110,6 +119,15 @@ impl Default for IngestConfig {
 }
 
 impl IngestConfig {
+    /// The bounds of each partition's dedup state.
+    pub fn dedup_limits(&self) -> crate::facts::DedupLimits {
+        crate::facts::DedupLimits {
+            window: std::time::Duration::from_secs(self.dedup_window_secs),
+            max_entries: self.dedup_max_entries,
+            filter_items: self.dedup_filter_items,
+        }
+    }
+
     /// The Kafka consumer group this process commits offsets to. A `facts` member that takes
     /// a partition over starts reading at the group's committed offset, trusting that it
     /// never passes what is stored in ClickHouse. The `narratives` process commits after

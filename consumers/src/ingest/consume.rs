@@ -128,19 +128,24 @@ impl Ingestor {
         partition: i32,
     ) -> Result<PartitionState, IngestError> {
         let (stored, dedup) = if self.cfg.role != Role::Narratives {
-            let window = Duration::from_secs(self.cfg.dedup_window_secs);
+            let limits = self.cfg.dedup_limits();
             let store = &self.store;
             let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
                 facts::stored_max_offset(store, topic, partition)
             })
             .await?;
             let dedup = retry_store(&self.cfg, &self.metrics, "load dedup window", || {
-                facts::load_dedup(store, topic, partition, window)
+                facts::load_dedup(store, topic, partition, limits)
             })
             .await?;
             (stored, dedup)
         } else {
-            (i64::MAX, DedupCache::new(Duration::ZERO))
+            let none = facts::DedupLimits {
+                window: Duration::ZERO,
+                max_entries: 1,
+                filter_items: 1,
+            };
+            (i64::MAX, DedupCache::new(none))
         };
         let projected = match &self.flusher {
             FlusherSlot::Idle(f) => f

@@ -142,12 +142,11 @@ impl Flusher {
         loop {
             match projector.apply(batches).await {
                 Ok(stats) => {
-                    let m = &self.metrics;
-                    m.narratives_moved.inc_by(stats.moved as u64);
-                    m.narrative_loaded.inc_by(stats.loaded as u64);
-                    m.narrative_evicted.inc_by(stats.evicted as u64);
-                    m.narrative_largest_component
-                        .set(stats.largest_component as i64);
+                    let m = &self.metrics.narrative;
+                    m.moved.inc_by(stats.moved as u64);
+                    m.loaded.inc_by(stats.loaded as u64);
+                    m.evicted.inc_by(stats.evicted as u64);
+                    m.largest_component.set(stats.largest_component as i64);
                     break;
                 }
                 Err(e) => {
@@ -172,6 +171,7 @@ impl Flusher {
             }
         }
         self.metrics
+            .narrative
             .projector_seconds
             .observe(started.elapsed().as_secs_f64());
         Ok(())

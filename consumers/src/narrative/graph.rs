@@ -218,7 +218,15 @@ impl Graph {
         if a == b {
             return;
         }
-        if !self.nodes[a as usize].adj.contains(&(b, via)) {
+        // Links are kept on both ends, so the shorter list answers; a hub's (a flow's, or
+        // a token's) can hold every event of its component.
+        let (na, nb) = (&self.nodes[a as usize].adj, &self.nodes[b as usize].adj);
+        let known = if na.len() <= nb.len() {
+            na.contains(&(b, via))
+        } else {
+            nb.contains(&(a, via))
+        };
+        if !known {
             self.nodes[a as usize].adj.push((b, via));
             self.nodes[b as usize].adj.push((a, via));
         }

@@ -14,6 +14,7 @@ use tracing::{debug, instrument};
 use weft_schemas::links::{NodeKind, Via};
 
 use super::graph::{Graph, NodeKey, Stored};
+use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NodeRow};
 use weft_store::{Store, StoreError};
 
@@ -27,10 +28,6 @@ pub struct LoadStats {
     /// Lookup rounds (0 when every id was in memory).
     pub rounds: usize,
 }
-
-/// Bytes of ids per query parameter: well under ClickHouse's default 128 KiB field limit,
-/// leaving room for the array's quoting and escaping.
-pub(super) const MAX_PARAM_BYTES: usize = 64 << 10;
 
 /// Load the components of `keys` (those [`Graph::needs_load`] names) into `graph`.
 #[instrument(skip_all, fields(keys = keys.len()))]
@@ -189,49 +186,4 @@ async fn query_links(
         .fetch_all()
         .await
         .map_err(store.err())
-}
-
-/// Split `ids` into runs whose total length stays under `max_bytes` (one id per run at least).
-pub(super) fn chunks_by_bytes(ids: Vec<String>, max_bytes: usize) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = Vec::new();
-    let mut size = 0;
-    for id in ids {
-        let n = id.len() + 4;
-        match out.last_mut() {
-            Some(last) if size + n <= max_bytes => {
-                size += n;
-                last.push(id);
-            }
-            _ => {
-                size = n;
-                out.push(vec![id]);
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunks_stay_under_the_byte_budget_and_keep_every_id_once() {
-        let ids: Vec<String> = (0..5000)
-            .map(|i| format!("adhoc:trace_event:te-{i}"))
-            .collect();
-        let chunks = chunks_by_bytes(ids.clone(), 4096);
-        assert!(chunks.len() > 1);
-        for c in &chunks {
-            assert!(c.iter().map(|s| s.len() + 4).sum::<usize>() <= 4096);
-        }
-        assert_eq!(chunks.concat(), ids);
-        // An id longer than the budget still goes, alone.
-        let long = vec!["x".repeat(10_000), "y".into()];
-        assert_eq!(
-            chunks_by_bytes(long.clone(), 100),
-            vec![vec![long[0].clone()], vec!["y".to_owned()]]
-        );
-        assert!(chunks_by_bytes(Vec::new(), 100).is_empty());
-    }
 }

@@ -15,8 +15,10 @@ use std::sync::Arc;
 use tracing::{info, instrument};
 use weft_schemas::links::NodeKind;
 
+use super::filter::{SeenFilter, DEFAULT_EXPECTED_ITEMS};
 use super::graph::{Change, Graph, NodeIdx};
-use super::loader::{self, chunks_by_bytes, MAX_PARAM_BYTES};
+use super::loader;
+use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{check_columns, insert, Fact, Store, StoreError};
 
@@ -85,6 +87,8 @@ pub struct Projector {
     clock: VersionClock,
     progress: HashMap<(String, i32), i64>,
     max_nodes: usize,
+    /// Which ids the narrative tables may know: the others need no lookup.
+    seen: SeenFilter,
 }
 
 impl Projector {
@@ -141,6 +145,7 @@ impl Projector {
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
             .collect();
+        let seen = SeenFilter::load(&store, DEFAULT_EXPECTED_ITEMS).await?;
         info!(
             unfinished_pass = n_unfinished,
             "narrative projector loaded (components load on demand)"
@@ -151,6 +156,7 @@ impl Projector {
             clock: VersionClock::default(),
             progress,
             max_nodes,
+            seen,
         })
     }
 
@@ -287,7 +293,13 @@ impl Projector {
             }
         }
         wanted.retain(|k| self.graph.needs_load(k));
-        Ok(loader::load(&self.store, &mut self.graph, wanted)
+        // Ids the filter has never seen are new: only the others are looked up.
+        let (maybe, new): (Vec<_>, Vec<_>) =
+            wanted.into_iter().partition(|k| self.seen.may_contain(k));
+        for k in &new {
+            self.seen.insert(k);
+        }
+        Ok(loader::load(&self.store, &mut self.graph, maybe)
             .await?
             .loaded)
     }

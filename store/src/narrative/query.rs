@@ -138,7 +138,6 @@ struct InLink {
     from_id: String,
     to_kind: String,
     to_id: String,
-    via: String,
 }
 
 /// The narrative that contains `id` (a request id, a narrative id, or any member's id).
@@ -179,26 +178,10 @@ pub async fn lookup(
     let Some(nid) = resolve(store, tenant, id).await? else {
         return Ok(None);
     };
-    let c = store.client();
-    let rows: Vec<MemberRow> = c
-        .query(
-            "SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                    argMax(payload, version) AS payload, argMax(is_deleted, version) AS is_deleted \
-             FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
-             GROUP BY kind, id, content_hash",
-        )
-        .param("t", tenant)
-        .param("n", &nid)
-        .fetch_all()
-        .await
-        .map_err(store.err())?;
-    let mut members: Vec<MemberRow> = rows.into_iter().filter(|r| r.is_deleted == 0).collect();
+    let members = members(store, tenant, &nid).await?;
     if members.is_empty() {
         return Ok(None);
     }
-    members.sort_by(|a, b| {
-        (a.ts, &a.kind, &a.id, &a.payload).cmp(&(b.ts, &b.kind, &b.id, &b.payload))
-    });
     let member_set: HashSet<(String, String)> = members
         .iter()
         .map(|m| (m.kind.clone(), m.id.clone()))
@@ -207,11 +190,49 @@ pub async fn lookup(
         .iter()
         .any(|m| m.request_id == nid)
         .then(|| nid.clone());
+    let (entries, link_set, mut outside) = entries_and_links(&members, &member_set);
+    outside.extend(linked_from_outside(store, tenant, &member_set).await?);
+    let related = related(store, tenant, &nid, &outside).await?;
+    Ok(Some(Narrative {
+        narrative_id: nid,
+        request_id,
+        entries,
+        links: link_set.into_iter().collect(),
+        related,
+    }))
+}
 
+/// The live members of a narrative, in timeline order.
+async fn members(store: &Store, tenant: &str, nid: &str) -> Result<Vec<MemberRow>, StoreError> {
+    let rows: Vec<MemberRow> = store
+        .client()
+        .query(
+            "SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                    argMax(payload, version) AS payload, argMax(is_deleted, version) AS is_deleted \
+             FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+             GROUP BY kind, id, content_hash",
+        )
+        .param("t", tenant)
+        .param("n", nid)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let mut members: Vec<MemberRow> = rows.into_iter().filter(|r| r.is_deleted == 0).collect();
+    members.sort_by(|a, b| {
+        (a.ts, &a.kind, &a.id, &a.payload).cmp(&(b.ts, &b.kind, &b.id, &b.payload))
+    });
+    Ok(members)
+}
+
+/// The timeline entries, the links between members, and the ids members link to outside.
+fn entries_and_links(
+    members: &[MemberRow],
+    member_set: &HashSet<(String, String)>,
+) -> (Vec<Entry>, BTreeSet<LinkView>, HashSet<(String, String)>) {
     let mut link_set = BTreeSet::new();
     let mut outside: HashSet<(String, String)> = HashSet::new();
     let mut entries = Vec::with_capacity(members.len());
-    for m in &members {
+    for m in members {
         let payload: Value = serde_json::from_str(&m.payload).unwrap_or(Value::Null);
         if let Ok(kind) = m.kind.parse::<Kind>() {
             for l in links::extract(kind, &payload) {
@@ -243,11 +264,20 @@ pub async fn lookup(
             payload,
         });
     }
-    // Links from outside into this narrative.
+    (entries, link_set, outside)
+}
+
+/// The events outside the narrative that link into it.
+async fn linked_from_outside(
+    store: &Store,
+    tenant: &str,
+    member_set: &HashSet<(String, String)>,
+) -> Result<Vec<(String, String)>, StoreError> {
     let ids: Vec<&str> = member_set.iter().map(|(_, id)| id.as_str()).collect();
-    let incoming: Vec<InLink> = c
+    let incoming: Vec<InLink> = store
+        .client()
         .query(
-            "SELECT DISTINCT from_kind, from_id, to_kind, to_id, via FROM weft_links \
+            "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
              WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
         )
         .param("t", tenant)
@@ -255,45 +285,47 @@ pub async fn lookup(
         .fetch_all()
         .await
         .map_err(store.err())?;
-    for l in incoming {
-        if member_set.contains(&(l.to_kind.clone(), l.to_id.clone()))
-            && !member_set.contains(&(l.from_kind.clone(), l.from_id.clone()))
-        {
-            outside.insert((l.from_kind, l.from_id));
-        }
-        let _ = l.via;
+    Ok(incoming
+        .into_iter()
+        .filter(|l| {
+            member_set.contains(&(l.to_kind.clone(), l.to_id.clone()))
+                && !member_set.contains(&(l.from_kind.clone(), l.from_id.clone()))
+        })
+        .map(|l| (l.from_kind, l.from_id))
+        .collect())
+}
+
+/// The other narratives of the ids in `outside`, sorted.
+async fn related(
+    store: &Store,
+    tenant: &str,
+    nid: &str,
+    outside: &HashSet<(String, String)>,
+) -> Result<Vec<String>, StoreError> {
+    if outside.is_empty() {
+        return Ok(Vec::new());
     }
-    let related = if outside.is_empty() {
-        Vec::new()
-    } else {
-        let ids: Vec<&str> = outside.iter().map(|(_, id)| id.as_str()).collect();
-        let found: Vec<NodeNarrative> = c
-            .query(
-                "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
-                 WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
-            )
-            .param("t", tenant)
-            .param("ids", &ids)
-            .fetch_all()
-            .await
-            .map_err(store.err())?;
-        let by_key: HashMap<(String, String), String> = found
-            .into_iter()
-            .map(|n| ((n.kind, n.id), n.narrative_id))
-            .collect();
-        let set: BTreeSet<String> = outside
-            .iter()
-            .filter_map(|k| by_key.get(k))
-            .filter(|n| **n != nid)
-            .cloned()
-            .collect();
-        set.into_iter().collect()
-    };
-    Ok(Some(Narrative {
-        narrative_id: nid,
-        request_id,
-        entries,
-        links: link_set.into_iter().collect(),
-        related,
-    }))
+    let ids: Vec<&str> = outside.iter().map(|(_, id)| id.as_str()).collect();
+    let found: Vec<NodeNarrative> = store
+        .client()
+        .query(
+            "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
+             WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
+        )
+        .param("t", tenant)
+        .param("ids", &ids)
+        .fetch_all()
+        .await
+        .map_err(store.err())?;
+    let by_key: HashMap<(String, String), String> = found
+        .into_iter()
+        .map(|n| ((n.kind, n.id), n.narrative_id))
+        .collect();
+    let set: BTreeSet<String> = outside
+        .iter()
+        .filter_map(|k| by_key.get(k))
+        .filter(|n| *n != nid)
+        .cloned()
+        .collect();
+    Ok(set.into_iter().collect())
 }

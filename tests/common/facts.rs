@@ -1,0 +1,26 @@
+//! Facts as ingest decodes them, built in the test process, for tests that drive the
+//! narrative projector directly against the real ClickHouse.
+
+use weft_consumers::decode::{decode, Fact, Record};
+use weft_schemas::wire::{self, ContentType, SchemaIds};
+use weft_schemas::{Envelope, Topics};
+
+/// The fact ingest would decode from `env` read at `offset` of `partition`.
+pub fn fact(env: &Envelope, partition: i32, offset: i64) -> Fact {
+    let topics = Topics::default();
+    let ids = SchemaIds::default();
+    let topic = topics.topic(env.kind);
+    let value = wire::encode_value(env, ContentType::Json, &ids).unwrap();
+    let headers = wire::encode_headers(env, ContentType::Json);
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    let rec = Record {
+        topic: &topic,
+        partition,
+        offset,
+        key: None,
+        value: Some(&value),
+        headers: &headers,
+        timestamp_ms: Some(1_700_000_000_000),
+    };
+    decode(&rec, &topics, &ids).unwrap_or_else(|r| panic!("{}", r.message))
+}

@@ -1,0 +1,296 @@
+//! The narrative graph under a memory budget, against the real ClickHouse: components evicted
+//! long ago load back exactly when a late event names them, and a component larger than the
+//! budget is assigned whole.
+//!
+//! Each test drives the projector as ingest does (passes of facts), with a budget far below
+//! what the test holds, and compares every stored placement with the rebuild's rule: a fresh
+//! in-memory graph of every fact, settled once.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::facts::fact;
+use common::pipeline::{Membership, Pipeline};
+use serde_json::{json, Value};
+use weft_consumers::decode::Fact;
+use weft_consumers::narrative::graph::{Graph, NodeIdx};
+use weft_consumers::narrative::projector::{ApplyStats, ProjectBatch, Projector};
+use weft_schemas::links::NodeKind;
+use weft_schemas::{Envelope, Kind};
+use weft_store::{ClickHouseConfig, Store};
+
+fn env(kind: Kind, request_id: Option<&str>, payload: Value) -> Envelope {
+    serde_json::from_value(json!({
+        "kind": kind.as_str(),
+        "request_id": request_id,
+        "tenant": "default",
+        "payload": payload,
+    }))
+    .unwrap()
+}
+
+fn trace(id: &str, req: &str, handle: &str) -> Envelope {
+    env(
+        Kind::TraceEvent,
+        Some(req),
+        json!({"event_id": id, "event_type": "capability_executed",
+               "timestamp": "2026-03-08T06:00:05Z", "handle_id": handle}),
+    )
+}
+
+fn handle(id: &str, flow: Option<&str>) -> Envelope {
+    let mut p = json!({"handle_id": id, "capability_id": "org.test.cap",
+                       "artifact_type": "application/json", "created_at": "2026-03-08T06:00:05Z"});
+    if let Some(f) = flow {
+        p["metadata"] = json!({ "flow_id": f });
+    }
+    env(Kind::Handle, None, p)
+}
+
+fn frame(id: &str, refs: &[&str]) -> Envelope {
+    env(
+        Kind::Frame,
+        None,
+        json!({"frame_id": id, "capability_id": "org.test.cap", "summary": "s",
+               "created_at": "2026-03-08T06:00:05Z", "handle_refs": refs}),
+    )
+}
+
+/// Unrelated requests, enough to push everything older out of a small budget.
+fn filler(tag: &str, n: usize) -> Vec<Envelope> {
+    (0..n)
+        .flat_map(|i| {
+            let h = format!("h-{tag}-{i}");
+            [
+                trace(&format!("te-{tag}-{i}"), &format!("req-{tag}-{i}"), &h),
+                handle(&h, None),
+            ]
+        })
+        .collect()
+}
+
+/// A projector on a fresh database and the facts it was fed, one partition.
+struct Harness {
+    p: Pipeline,
+    store: Store,
+    projector: Projector,
+    fed: Vec<Fact>,
+}
+
+impl Harness {
+    async fn new(tag: &str, max_nodes: usize) -> Self {
+        let p = Pipeline::new(tag);
+        let store = Store::new(ClickHouseConfig {
+            url: common::clickhouse_url(),
+            database: p.db.clone(),
+            ..ClickHouseConfig::default()
+        })
+        .unwrap();
+        let projector = Projector::load(store.clone(), max_nodes).await.unwrap();
+        Self {
+            p,
+            store,
+            projector,
+            fed: Vec::new(),
+        }
+    }
+
+    /// Feed `events` in passes of `per_pass`; returns the summed stats.
+    async fn feed(&mut self, events: &[Envelope], per_pass: usize) -> ApplyStats {
+        let mut total = ApplyStats::default();
+        for chunk in events.chunks(per_pass) {
+            let first = self.fed.len();
+            for e in chunk {
+                let f = fact(e, 0, self.fed.len() as i64);
+                self.fed.push(f);
+            }
+            let batch = ProjectBatch {
+                topic: "t",
+                partition: 0,
+                facts: self.fed[first..].iter().collect(),
+                last_offset: self.fed.len() as i64 - 1,
+            };
+            let s = self.projector.apply(&[batch]).await.unwrap();
+            total.facts += s.facts;
+            total.loaded += s.loaded;
+            total.evicted += s.evicted;
+            total.largest_component = total.largest_component.max(s.largest_component);
+        }
+        total
+    }
+
+    /// What a rebuild gives: every fact in one graph, settled once.
+    fn rebuilt(&self) -> Membership {
+        let mut g = Graph::new();
+        for f in &self.fed {
+            let env = &f.envelope;
+            let key = g.node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
+            g.add_event(key, env.request_id.as_deref().unwrap_or(""), 0, &f.links);
+        }
+        g.settle_all();
+        let mut m = Membership::new();
+        for n in 0..g.len() as NodeIdx {
+            if let Some(nid) = g.assigned(n).filter(|_| g.is_present(n)) {
+                let k = g.key(n);
+                m.entry(nid.to_string())
+                    .or_default()
+                    .insert((k.kind.as_str().to_owned(), k.id.to_string()));
+            }
+        }
+        m
+    }
+
+    /// Stored narratives equal the rebuild's, in both narrative tables.
+    async fn assert_exact(&self) {
+        let want = self.rebuilt();
+        self.p
+            .wait_for_narratives(&want, std::time::Duration::ZERO)
+            .await;
+        let rows: Vec<(String, String, String)> = self
+            .store
+            .client()
+            .query(
+                "SELECT argMax(narrative_id, version), kind, id FROM weft_narrative_nodes \
+                 GROUP BY tenant, kind, id",
+            )
+            .fetch_all()
+            .await
+            .unwrap();
+        let mut nodes = Membership::new();
+        for (n, k, i) in rows {
+            nodes.entry(n).or_default().insert((k, i));
+        }
+        assert_eq!(nodes, want, "weft_narrative_nodes differs from the rebuild");
+    }
+
+    fn narrative_of(&self, m: &Membership, kind: &str, id: &str) -> Option<String> {
+        let member = (kind.to_owned(), id.to_owned());
+        m.iter()
+            .find(|(_, ms)| ms.contains(&member))
+            .map(|(n, _)| n.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_event_whose_anchor_was_evicted_long_ago_lands_in_the_anchors_narrative() {
+    let mut h = Harness::new("it_evict_late", 30).await;
+    h.feed(&[trace("te-anchor", "req-anchor", "h-late")], 1)
+        .await;
+    let churn = h.feed(&filler("a", 300), 20).await;
+    assert!(
+        churn.evicted > 500,
+        "the anchor must be long gone: {churn:?}"
+    );
+    assert!(h.projector.graph_len() <= 30 + 40);
+    // A restart in between: the new process holds nothing and must find the anchor.
+    h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
+    assert_eq!(h.projector.graph_len(), 0);
+    let late = h.feed(&[handle("h-late", None)], 1).await;
+    assert!(
+        late.loaded >= 1,
+        "the anchor came back from ClickHouse: {late:?}"
+    );
+    let m = h.p.membership().await;
+    assert_eq!(
+        h.narrative_of(&m, "handle", "h-late").as_deref(),
+        Some("req-anchor")
+    );
+    h.assert_exact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_event_joining_two_evicted_components_gives_the_rebuilds_result() {
+    let mut h = Harness::new("it_evict_join", 30).await;
+    // X: a frame and its handle, no request (ad hoc). Y: a request's trace event and handle.
+    h.feed(&[frame("f-x", &["h-x"]), handle("h-x", None)], 2)
+        .await;
+    h.feed(&[trace("te-y", "req-y", "h-y"), handle("h-y", None)], 2)
+        .await;
+    let before = h.p.membership().await;
+    assert_eq!(
+        h.narrative_of(&before, "frame", "f-x").as_deref(),
+        Some("adhoc:frame:f-x")
+    );
+    let churn = h.feed(&filler("b", 300), 20).await;
+    assert!(churn.evicted > 500, "{churn:?}");
+    // A frame citing both handles joins X to Y's request.
+    let join = h.feed(&[frame("f-z", &["h-x", "h-y"])], 1).await;
+    assert!(join.loaded >= 4, "both components came back: {join:?}");
+    let m = h.p.membership().await;
+    for (kind, id) in [("frame", "f-x"), ("handle", "h-x"), ("frame", "f-z")] {
+        assert_eq!(
+            h.narrative_of(&m, kind, id).as_deref(),
+            Some("req-y"),
+            "{id}"
+        );
+    }
+    assert!(
+        !m.contains_key("adhoc:frame:f-x"),
+        "the old narrative is empty"
+    );
+    h.assert_exact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_far_over_the_budget_is_assigned_exactly() {
+    const N: usize = 250_000;
+    let budget = 50_000;
+    let mut h = Harness::new("it_evict_big", budget).await;
+    // One flow of 250k handles without a request id: one uncolored component, fed in passes
+    // as ingest would; then the flow's one trace event with a request id claims them all.
+    let handles: Vec<Envelope> = (0..N)
+        .map(|i| handle(&format!("hb-{i:06}"), Some("flow-big")))
+        .collect();
+    let grow = h.feed(&handles, 25_000).await;
+    assert_eq!(
+        grow.largest_component,
+        N + 1,
+        "every handle and the flow, whole"
+    );
+    let te = env(
+        Kind::TraceEvent,
+        Some("req-big"),
+        json!({"event_id": "te-big", "event_type": "capability_executed",
+               "timestamp": "2026-03-08T06:00:05Z", "metadata": {"flow_id": "flow-big"}}),
+    );
+    // Push the component out of memory first, so the claim must load all of it back.
+    let churn = h.feed(&filler("c", 30_000), 10_000).await;
+    assert!(churn.evicted >= N, "{churn:?}");
+    assert!(h.projector.graph_len() <= budget + 20_000);
+    let claim = h.feed(&[te], 1).await;
+    assert!(claim.loaded >= N, "{claim:?}");
+    let m = h.p.membership().await;
+    let members = m.get("req-big").map_or(0, |s| s.len());
+    assert_eq!(members, N + 1, "every handle and the trace event");
+    let by_id: BTreeMap<_, _> = m.iter().map(|(n, s)| (n.clone(), s.len())).collect();
+    assert!(
+        !by_id.contains_key("adhoc:handle:hb-000000"),
+        "the ad hoc narrative is empty"
+    );
+    h.assert_exact().await;
+}
+
+/// The id filter's hashes, computed by ClickHouse when it is rebuilt at start, are the ones
+/// the projector computes for the ids it meets (else a restarted process would miss them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_id_filter_hashes_as_clickhouse_does() {
+    let client = clickhouse::Client::default().with_url(common::clickhouse_url());
+    for (t, k, i) in [
+        ("default", "handle", "h-1"),
+        ("tenant-β", "flow", ""),
+        ("a", "b", "c\u{1f}d"),
+    ] {
+        let got: u64 = client
+            .query(
+                "SELECT xxHash64(concat({t:String}, char(31), {k:String}, char(31), {i:String}))",
+            )
+            .param("t", t)
+            .param("k", k)
+            .param("i", i)
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(got, weft_store::ids::id_hash(t, k, i), "{t}/{k}/{i}");
+    }
+}
