@@ -10,7 +10,7 @@
 //! - [`chain`]: the hash chain's view of a fact ([`chain::ChainRow`]) and the unsealed check's;
 //! - [`search`]: a search hit, its query and CSV header;
 //! - [`narrative`]: the narrative tables' rows and the narrative read ([`narrative::query`]);
-//! - [`telemetry`]: ingest's telemetry tables' rows;
+//! - [`telemetry`]: ingest's telemetry tables' rows and its quarantine's;
 //! - [`ids`]: the id hash Rust and ClickHouse share, and id lists cut to fit a parameter;
 //! - [`ddl`]: the columns the migrations declare, for the code to check itself against.
 //!
