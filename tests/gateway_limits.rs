@@ -284,4 +284,8 @@ async fn oversize_fields_duplicate_keys_and_bad_keys_get_clear_4xx() {
         metrics.contains("weft_gateway_nonconforming_keys_total 1"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("weft_publisher_nonconforming_keys_total 0"),
+        "the gateway's items are counted once, by the gateway: {metrics}"
+    );
 }

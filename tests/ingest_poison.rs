@@ -3,7 +3,7 @@
 //! stopped all of ingest for good: its dead-letter copy was over the producer's limit and was
 //! retried forever); an event at the configured maximum stored end to end; a stall forced by
 //! taking `weft_events` away turns `/healthz` to 503 and shows in `/metrics`; SIGTERM in that
-//! state ends the process within 10 s.
+//! state ends the process within 10 s, and so does SIGTERM while a dead letter is retried.
 
 mod common;
 
@@ -266,4 +266,148 @@ async fn a_forced_stall_turns_healthz_503_and_sigterm_still_ends_within_10_s() {
         .unwrap()
         .status();
     assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_dead_letter_is_retried_ends_within_10_s() {
+    let p = Pipeline::new("it_dlq_term");
+    let none = p.path("none.jsonl");
+    std::fs::write(&none, "").unwrap();
+    p.publish(&none); // the topics
+    let topic = format!("{}trace_events", p.prefix);
+    // A dead letter that cannot be queued: the ingest producers' buffer is 1 KiB, so sending
+    // this 4 KiB garbage record fails with QueueFull, a transient error, retried forever
+    // with the partition's offsets held (the broker and the dead-letter topic stay fine).
+    send(&producer(), &topic, "poison-retried", &random_bytes(4096)).await;
+    let config = p.path("weft.toml");
+    std::fs::write(
+        &config,
+        "[kafka.ingest.properties]\n\"queue.buffering.max.kbytes\" = \"1\"\n",
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let ingest = p.ingest_with(Some(&addr), &[("WEFT_CONFIG", config.to_str().unwrap())]);
+    assert!(wait_for_port(&addr, Duration::from_secs(30)));
+    let metric = |name: &'static str| {
+        let addr = addr.clone();
+        tokio::task::block_in_place(move || {
+            tokio::runtime::Handle::current().block_on(common::metric(&addr, name))
+        })
+    };
+    let retrying = common::wait_for(Duration::from_secs(90), || {
+        (metric("weft_ingest_dead_letter_retries_total")? >= 2).then_some(())
+    });
+    assert!(
+        retrying.is_some(),
+        "no dead-letter retries seen:\n{}",
+        p.ingest_log()
+    );
+    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+    assert!(
+        log.contains("dead-letter publish failed; retrying"),
+        "{}",
+        p.ingest_log()
+    );
+    assert_eq!(
+        metric("weft_ingest_dead_lettered_total"),
+        Some(0),
+        "the dead letter must still be pending"
+    );
+
+    let t0 = Instant::now();
+    let status = ingest.terminate();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?} to stop");
+    assert!(status.code().is_some(), "{status}");
+    eprintln!("SIGTERM during a dead-letter retry: stopped in {took:?} ({status})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_refused_in_every_form_is_quarantined_in_clickhouse_and_the_partition_moves_on(
+) {
+    let p = Pipeline::new("it_quarantine");
+    let none = p.path("none.jsonl");
+    std::fs::write(&none, "").unwrap();
+    p.publish(&none); // the topics
+    let topic = format!("{}trace_events", p.prefix);
+    let prod = producer();
+    let good = |id: &str| big_event(id, 300);
+    send(&prod, &topic, "good-before", &good("te-before")).await;
+    // Garbage with a 1 KiB key: its smallest dead letter (no value, the key cut to 1 KiB,
+    // weft's headers) is over the 1,000-byte `message.max.bytes` this ingest's producers get,
+    // so the dead-letter producer refuses every form for good.
+    let key = "k".repeat(1024);
+    let poison = random_bytes(3000);
+    send(&prod, &topic, &key, &poison).await;
+    send(&prod, &topic, "good-after", &good("te-after")).await;
+    let config = p.path("weft.toml");
+    std::fs::write(
+        &config,
+        "[kafka.ingest.properties]\n\"message.max.bytes\" = \"1000\"\n",
+    )
+    .unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _ingest = p.ingest_with(Some(&addr), &[("WEFT_CONFIG", config.to_str().unwrap())]);
+    p.wait_for_facts(2, Duration::from_secs(120)).await;
+    let q = p
+        .wait_for_count(
+            "SELECT count() FROM weft_quarantine",
+            1,
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(q, 1, "{}", p.ingest_log());
+    #[derive(clickhouse::Row, serde::Deserialize)]
+    struct Q {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        reason: String,
+        refused: String,
+        original_bytes: u64,
+        sha256: String,
+        truncated: bool,
+        #[serde(with = "serde_bytes")]
+        key: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    }
+    let row: Q = p
+        .client()
+        .query(
+            "SELECT topic, partition, offset, reason, refused, original_bytes, sha256, truncated, \
+             key, value FROM weft_quarantine",
+        )
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.topic.as_str(), row.partition, row.offset),
+        (topic.as_str(), 0, 1)
+    );
+    assert_eq!(row.reason, "undecodable");
+    assert!(
+        row.refused.contains("MessageSizeTooLarge"),
+        "{}",
+        row.refused
+    );
+    assert_eq!(row.original_bytes, 3000);
+    assert_eq!(row.sha256, hex::encode(Sha256::digest(&poison)));
+    assert!(!row.truncated);
+    assert_eq!(row.key, key.as_bytes());
+    assert_eq!(
+        row.value, poison,
+        "the original bytes, whole (under max_message_bytes)"
+    );
+    // The partition moved on: the event after the poison record is stored, once.
+    let after = p
+        .scalar("SELECT count() FROM weft_events WHERE id = 'te-after' AND offset = 2")
+        .await;
+    assert_eq!(after, 1);
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 2);
+    assert!(wait_for_port(&addr, Duration::from_secs(5)));
+    assert_eq!(
+        common::metric(&addr, "weft_ingest_dead_letters_quarantined_total").await,
+        Some(1)
+    );
 }

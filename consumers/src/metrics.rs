@@ -98,6 +98,11 @@ pub struct IngestMetrics {
     pub narrative: NarrativeMetrics,
     /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
     pub dead_letters_quarantined: IntCounter,
+    /// Top-level payload keys of stored events neither defined by their kind nor of the
+    /// `x_<org>_<field>` shape.
+    pub nonconforming_keys: IntCounter,
+    /// Dead-letter sends retried after a transient error (broker unreachable, queue full).
+    pub dead_letter_retries: IntCounter,
     /// 1 while records are fetched but none stored for `stall_after_secs`.
     pub stalled: IntGauge,
     /// Seconds since this process last stored (or dead-lettered) a fetched record while
@@ -240,6 +245,14 @@ impl IngestMetrics {
             dead_letters_quarantined: r.counter(
                 "weft_ingest_dead_letters_quarantined_total",
                 "Dead letters refused by the dead-letter topic in every form (kept in weft_dead_letters)",
+            ),
+            nonconforming_keys: r.counter(
+                "weft_ingest_nonconforming_keys_total",
+                "Payload keys neither defined by the kind nor of the x_<org>_<field> shape, in records ingest read",
+            ),
+            dead_letter_retries: r.counter(
+                "weft_ingest_dead_letter_retries_total",
+                "Dead-letter sends retried after a transient error (offsets held meanwhile)",
             ),
             stalled: r.gauge(
                 "weft_ingest_stalled",

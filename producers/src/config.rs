@@ -185,6 +185,11 @@ pub struct PublisherConfig {
     pub spool_segment_bytes: u64,
     /// Records the replayer sends to Kafka per round before it commits its cursor.
     pub replay_batch: usize,
+    /// Refuse events whose payload has top-level keys neither defined by their kind nor of
+    /// the `x_<org>_<field>` shape (`nonconforming_key`); by default they are only counted
+    /// (`weft_publisher_nonconforming_keys_total`) and logged. The gateway has its own
+    /// setting (`[gateway] refuse_nonconforming_keys`) for the items it receives.
+    pub refuse_nonconforming_keys: bool,
 }
 
 impl Default for PublisherConfig {
@@ -214,6 +219,7 @@ impl Default for PublisherConfig {
             spool_max_bytes: 1 << 30,
             spool_segment_bytes: 64 << 20,
             replay_batch: 5_000,
+            refuse_nonconforming_keys: false,
         }
     }
 }

@@ -379,7 +379,7 @@ fn admit(g: &Gateway, raw: &RawValue, tenant: &str) -> Result<Receipt, ApiError>
         code: "nonconforming_key".into(),
         message: bounded_message(m),
     })?;
-    g.publisher.publish(env).map_err(|e| ApiError {
+    g.publisher.publish_with(env, false).map_err(|e| ApiError {
         code: e.code().into(),
         message: bounded_message(e.to_string()),
     })

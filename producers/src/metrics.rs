@@ -27,6 +27,9 @@ pub struct Metrics {
     /// Top-level payload keys the gateway saw that are neither defined by their kind nor of
     /// the `x_<org>_<field>` shape.
     pub nonconforming_keys: IntCounter,
+    /// The same, seen by the [`crate::Publisher`] (`weft publish`, the SDK, the router;
+    /// not the gateway's items, which the gateway counts).
+    pub publisher_nonconforming_keys: IntCounter,
     /// Time from `publish` to durability (Kafka ack or spool fsync), in seconds.
     pub publish_latency: Histogram,
 }
@@ -68,6 +71,10 @@ impl Metrics {
             nonconforming_keys: r.counter(
                 "weft_gateway_nonconforming_keys_total",
                 "Payload keys neither defined by the kind nor of the x_<org>_<field> shape",
+            ),
+            publisher_nonconforming_keys: r.counter(
+                "weft_publisher_nonconforming_keys_total",
+                "Payload keys neither defined by the kind nor of the x_<org>_<field> shape, seen by the publisher",
             ),
             publish_latency: r.histogram(
                 "weft_publisher_publish_latency_seconds",

@@ -3,11 +3,14 @@
 //! The contracts allow additional properties, and the spec's own samples carry keys such as
 //! `x_weaver_signature`. A top-level key that is neither a property of its kind's schema nor of
 //! that shape (`x_`, an organisation of `[a-z0-9]`, `_`, a field of `[a-z0-9_]`) is
-//! *nonconforming*: the gateway and ingest count such keys in `/metrics` and log them, and
-//! refuse them only when configured to (`refuse_nonconforming_keys`).
+//! *nonconforming*. Every entry checks with [`nonconforming_keys`]: the gateway
+//! (`weft_gateway_nonconforming_keys_total`), the Rust `Publisher` behind `weft publish`, the
+//! SDK and the router (`weft_publisher_nonconforming_keys_total`), and ingest
+//! (`weft_ingest_nonconforming_keys_total`) count such keys and log them; the gateway and the
+//! publisher refuse them only when configured to (`refuse_nonconforming_keys`).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Mutex, OnceLock};
 
 use serde_json::Value;
 
@@ -61,6 +64,30 @@ pub fn nonconforming<'a>(kind: Kind, keys: impl Iterator<Item = &'a str>) -> Vec
         .collect()
 }
 
+/// (kind, key) pairs a process has logged already: at most this many are remembered.
+const REPORTED_MAX: usize = 1024;
+
+/// Which nonconforming keys a process has already logged, so a stream of events with the
+/// same odd key logs it once rather than per event (the count in `/metrics` is per event).
+#[derive(Debug, Default)]
+pub struct Reported(Mutex<HashSet<(Kind, String)>>);
+
+impl Reported {
+    /// The keys of `odd` not logged before for `kind`, now remembered as logged. Once
+    /// [`REPORTED_MAX`] pairs are remembered, new ones are no longer logged.
+    pub fn first_seen<'a>(&self, kind: Kind, odd: &[&'a str]) -> Vec<&'a str> {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        odd.iter()
+            .copied()
+            .filter(|k| {
+                // Remembered by their first 128 characters: a hostile key costs little.
+                let pair = (kind, k.chars().take(128).collect::<String>());
+                seen.len() < REPORTED_MAX && !seen.contains(&pair) && seen.insert(pair)
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +127,18 @@ mod tests {
             nonconforming_keys(Kind::TraceEvent, &p),
             vec!["Foo", "weaver_reserved"]
         );
+    }
+
+    #[test]
+    fn each_odd_key_is_reported_once_per_kind_and_the_memory_is_bounded() {
+        let r = Reported::default();
+        assert_eq!(r.first_seen(Kind::Frame, &["a", "b"]), vec!["a", "b"]);
+        assert_eq!(r.first_seen(Kind::Frame, &["a", "c"]), vec!["c"]);
+        assert_eq!(r.first_seen(Kind::Handle, &["a"]), vec!["a"]);
+        let many: Vec<String> = (0..2 * REPORTED_MAX).map(|i| format!("k{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let logged = r.first_seen(Kind::Frame, &many);
+        assert_eq!(logged.len(), REPORTED_MAX - 4);
+        assert!(r.first_seen(Kind::Frame, &["new"]).is_empty());
     }
 }

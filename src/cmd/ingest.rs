@@ -60,12 +60,12 @@ pub struct IngestArgs {
     /// `weft_ingest_stalled` is 1 (default 120; 0 disables).
     #[arg(long, value_name = "SECS")]
     pub stall_after_secs: Option<u64>,
-    /// Nodes the narrative graph keeps in memory (default 1000000, about 250 MB): beyond it
+    /// Nodes the narrative graph keeps in memory (default 300000, about 180 MB): beyond it
     /// the least recently touched components are evicted, and load again from ClickHouse
     /// when a later event names them. Narratives stay exact at any value.
     #[arg(long, value_name = "NODES")]
     pub narrative_max_nodes: Option<usize>,
-    /// Identities each partition holds exactly, per generation (default 250000): copies of
+    /// Identities each partition holds exactly, per generation (default 20000): copies of
     /// older ones are found through the window's filter and a ClickHouse check, so
     /// deduplication stays exact at any value.
     #[arg(long, value_name = "IDENTITIES")]

@@ -149,6 +149,12 @@ pub struct PublishArgs {
     #[arg(long, default_value_t = 50_000, value_name = "N")]
     pub window: usize,
 
+    /// Refuse payloads with top-level keys neither defined by their kind nor of the
+    /// x_<org>_<field> shape (`nonconforming_key`); by default such keys are counted and
+    /// logged (info) [config: [publisher] refuse_nonconforming_keys].
+    #[arg(long)]
+    pub refuse_nonconforming_keys: bool,
+
     #[command(flatten)]
     pub publisher: PublisherArgs,
 }
@@ -203,7 +209,8 @@ fn parse_line(args: &PublishArgs, line: &str) -> Result<Envelope, String> {
     }
 }
 
-pub async fn run(args: PublishArgs, settings: Settings) -> anyhow::Result<bool> {
+pub async fn run(args: PublishArgs, mut settings: Settings) -> anyhow::Result<bool> {
+    settings.publisher.refuse_nonconforming_keys |= args.refuse_nonconforming_keys;
     let publisher = args.publisher.connect(&settings).await?;
     let started = Instant::now();
     let mut tally = Tally::default();
@@ -267,6 +274,15 @@ pub async fn run(args: PublishArgs, settings: Settings) -> anyhow::Result<bool> 
         tally.rejected.len(),
         started.elapsed().as_secs_f64()
     );
+    // Logged (info), not printed: the summary line stays as it was.
+    let odd = publisher.metrics().publisher_nonconforming_keys.get();
+    if odd > 0 {
+        tracing::info!(
+            keys = odd,
+            "payload keys neither defined by their kind nor of the x_<org>_<field> shape \
+             (counted; --refuse-nonconforming-keys refuses them)"
+        );
+    }
     if pending > 0 {
         println!(
             "{pending} events wait in the spool; the next run (or `weft publish --drain-spool`) delivers them"

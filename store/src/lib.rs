@@ -11,7 +11,7 @@
 //! - [`search`]: a search hit, its query and CSV header;
 //! - [`narrative`]: the narrative tables' rows and the narrative read ([`narrative::query`]);
 //! - [`router`]: the router's reads (aggregates, decisions joined with their feedback);
-//! - [`telemetry`]: ingest's telemetry tables' rows;
+//! - [`telemetry`]: ingest's telemetry tables' rows and its quarantine's;
 //! - [`ids`]: the id hash Rust and ClickHouse share, and id lists cut to fit a parameter;
 //! - [`ddl`]: the columns the migrations declare, for the code to check itself against.
 //!

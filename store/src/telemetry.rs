@@ -1,5 +1,6 @@
-//! Ingest's telemetry tables (migration 0006): their names and rows. The writer (best
-//! effort, off the ingest path) is `weft_consumers::telemetry`.
+//! Ingest's telemetry tables (migration 0006) and its quarantine (0009): their names and rows.
+//! The telemetry writer (best effort, off the ingest path) is `weft_consumers::telemetry`; the
+//! quarantine is written in the flush (`weft_consumers::ingest`).
 
 use clickhouse::Row;
 use serde::Serialize;
@@ -66,4 +67,44 @@ pub struct LagRow {
     pub high_watermark: i64,
     /// High watermark minus next offset, never negative.
     pub lag: i64,
+}
+
+/// Table of quarantined records (migration 0009): rejected records whose dead letter the
+/// dead-letter topic refused in every form. Unlike the tables above it is not best effort:
+/// ingest writes it in the flush, before the partition's offsets move on.
+pub const QUARANTINE: &str = "weft_quarantine";
+
+/// One quarantined record.
+#[derive(Debug, Clone, Row, Serialize)]
+pub struct QuarantineRow {
+    /// When it was quarantined (micros since the epoch).
+    pub at: i64,
+    /// The record's `weft-tenant` header, empty when it had none.
+    pub tenant: String,
+    /// Source topic.
+    pub topic: String,
+    /// Source partition.
+    pub partition: i32,
+    /// Source offset; with topic and partition, the row's key.
+    pub offset: i64,
+    /// Why ingest rejected it (the `weft-dlq-reason` code).
+    pub reason: &'static str,
+    /// Human-readable rejection detail.
+    pub message: String,
+    /// Why the dead-letter topic refused its smallest form.
+    pub refused: String,
+    /// Size of the whole original value.
+    pub original_bytes: u64,
+    /// Hex SHA-256 of the whole original value.
+    pub sha256: String,
+    /// Whether `value` was cut.
+    pub truncated: bool,
+    /// The record's key, as read.
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    /// The record's headers (values as lossy UTF-8).
+    pub headers: Vec<(String, String)>,
+    /// The original value, cut to ingest's `max_message_bytes`.
+    #[serde(with = "serde_bytes")]
+    pub value: Vec<u8>,
 }

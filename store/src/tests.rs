@@ -233,3 +233,44 @@ fn differences_name_every_changed_column() {
         assert_eq!(t.differences(&missing), [*col], "{col}");
     }
 }
+
+/// The chain's row hash keeps its bytes: chains sealed when it was computed with serde_jcs
+/// still verify.
+#[test]
+fn the_row_hash_is_the_sha256_of_serde_jcs_bytes() {
+    use sha2::Digest as _;
+    let row = ChainRow {
+        topic: "weaver.trace_events".into(),
+        partition: 3,
+        offset: 9_007_199_254_740_993,
+        tenant: "acme".into(),
+        kind: "trace_event".into(),
+        id: "e-\u{e9}\u{1f600}\"q\"\n".into(),
+        content_hash: "ab".repeat(32),
+        ts: -1,
+        request_id: "r\u{2028}".into(),
+        producer_id: "p".into(),
+        seq: u64::MAX,
+        emitted_at: 1_700_000_000_000_000,
+        ingested_at: 1_700_000_000_000_001,
+        event_type: "flow_started".into(),
+        principal: "\u{10ffff}".into(),
+        capability_id: String::new(),
+        decision: "allow".into(),
+        outcome: String::new(),
+        token_id: "t".into(),
+        decision_id: "d".into(),
+        frame_id: String::new(),
+        handle_id: String::new(),
+        handle_refs: vec!["h1".into(), "\u{7f}".into()],
+        candidate_id: String::new(),
+        flow_id: "f".into(),
+        links: vec![("via".into(), "frame".into(), "f1".into())],
+        conflict: 1,
+        content_type: "application/json".into(),
+        payload_sha256: "cd".repeat(32),
+    };
+    let v = serde_json::to_value(&row).unwrap();
+    let want: [u8; 32] = sha2::Sha256::digest(serde_jcs::to_vec(&v).unwrap()).into();
+    assert_eq!(row.hash().unwrap(), want);
+}

@@ -227,7 +227,11 @@ pub async fn seal(
 ) -> Result<SealReport, AuditError> {
     let mut report = SealReport::default();
     let now = chrono::Utc::now().timestamp_micros();
+    // Where the time goes (logged with the result): reading links and rows, the unsealed
+    // check (its query and its per-row work), hashing, writing.
+    let mut took = [std::time::Duration::ZERO; 4];
     for p in partitions(store, tenant).await? {
+        let t = std::time::Instant::now();
         let existing: Vec<Link> =
             partition_rows(store, LINKS_SQL, tenant, &p, -1, u64::MAX).await?;
         let (after, mut prev, count) = match existing.last() {
@@ -236,10 +240,13 @@ pub async fn seal(
         };
         let mut rows: Vec<ChainRow> =
             partition_rows(store, ROWS_SQL, tenant, &p, after, u64::MAX).await?;
+        took[0] += t.elapsed();
         let Some(upto) = rows.last().map(|r| r.offset) else {
             continue;
         };
+        let t = std::time::Instant::now();
         let bad = unsealed_problems(store, tenant, &p, after, upto, copy_window_secs).await?;
+        took[1] += t.elapsed();
         if let Some(first) = bad.iter().map(|(_, r, _)| r.offset).min() {
             rows.retain(|r| r.offset < first);
             tracing::warn!(topic = %p.topic, partition = p.partition, offset = first,
@@ -259,6 +266,7 @@ pub async fn seal(
         if rows.is_empty() {
             continue;
         }
+        let t = std::time::Instant::now();
         let mut new = Vec::with_capacity(rows.len());
         for r in &rows {
             let rh = r.hash()?;
@@ -276,6 +284,8 @@ pub async fn seal(
                 sealed_at: now,
             });
         }
+        took[2] += t.elapsed();
+        let t = std::time::Instant::now();
         let mut ins = store
             .client()
             .insert::<Link>("weft_audit_chain")
@@ -308,12 +318,18 @@ pub async fn seal(
             .map_err(ch_err(store))?;
         ins.write(&cp).await.map_err(ch_err(store))?;
         ins.end().await.map_err(ch_err(store))?;
+        took[3] += t.elapsed();
         report.sealed += new.len() as u64;
         report.checkpoints.push(cp);
     }
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
     tracing::info!(
         sealed = report.sealed,
         checkpoints = report.checkpoints.len(),
+        read_ms = ms(took[0]),
+        check_ms = ms(took[1]),
+        hash_ms = ms(took[2]),
+        write_ms = ms(took[3]),
         "sealed"
     );
     Ok(report)

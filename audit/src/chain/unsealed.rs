@@ -69,7 +69,9 @@ pub(super) async fn unsealed_problems(
     upto: u64,
     copy_window_secs: u64,
 ) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
+    let t = std::time::Instant::now();
     let rows: Vec<Unsealed> = partition_rows(store, &UNSEALED_SQL, tenant, p, after, upto).await?;
+    let read_unsealed = t.elapsed();
     let window_micros = copy_window_secs.saturating_mul(1_000_000);
     let copies = partition_query(store, COPIES_SQL, tenant, p, after, upto)
         .param("w", window_micros)
@@ -89,6 +91,8 @@ pub(super) async fn unsealed_problems(
             }
         }
     }
+    let read_copies = t.elapsed() - read_unsealed;
+    let t = std::time::Instant::now();
     let mut per_offset: BTreeMap<u64, usize> = BTreeMap::new();
     for r in &rows {
         *per_offset.entry(r.offset).or_default() += 1;
@@ -129,6 +133,12 @@ pub(super) async fn unsealed_problems(
             out.push(("inserted", r, d));
         }
     }
+    tracing::debug!(
+        read_unsealed_ms = read_unsealed.as_millis() as u64,
+        read_copies_ms = read_copies.as_millis() as u64,
+        check_rows_ms = t.elapsed().as_millis() as u64,
+        "unsealed check of one partition"
+    );
     Ok(out)
 }
 

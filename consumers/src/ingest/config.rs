@@ -64,11 +64,12 @@ pub struct IngestConfig {
     /// How long identities are remembered for deduplication (seconds; default 7 days).
     pub dedup_window_secs: u64,
     /// Identities each partition holds exactly, per generation (two generations; default
-    /// 250,000, about 17 MB). Older ones of the window are found through the filter and a
+    /// 20,000, under 3 MB for both). Older ones of the window are found through the filter and a
     /// ClickHouse check, so the bound costs lookups, never exactness.
     pub dedup_max_entries: usize,
     /// Identities each partition's window filter is sized for, per half window (two
-    /// generations; default 5,000,000, about 6 MB each at 1% false positives).
+    /// generations; default 2,000,000, about 2.4 MB each at 1% false positives). Every
+    /// topic partition has its own: 8 kinds x 4 partitions is 32.
     pub dedup_filter_items: usize,
     /// Status server (`/metrics`, `/healthz`, `/v1/narratives/{id}`); empty disables it.
     pub listen: String,
@@ -87,8 +88,8 @@ pub struct IngestConfig {
     /// Seconds with records fetched but none stored (judged from this process's own positions)
     /// after which `/healthz` answers 503 and `weft_ingest_stalled` is 1; 0 disables.
     pub stall_after_secs: u64,
-    /// Nodes the narrative graph keeps in memory between passes (default 1,000,000, about
-    /// 250 MB); the least recently touched components are evicted beyond it and load again
+    /// Nodes the narrative graph keeps in memory between passes (default 300,000, about
+    /// 180 MB); the least recently touched components are evicted beyond it and load again
     /// from ClickHouse when an event names them.
     pub narrative_max_nodes: usize,
 }
@@ -106,8 +107,8 @@ impl Default for IngestConfig {
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
             dedup_window_secs: 7 * 24 * 3600,
-            dedup_max_entries: 250_000,
-            dedup_filter_items: 5_000_000,
+            dedup_max_entries: 20_000,
+            dedup_filter_items: 2_000_000,
             listen: weft_schemas::ports::loopback(weft_schemas::ports::INGEST).to_string(),
             max_backoff_ms: 10_000,
             kafka_properties: BTreeMap::new(),

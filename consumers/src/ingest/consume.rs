@@ -251,6 +251,9 @@ impl Ingestor {
         } else {
             decode::decode(&r, &self.cfg.topics, &self.ids)
         };
+        if let Ok(fact) = &decoded {
+            self.note_nonconforming(fact);
+        }
         let decoded = decoded.map_err(|reason| {
             Box::new(DeadLetter {
                 key: m.key().map(<[u8]>::to_vec),
@@ -268,6 +271,22 @@ impl Ingestor {
             partition: m.partition(),
             offset: m.offset(),
             decoded,
+        }
+    }
+
+    /// Count (and log, once per key) the fact's top-level payload keys neither defined by its
+    /// kind nor of the `x_<org>_<field>` shape. The spec allows them, so the fact is stored.
+    fn note_nonconforming(&self, fact: &Fact) {
+        let kind = fact.envelope.kind;
+        let odd = weft_schemas::extensions::nonconforming_keys(kind, &fact.payload);
+        if odd.is_empty() {
+            return;
+        }
+        self.metrics.nonconforming_keys.inc_by(odd.len() as u64);
+        let new = self.reported.first_seen(kind, &odd);
+        if !new.is_empty() {
+            info!(%kind, keys = %new.join(", "), tenant = %fact.envelope.tenant,
+                "payload keys neither in the spec nor x_<org>_<field> (logged once per key)");
         }
     }
 

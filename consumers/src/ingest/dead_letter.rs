@@ -8,9 +8,10 @@
 //! in a *minimal* form (no value, no original headers). A form refused for good is never
 //! retried; only transient errors (broker unreachable, queue full) are, with the partition's
 //! offsets held, and every wait gives way to a stop at once. If the minimal form is refused
-//! too, the record is quarantined: its row in `weft_dead_letters` (reason, source topic,
-//! partition, offset, SHA-256 and size in the message) is what remains, and the partition
-//! moves on (`weft_ingest_dead_letters_quarantined_total`).
+//! too, the record is quarantined: stored in the ClickHouse table `weft_quarantine` (the value
+//! cut to `max_message_bytes`, its size, SHA-256, key, small headers, source topic, partition,
+//! offset, the reason and the broker's refusal), retried like a facts insert until it lands,
+//! and the partition moves on (`weft_ingest_dead_letters_quarantined_total`).
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -22,6 +23,8 @@ use super::flush::{Flusher, Stopped};
 use super::{backoff, now_micros};
 use crate::decode::Rejection;
 use crate::telemetry::{DeadLetterRow, Sample};
+use weft_store::insert;
+use weft_store::telemetry::{QuarantineRow, QUARANTINE};
 
 /// A record that will go to the dead-letter topic, owned.
 pub(super) struct DeadLetter {
@@ -36,6 +39,8 @@ pub(super) struct DeadLetter {
 const OVERHEAD: usize = 8 << 10;
 /// Longest key and `weft-dlq-message` a bounded form carries.
 const MAX_SMALL: usize = 1 << 10;
+/// Most bytes of original headers a bounded form (or a quarantine row) keeps.
+const HEADERS_KEPT: usize = 16 << 10;
 
 /// The shape a dead letter goes out in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +76,57 @@ fn cut(bytes: &[u8], max: usize) -> &[u8] {
 }
 
 impl DeadLetter {
+    /// The record's `weft-tenant` header, empty when it has none.
+    fn tenant(&self) -> String {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == weft_schemas::wire::header::TENANT)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Headers of at most `HEADERS_KEPT` bytes in all, else none.
+    fn small_headers(&self) -> Option<&[(String, Vec<u8>)]> {
+        let size: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        (size <= HEADERS_KEPT).then_some(self.headers.as_slice())
+    }
+
+    /// The row that keeps this record in `weft_quarantine`: the value cut to `max` bytes.
+    pub(super) fn quarantine_row(
+        &self,
+        max: usize,
+        source: (&str, i32),
+        refused: &KafkaError,
+    ) -> QuarantineRow {
+        QuarantineRow {
+            at: now_micros(),
+            tenant: self.tenant(),
+            topic: source.0.to_owned(),
+            partition: source.1,
+            offset: self.offset,
+            reason: self.reason.code,
+            message: String::from_utf8_lossy(cut(self.reason.message.as_bytes(), HEADERS_KEPT))
+                .into_owned(),
+            refused: refused.to_string(),
+            original_bytes: self.value.len() as u64,
+            sha256: hex::encode(Sha256::digest(&self.value)),
+            truncated: self.value.len() > max,
+            key: self
+                .key
+                .as_deref()
+                .map(|k| cut(k, MAX_SMALL).to_vec())
+                .unwrap_or_default(),
+            headers: self
+                .small_headers()
+                .unwrap_or_default()
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect(),
+            value: cut(&self.value, max).to_vec(),
+        }
+    }
+
     fn whole_size(&self) -> usize {
         let headers: usize = self
             .headers
@@ -93,9 +149,12 @@ impl DeadLetter {
     pub(super) fn render(&self, form: Form, max: usize, source: (&str, i32)) -> Rendered {
         let (topic, partition) = source;
         let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
-        let original_headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if form == Form::Whole || (form == Form::Bounded && original_headers <= 16 << 10) {
-            headers.extend(self.headers.iter().cloned());
+        match form {
+            Form::Whole => headers.extend(self.headers.iter().cloned()),
+            Form::Bounded => {
+                headers.extend(self.small_headers().unwrap_or_default().iter().cloned())
+            }
+            Form::Minimal => {}
         }
         let message = match form {
             Form::Whole => self.reason.message.as_bytes(),
@@ -150,16 +209,12 @@ impl Flusher {
             let mut form = d.first_form(max);
             let sent = loop {
                 match self.send_form(d, form, max, (topic, partition)).await? {
-                    Ok(()) => break Some(form),
+                    Ok(()) => break Ok(form),
                     Err(e) => {
                         let next = match form {
                             Form::Whole => Form::Bounded,
                             Form::Bounded => Form::Minimal,
-                            Form::Minimal => {
-                                error!(error = %e, topic, partition, offset = d.offset,
-                                    "dead letter refused even without its value: quarantined in weft_dead_letters");
-                                break None;
-                            }
+                            Form::Minimal => break Err(e),
                         };
                         warn!(error = %e, ?form, ?next, offset = d.offset,
                             "dead letter refused for good in this form; sending a smaller one");
@@ -168,17 +223,20 @@ impl Flusher {
                 }
             };
             let message = match sent {
-                Some(Form::Whole) => d.reason.message.clone(),
-                Some(f) => format!(
+                Ok(Form::Whole) => d.reason.message.clone(),
+                Ok(f) => format!(
                     "{} [dead-lettered {f:?}: {} bytes, sha256 {}]",
                     String::from_utf8_lossy(cut(d.reason.message.as_bytes(), MAX_SMALL)),
                     d.value.len(),
                     hex::encode(Sha256::digest(&d.value))
                 ),
-                None => {
+                Err(e) => {
+                    error!(error = %e, topic, partition, offset = d.offset,
+                        "dead letter refused even without its value: quarantined in weft_quarantine");
+                    self.quarantine(d, (topic, partition), &e).await?;
                     self.metrics.dead_letters_quarantined.inc();
                     format!(
-                        "QUARANTINED (dead-letter topic refused it): {} [{} bytes, sha256 {}]",
+                        "QUARANTINED (dead-letter topic refused it; kept in weft_quarantine): {} [{} bytes, sha256 {}]",
                         String::from_utf8_lossy(cut(d.reason.message.as_bytes(), MAX_SMALL)),
                         d.value.len(),
                         hex::encode(Sha256::digest(&d.value))
@@ -193,13 +251,7 @@ impl Flusher {
                 offset: d.offset,
                 reason: d.reason.code,
                 message,
-                tenant: d
-                    .headers
-                    .iter()
-                    .find(|(k, _)| k == weft_schemas::wire::header::TENANT)
-                    .and_then(|(_, v)| std::str::from_utf8(v).ok())
-                    .unwrap_or_default()
-                    .to_owned(),
+                tenant: d.tenant(),
             }));
             self.metrics
                 .dead_lettered
@@ -207,6 +259,34 @@ impl Flusher {
                 .inc();
         }
         Ok(())
+    }
+
+    /// Keep `d` in `weft_quarantine`, retrying until ClickHouse has it or the process stops
+    /// (at once, even mid-wait): the partition's offsets move on only once the row is stored.
+    async fn quarantine(
+        &self,
+        d: &DeadLetter,
+        source: (&str, i32),
+        refused: &KafkaError,
+    ) -> Result<(), Stopped> {
+        let row = d.quarantine_row(self.cfg.max_message_bytes, source, refused);
+        let mut attempt = 0;
+        loop {
+            match insert::<QuarantineRow>(&self.store, QUARANTINE, std::slice::from_ref(&row)).await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    attempt += 1;
+                    self.metrics.insert_retries.inc();
+                    warn!(error = %e, attempt, "quarantine insert failed; offsets held, retrying");
+                    let mut stop = self.stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => {}
+                        _ = stop.wait_for(|s| *s) => return Err(Stopped),
+                    }
+                }
+            }
+        }
     }
 
     /// Send `d` in `form` until the broker acknowledges it (`Ok(Ok)`), refuses it for good
@@ -245,6 +325,7 @@ impl Flusher {
                 Err((e, _)) if is_permanent(&e) => return Ok(Err(e)),
                 Err((e, _)) => {
                     attempt += 1;
+                    self.metrics.dead_letter_retries.inc();
                     warn!(error = %e, attempt, "dead-letter publish failed; retrying (offsets held)");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => {}
@@ -314,6 +395,23 @@ mod tests {
         assert!(value.is_empty());
         assert!(!headers.iter().any(|(k, _)| k == "weft-tenant"));
         assert!(headers.iter().any(|(k, _)| k == "weft-dlq-sha256"));
+    }
+
+    #[test]
+    fn a_quarantine_row_keeps_the_value_cut_to_the_maximum_with_size_and_hash() {
+        let d = dead(5000);
+        let refused = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        let row = d.quarantine_row(4000, ("t", 2), &refused);
+        assert_eq!((row.topic.as_str(), row.partition, row.offset), ("t", 2, 7));
+        assert_eq!(row.value, d.value[..4000]);
+        assert!(row.truncated);
+        assert_eq!(row.original_bytes, 5000);
+        assert_eq!(row.sha256, hex::encode(Sha256::digest(&d.value)));
+        assert_eq!(row.tenant, "acme");
+        assert_eq!(row.headers, vec![("weft-tenant".into(), "acme".into())]);
+        assert!(row.refused.contains("MessageSizeTooLarge"));
+        let whole = d.quarantine_row(1_000_000, ("t", 2), &refused);
+        assert!(!whole.truncated && whole.value == d.value);
     }
 
     #[test]

@@ -43,6 +43,7 @@ use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use weft_store::telemetry::{QuarantineRow, QUARANTINE};
 use weft_store::{EventRow, Store, StoreError};
 
 pub use config::{listen_addr, IngestConfig, Role};
@@ -119,6 +120,8 @@ pub struct Ingestor {
     stop: watch::Receiver<bool>,
     /// Best-effort figures for ClickHouse (batches, dead letters, lag); never blocks.
     telemetry: Telemetry,
+    /// Nonconforming payload keys logged already (each is logged once).
+    reported: weft_schemas::extensions::Reported,
 }
 
 fn backoff(attempt: u32, max_ms: u64) -> Duration {
@@ -141,6 +144,10 @@ impl Ingestor {
             })
             .await?;
         }
+        retry_store(&cfg, &metrics, "check weft_quarantine", || {
+            weft_store::check_columns::<QuarantineRow>(&store, QUARANTINE)
+        })
+        .await?;
         if cfg.role == Role::All {
             // The only writer of weft_events in this role: an insert running now is a killed
             // predecessor's, and the resume points must be read after it lands.
@@ -163,16 +170,17 @@ impl Ingestor {
             .set("max.poll.interval.ms", "3600000")
             .set("fetch.wait.max.ms", "100")
             .create_with_context(watch)?;
-        let dlq: FutureProducer = kafka_config(&cfg)
-            .set("enable.idempotence", "true")
+        let mut dlq = kafka_config(&cfg);
+        dlq.set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("message.timeout.ms", "30000")
-            // Room for weft's headers around a record of max_message_bytes.
-            .set(
-                "message.max.bytes",
-                (cfg.max_message_bytes + (64 << 10)).to_string(),
-            )
-            .create()?;
+            .set("message.timeout.ms", "30000");
+        // Room for weft's headers around a record of max_message_bytes, unless the properties
+        // set a limit (a smaller one makes larger dead letters go out bounded, or quarantined).
+        if !cfg.kafka_properties.contains_key("message.max.bytes") {
+            let room = cfg.max_message_bytes + (64 << 10);
+            dlq.set("message.max.bytes", room.to_string());
+        }
+        let dlq: FutureProducer = dlq.create()?;
         let projector = match cfg.role {
             Role::Facts => None,
             Role::All | Role::Narratives => Some(
@@ -208,6 +216,7 @@ impl Ingestor {
             positions: Arc::default(),
             stop,
             telemetry,
+            reported: Default::default(),
         };
         me.subscribe().await?;
         Ok(me)

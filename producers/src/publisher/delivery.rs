@@ -12,7 +12,7 @@ use rdkafka::{ClientContext, Message};
 use tokio::sync::oneshot;
 use tracing::{debug, error, info, warn};
 use weft_schemas::wire::{self, ContentType};
-use weft_schemas::Envelope;
+use weft_schemas::{extensions, Envelope, Kind};
 
 use super::receipt::{Delivery, Receipt, Reply};
 use super::state::{lock, read, write, Job, Kafka, Shared};
@@ -175,12 +175,54 @@ impl Shared {
 }
 
 impl Publisher {
+    /// Count and log the payload's nonconforming top-level keys; `Err` when configured to
+    /// refuse them.
+    fn check_keys(&self, kind: Kind, payload: &serde_json::Value) -> Result<(), PublishError> {
+        let odd = extensions::nonconforming_keys(kind, payload);
+        if odd.is_empty() {
+            return Ok(());
+        }
+        let inner = &*self.inner;
+        inner
+            .shared
+            .metrics
+            .publisher_nonconforming_keys
+            .inc_by(odd.len() as u64);
+        let new = inner.reported.first_seen(kind, &odd);
+        if !new.is_empty() {
+            info!(%kind, keys = %new.join(", "), "payload keys neither in the spec nor x_<org>_<field> (logged once per key)");
+        }
+        if !inner.config.refuse_nonconforming_keys {
+            return Ok(());
+        }
+        Err(PublishError::Nonconforming {
+            kind,
+            keys: odd.join(", "),
+        })
+    }
+
     /// Validate, stamp, encode and send one event. Returns at once; the [`Receipt`] resolves
     /// when the event is durable. An invalid event is an error here and is never published.
-    pub fn publish(&self, mut env: Envelope) -> Result<Receipt, PublishError> {
+    /// Top-level payload keys neither defined by the kind nor of the `x_<org>_<field>` shape
+    /// are counted (`weft_publisher_nonconforming_keys_total`) and logged, and refused
+    /// (`nonconforming_key`) when `refuse_nonconforming_keys` is set.
+    pub fn publish(&self, env: Envelope) -> Result<Receipt, PublishError> {
+        self.publish_with(env, true)
+    }
+
+    /// [`Publisher::publish`]; `check_keys: false` for a caller that checked (and counted)
+    /// the payload's keys itself (the gateway).
+    pub(crate) fn publish_with(
+        &self,
+        mut env: Envelope,
+        check_keys: bool,
+    ) -> Result<Receipt, PublishError> {
         let started = Instant::now();
         let inner = &*self.inner;
         let (payload, identity) = env.validate()?;
+        if check_keys {
+            self.check_keys(env.kind, &payload)?;
+        }
         if env.producer_id.is_none() {
             env.producer_id = Some(inner.producer_id.clone());
         }

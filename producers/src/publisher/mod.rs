@@ -102,6 +102,15 @@ pub enum PublishError {
     /// The publisher was closed.
     #[error("publisher is closed")]
     Closed,
+    /// Payload keys neither defined by the kind nor of the `x_<org>_<field>` shape, refused
+    /// because `refuse_nonconforming_keys` is set.
+    #[error("payload keys {keys} are neither defined by {kind} nor of the x_<org>_<field> shape")]
+    Nonconforming {
+        /// The event's kind.
+        kind: Kind,
+        /// The keys, comma-separated.
+        keys: String,
+    },
 }
 
 impl PublishError {
@@ -119,6 +128,7 @@ impl PublishError {
             PublishError::Spool(_) => "spool_failed",
             PublishError::Kafka(_) => "kafka_refused",
             PublishError::Closed => "closed",
+            PublishError::Nonconforming { .. } => "nonconforming_key",
         }
     }
 
@@ -163,6 +173,8 @@ struct Inner {
     producer_id: String,
     seq: AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Nonconforming keys logged already (each is logged once).
+    reported: weft_schemas::extensions::Reported,
 }
 
 /// The Rust publishing API. Cheap to clone; all clones share one Kafka producer and spool.
@@ -268,6 +280,7 @@ impl Publisher {
                 producer_id: config.effective_producer_id(),
                 seq: AtomicU64::new(0),
                 threads: Mutex::new(threads),
+                reported: Default::default(),
                 topics,
                 config,
             }),
@@ -645,5 +658,33 @@ mod tests {
             "{durable} durable, {full} refused"
         );
         assert_eq!(p.spool_pending(), durable as u64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nonconforming_keys_are_counted_and_refused_only_when_configured() {
+        let odd: Envelope = serde_json::from_str(
+            r#"{"kind":"trace_event","payload":{"event_id":"e","event_type":"flow_started",
+                "timestamp":"2026-03-08T06:00:05Z","x_weaver_signature":"s","weaver_reserved":1,"Foo":2}}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = Publisher::connect(offline(dir.path())).await.unwrap();
+        assert!(p.publish(env(0)).is_ok());
+        assert_eq!(p.metrics().publisher_nonconforming_keys.get(), 0);
+        assert!(p.publish(odd.clone()).is_ok(), "counted, not refused");
+        assert_eq!(p.metrics().publisher_nonconforming_keys.get(), 2);
+        p.close(Duration::from_secs(5));
+
+        let dir = tempfile::tempdir().unwrap();
+        let refusing = PublisherConfig {
+            refuse_nonconforming_keys: true,
+            ..offline(dir.path())
+        };
+        let p = Publisher::connect(refusing).await.unwrap();
+        let e = p.publish(odd).unwrap_err();
+        assert_eq!(e.code(), "nonconforming_key");
+        assert!(e.to_string().contains("Foo, weaver_reserved"), "{e}");
+        assert!(p.publish(env(1)).is_ok(), "conforming events still pass");
+        p.close(Duration::from_secs(5));
     }
 }
