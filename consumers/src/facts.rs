@@ -127,12 +127,16 @@ impl DedupCache {
         self.current.get(&key).or_else(|| self.previous.get(&key))
     }
 
+    /// `false` when the window's filter rules the identity out (certainly new): the cheap
+    /// first test, before the identity's SHA-256 key is computed for [`DedupCache::unsure`].
+    pub fn may_have_seen(&self, id_hash: u64) -> bool {
+        self.filter.iter().any(|f| f.contains_hash(id_hash))
+    }
+
     /// `true` when neither memory nor the filter can decide `key`: check it in ClickHouse
     /// and report with [`DedupCache::stored`] before [`DedupCache::observe`].
     pub fn unsure(&self, key: u128, id_hash: u64) -> bool {
-        self.known(key).is_none()
-            && !self.absent.contains(&key)
-            && self.filter.iter().any(|f| f.contains_hash(id_hash))
+        self.known(key).is_none() && !self.absent.contains(&key) && self.may_have_seen(id_hash)
     }
 
     /// What ClickHouse holds for an [`unsure`](DedupCache::unsure) identity: the content
@@ -181,14 +185,6 @@ impl DedupCache {
             self.filter[0].insert_hash(id_hash);
         }
         seen
-    }
-
-    /// Remember an identity stored before this process took the partition.
-    fn preload(&mut self, key: u128, hash: &[u8; 32]) {
-        let entry = self.current.entry(key).or_default();
-        if !entry.contains(&short(hash)) {
-            entry.push(short(hash));
-        }
     }
 
     /// Forget an observation that was not stored after all (its insert is being retried
@@ -268,7 +264,7 @@ pub async fn load_dedup(
         .fetch::<IdentityRow>()
         .map_err(store.err())?;
     while let Some(r) = recent.next().await.map_err(store.err())? {
-        cache.preload(identity_key(&r.tenant, &r.kind, &r.id), &r.content_hash);
+        cache.stored(identity_key(&r.tenant, &r.kind, &r.id), &[r.content_hash]);
     }
     Ok(cache)
 }

@@ -95,14 +95,17 @@ impl PartitionState {
             .filter(|(offset, _)| *offset > self.stored)
             .filter_map(|(_, f)| {
                 let (tenant, kind) = (&f.envelope.tenant, f.envelope.kind.as_str());
+                // The filter first: most identities are new, and need no SHA-256 here.
+                let h = id_hash(tenant, kind, &f.id);
+                if !self.dedup.may_have_seen(h) {
+                    return None;
+                }
                 let key = identity_key(tenant, kind, &f.id);
-                self.dedup
-                    .unsure(key, id_hash(tenant, kind, &f.id))
-                    .then(|| Identity {
-                        tenant: tenant.clone(),
-                        kind: kind.to_owned(),
-                        id: f.id.clone(),
-                    })
+                self.dedup.unsure(key, h).then(|| Identity {
+                    tenant: tenant.clone(),
+                    kind: kind.to_owned(),
+                    id: f.id.clone(),
+                })
             })
             .collect();
         out.sort_by(|a, b| (&a.tenant, &a.kind, &a.id).cmp(&(&b.tenant, &b.kind, &b.id)));
