@@ -9,10 +9,11 @@
 //! and Kafka's committed offset is only a hint for where to start reading.
 //!
 //! **Identity deduplication.** Copies of one event share a Kafka key (request id or identity),
-//! so they meet in one partition. [`DedupCache`] remembers, per partition, the content hash of
-//! every identity seen within the dedup window; it is reloaded from the `by_partition`
-//! projection when a partition is assigned. A known identity with the same content is dropped;
-//! with different content it is stored and flagged `conflict = 1`.
+//! so they meet in one partition. [`DedupCache`] decides, per partition, whether an identity
+//! was stored within the dedup window: the most recent ones in memory, the others through a
+//! filter of the window and, for its positives, a ClickHouse check ([`check_stored`]); it is
+//! reloaded ([`load_dedup`]) when a partition is assigned. A known identity with the same
+//! content is dropped; with different content it is stored and flagged `conflict = 1`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
