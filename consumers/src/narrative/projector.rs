@@ -5,7 +5,7 @@
 //! `weft_links`, `weft_links_from`, `weft_projector_progress`) is the truth; the in-memory
 //! graph is a bounded cache of it: it starts empty, each pass loads what it names and is not
 //! in memory ([`super::loader`]), and after the pass the least recently touched components
-//! are evicted down to the budget ([`Projector::with_max_nodes`]). Every write is idempotent
+//! are evicted down to the budget (`max_nodes` of [`Projector::load`]). Every write is idempotent
 //! (ReplacingMergeTree rows keyed by what they describe, versions from a monotonic clock), so
 //! replaying facts after a crash is harmless, and progress is written last.
 
