@@ -137,8 +137,23 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     let ingest = p.ingest_args(None, &[], &["--role", "facts"]);
     let narratives = p.ingest_args(None, &[], &["--role", "narratives"]);
     p.publish(&file);
-    // Stop ClickHouse once ingest is well under way.
+    // Stop ClickHouse once ingest is well under way and the facts process holds every
+    // partition (it has stored rows of each): a rebalance landing in the outage would retry
+    // its progress read instead of an insert, and prove nothing.
     p.wait_for_facts(want / 5, Duration::from_secs(300)).await;
+    let kinds: std::collections::BTreeSet<String> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["kind"].as_str().map(str::to_owned))
+        .collect();
+    let partitions = kinds.len() as u64 * 4;
+    p.wait_for_count(
+        "SELECT uniqExact(topic, partition) FROM weft_events",
+        partitions,
+        Duration::from_secs(300),
+    )
+    .await;
     let back = ClickHouseBack;
     stack(&["stop", "clickhouse"]);
     // The outage itself: ingest keeps reading, fails its inserts and must not commit.
