@@ -144,38 +144,40 @@ fn csv_field(s: &str) -> String {
 
 /// One hit as a CSV line under [`CSV_HEADER`] (RFC 4180 quoting, formula-injection safe).
 pub fn csv_line(h: &Hit) -> String {
-    [
-        weft_schemas::time::micros_to_rfc3339(h.ts),
-        h.kind.clone(),
-        h.id.clone(),
-        h.content_hash.clone(),
-        h.request_id.clone(),
-        h.event_type.clone(),
-        h.principal.clone(),
-        h.capability_id.clone(),
-        h.decision.clone(),
-        h.outcome.clone(),
-        h.token_id.clone(),
-        h.decision_id.clone(),
-        h.conflict.to_string(),
-    ]
-    .iter()
-    .map(|s| csv_field(s))
-    .collect::<Vec<_>>()
-    .join(",")
+    h.typed(|_, t| {
+        [
+            &weft_schemas::time::micros_to_rfc3339(h.ts),
+            &h.kind,
+            &h.id,
+            &h.content_hash,
+            &h.request_id,
+            t.event_type,
+            t.principal,
+            t.capability_id,
+            t.decision,
+            t.outcome,
+            t.token_id,
+            t.decision_id,
+            &h.conflict.to_string(),
+        ]
+        .iter()
+        .map(|s| csv_field(s))
+        .collect::<Vec<_>>()
+        .join(",")
+    })
 }
 
 /// One hit as a JSON line: the columns, the time as RFC 3339, the payload as JSON.
 pub fn json_line(h: &Hit) -> serde_json::Value {
-    let payload: serde_json::Value =
-        serde_json::from_str(&h.payload).unwrap_or(serde_json::Value::String(h.payload.clone()));
-    serde_json::json!({
-        "ts": weft_schemas::time::micros_to_rfc3339(h.ts),
-        "kind": h.kind, "id": h.id, "content_hash": h.content_hash,
-        "request_id": h.request_id, "event_type": h.event_type, "principal": h.principal,
-        "capability_id": h.capability_id, "decision": h.decision, "outcome": h.outcome,
-        "token_id": h.token_id, "decision_id": h.decision_id, "conflict": h.conflict == 1,
-        "payload": payload,
+    h.typed(|payload, t| {
+        serde_json::json!({
+            "ts": weft_schemas::time::micros_to_rfc3339(h.ts),
+            "kind": h.kind, "id": h.id, "content_hash": h.content_hash,
+            "request_id": h.request_id, "event_type": t.event_type, "principal": t.principal,
+            "capability_id": t.capability_id, "decision": t.decision, "outcome": t.outcome,
+            "token_id": t.token_id, "decision_id": t.decision_id, "conflict": h.conflict == 1,
+            "payload": payload,
+        })
     })
 }
 
@@ -191,13 +193,6 @@ mod tests {
             id: "a\"b'c ✓".into(),
             content_hash: "00ff".into(),
             request_id: String::new(),
-            event_type: String::new(),
-            principal: String::new(),
-            capability_id: String::new(),
-            decision: String::new(),
-            outcome: String::new(),
-            token_id: String::new(),
-            decision_id: String::new(),
             conflict: 0,
             payload: "{}".into(),
         };

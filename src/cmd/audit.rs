@@ -187,17 +187,19 @@ async fn run_search(store: &Store, s: SearchArgs) -> anyhow::Result<ExitCode> {
             match s.format {
                 SearchFormat::Csv => writeln!(out, "{}", search::csv_line(h))?,
                 SearchFormat::Jsonl => writeln!(out, "{}", search::json_line(h))?,
-                SearchFormat::Table => writeln!(
-                    out,
-                    "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
-                    weft_schemas::time::micros_to_rfc3339(h.ts),
-                    h.kind,
-                    h.id,
-                    h.event_type,
-                    h.capability_id,
-                    h.decision,
-                    h.outcome
-                )?,
+                SearchFormat::Table => h.typed(|_, t| {
+                    writeln!(
+                        out,
+                        "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
+                        weft_schemas::time::micros_to_rfc3339(h.ts),
+                        h.kind,
+                        h.id,
+                        t.event_type,
+                        t.capability_id,
+                        t.decision,
+                        t.outcome
+                    )
+                })?,
             }
         }
         cursor = page.next_cursor;

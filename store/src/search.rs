@@ -4,8 +4,13 @@
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use weft_schemas::Kind;
 
-/// One event of a search result.
+use crate::events::{typed_columns, TypedColumns};
+
+/// One event of a search result. Its payload-derived columns (`event_type` … `decision_id`)
+/// are not fetched again: [`Hit::typed`] derives them from the payload as ingest did.
 #[derive(Debug, Clone, PartialEq, Row, Serialize, Deserialize)]
 pub struct Hit {
     /// Event time, microseconds since the epoch.
@@ -18,24 +23,33 @@ pub struct Hit {
     pub content_hash: String,
     /// Request id, empty when none.
     pub request_id: String,
-    /// Payload `event_type`.
-    pub event_type: String,
-    /// Who acted.
-    pub principal: String,
-    /// Capability id.
-    pub capability_id: String,
-    /// Payload `decision`.
-    pub decision: String,
-    /// Payload `outcome`.
-    pub outcome: String,
-    /// Capability token id.
-    pub token_id: String,
-    /// Authorization decision id.
-    pub decision_id: String,
     /// 1 when the identity was stored before with different content.
     pub conflict: u8,
     /// The producer's payload JSON text, as stored.
     pub payload: String,
+}
+
+impl Hit {
+    /// Call `f` with the parsed payload (the text as a JSON string if it does not parse) and
+    /// the hit's payload-derived columns, by [`typed_columns`] (the derivation ingest wrote
+    /// them with; `verify` flags a row whose stored columns differ).
+    pub fn typed<R>(&self, f: impl FnOnce(&Value, &TypedColumns<'_>) -> R) -> R {
+        let payload = serde_json::from_str(&self.payload)
+            .unwrap_or_else(|_| Value::String(self.payload.clone()));
+        let links = match self.kind.parse::<Kind>() {
+            Ok(kind) if payload.is_object() => {
+                Some((kind, weft_schemas::links::extract(kind, &payload)))
+            }
+            _ => None,
+        };
+        match &links {
+            Some((kind, links)) => f(&payload, &typed_columns(*kind, &payload, links)),
+            None => f(
+                &payload,
+                &typed_columns(Kind::TraceEvent, &Value::Null, &[]),
+            ),
+        }
+    }
 }
 
 /// One page of hits of one tenant. Parameters: `{t}`, `{from}`/`{to}` (micros), one per
@@ -43,8 +57,7 @@ pub struct Hit {
 /// `{chash}`) and `{limit}`.
 pub const SQL: &str = "
 SELECT toUnixTimestamp64Micro(ts) AS ts, kind, id, lower(hex(content_hash)) AS content_hash,
-       request_id, event_type, principal, capability_id, decision, outcome, token_id,
-       decision_id, conflict, payload
+       request_id, conflict, payload
 FROM weft_events
 WHERE tenant = {t:String}
   AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC')
@@ -62,7 +75,8 @@ ORDER BY ts, kind, id, content_hash
 LIMIT {limit:UInt64}
 ";
 
-/// The CSV header of a hit: its columns but the payload (left out of CSV), in order.
+/// The CSV header of a hit: its columns and its payload-derived columns, but the payload
+/// (left out of CSV), in order.
 pub const CSV_HEADER: &str =
     "ts,kind,id,content_hash,request_id,event_type,principal,capability_id,decision,outcome,token_id,decision_id,conflict";
 
@@ -97,11 +111,24 @@ pub(crate) mod tests {
     #[test]
     fn sql_and_csv_header_follow_the_hit() {
         assert_eq!(selected(SQL), Hit::COLUMN_NAMES);
-        let csv: Vec<&str> = Hit::COLUMN_NAMES
-            .iter()
-            .copied()
-            .filter(|c| *c != "payload")
-            .collect();
-        assert_eq!(CSV_HEADER, csv.join(","));
+        let h = Hit {
+            ts: 1,
+            kind: "policy_decision".into(),
+            id: "pd-1".into(),
+            content_hash: "00".into(),
+            request_id: "r".into(),
+            conflict: 0,
+            payload: r#"{"decision_id":"pd-1","principal":"p","capability_id":"c"}"#.into(),
+        };
+        let typed = h.typed(|_, t| serde_json::to_value(t).unwrap());
+        assert_eq!(typed["decision_id"], "pd-1");
+        assert_eq!(typed["principal"], "p");
+        // Every CSV column is a hit column or a derived one.
+        for c in CSV_HEADER.split(',') {
+            assert!(
+                Hit::COLUMN_NAMES.contains(&c) || typed.get(c).is_some(),
+                "{c} is neither a hit column nor derived"
+            );
+        }
     }
 }
