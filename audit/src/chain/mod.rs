@@ -73,24 +73,40 @@ GROUP BY tenant, topic, partition, offset, kind, id, ts, row_hash, chain
 ORDER BY offset
 ";
 
-/// A query over one partition's offsets `(after, upto]`: binds `{t}`, `{topic}`, `{p}`,
-/// `{after}` and `{upto}`, the five parameters every per-partition chain query filters on.
-pub(super) fn partition_query(
-    store: &Store,
-    sql: &str,
-    tenant: &str,
-    p: &Part,
-    after: i64,
-    upto: u64,
-) -> clickhouse::query::Query {
-    store
-        .client()
-        .query(sql)
-        .param("t", tenant)
-        .param("topic", &p.topic)
-        .param("p", p.partition)
-        .param("after", after)
-        .param("upto", upto)
+/// One partition's offsets `(after, upto]` of one tenant: what every per-partition chain
+/// query filters on (`{t}`, `{topic}`, `{p}`, `{after}`, `{upto}`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span<'a> {
+    pub tenant: &'a str,
+    pub part: &'a Part,
+    pub after: i64,
+    pub upto: u64,
+}
+
+impl Span<'_> {
+    /// `sql` with the span's five parameters bound.
+    pub(super) fn query(&self, store: &Store, sql: &str) -> clickhouse::query::Query {
+        store
+            .client()
+            .query(sql)
+            .param("t", self.tenant)
+            .param("topic", &self.part.topic)
+            .param("p", self.part.partition)
+            .param("after", self.after)
+            .param("upto", self.upto)
+    }
+
+    /// The rows `sql` selects from the span: the facts ([`ROWS_SQL`], in chain order), the
+    /// links ([`LINKS_SQL`]) or the unsealed facts.
+    pub(super) async fn rows<T>(&self, store: &Store, sql: &str) -> Result<Vec<T>, AuditError>
+    where
+        T: clickhouse::RowOwned + clickhouse::RowRead,
+    {
+        self.query(store, sql)
+            .fetch_all()
+            .await
+            .map_err(ch_err(store))
+    }
 }
 
 /// One link of `weft_audit_chain`.
@@ -171,25 +187,6 @@ pub(super) async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>,
         .map_err(ch_err(store))
 }
 
-/// The rows `sql` selects from one partition's offsets `(after, upto]`: the facts
-/// ([`ROWS_SQL`], in chain order), the links ([`LINKS_SQL`]) or the unsealed facts.
-pub(super) async fn partition_rows<T>(
-    store: &Store,
-    sql: &str,
-    tenant: &str,
-    p: &Part,
-    after: i64,
-    upto: u64,
-) -> Result<Vec<T>, AuditError>
-where
-    T: clickhouse::RowOwned + clickhouse::RowRead,
-{
-    partition_query(store, sql, tenant, p, after, upto)
-        .fetch_all()
-        .await
-        .map_err(ch_err(store))
-}
-
 /// What one seal did.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct SealReport {
@@ -232,20 +229,32 @@ pub async fn seal(
     let mut took = [std::time::Duration::ZERO; 4];
     for p in partitions(store, tenant).await? {
         let t = std::time::Instant::now();
-        let existing: Vec<Link> =
-            partition_rows(store, LINKS_SQL, tenant, &p, -1, u64::MAX).await?;
+        let span = |after| Span {
+            tenant,
+            part: &p,
+            after,
+            upto: u64::MAX,
+        };
+        let existing: Vec<Link> = span(-1).rows(store, LINKS_SQL).await?;
         let (after, mut prev, count) = match existing.last() {
             Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
             None => (-1, GENESIS, 0),
         };
-        let mut rows: Vec<ChainRow> =
-            partition_rows(store, ROWS_SQL, tenant, &p, after, u64::MAX).await?;
+        let mut rows: Vec<ChainRow> = span(after).rows(store, ROWS_SQL).await?;
         took[0] += t.elapsed();
         let Some(upto) = rows.last().map(|r| r.offset) else {
             continue;
         };
         let t = std::time::Instant::now();
-        let bad = unsealed_problems(store, tenant, &p, after, upto, copy_window_secs).await?;
+        let bad = unsealed_problems(
+            store,
+            Span {
+                upto,
+                ..span(after)
+            },
+            copy_window_secs,
+        )
+        .await?;
         took[1] += t.elapsed();
         if let Some(first) = bad.iter().map(|(_, r, _)| r.offset).min() {
             rows.retain(|r| r.offset < first);
@@ -286,15 +295,7 @@ pub async fn seal(
         }
         took[2] += t.elapsed();
         let t = std::time::Instant::now();
-        let mut ins = store
-            .client()
-            .insert::<Link>("weft_audit_chain")
-            .await
-            .map_err(ch_err(store))?;
-        for l in &new {
-            ins.write(l).await.map_err(ch_err(store))?;
-        }
-        ins.end().await.map_err(ch_err(store))?;
+        weft_store::insert::<Link>(store, "weft_audit_chain", &new).await?;
         let last = new.last().map(|l| l.offset).unwrap_or_default();
         let mut cp = Checkpoint {
             tenant: tenant.to_owned(),
@@ -311,13 +312,12 @@ pub async fn seal(
             cp.kid = k.kid.clone();
             cp.sig = k.sign(&cp.statement())?;
         }
-        let mut ins = store
-            .client()
-            .insert::<Checkpoint>("weft_audit_checkpoints")
-            .await
-            .map_err(ch_err(store))?;
-        ins.write(&cp).await.map_err(ch_err(store))?;
-        ins.end().await.map_err(ch_err(store))?;
+        weft_store::insert::<Checkpoint>(
+            store,
+            "weft_audit_checkpoints",
+            std::slice::from_ref(&cp),
+        )
+        .await?;
         took[3] += t.elapsed();
         report.sealed += new.len() as u64;
         report.checkpoints.push(cp);

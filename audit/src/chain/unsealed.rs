@@ -10,7 +10,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use weft_store::chain::{Unsealed, UNSEALED_SQL};
 
-use super::{partition_query, partition_rows, Part};
+use super::Span;
 use crate::{ch_err, AuditError, Store};
 
 /// Every fact of the partition that shares its identity and content with an unsealed one,
@@ -63,17 +63,16 @@ struct CopiesRow {
 /// at that offset can refute it.
 pub(super) async fn unsealed_problems(
     store: &Store,
-    tenant: &str,
-    p: &Part,
-    after: i64,
-    upto: u64,
+    span: Span<'_>,
     copy_window_secs: u64,
 ) -> Result<Vec<(&'static str, Unsealed, String)>, AuditError> {
     let t = std::time::Instant::now();
-    let rows: Vec<Unsealed> = partition_rows(store, &UNSEALED_SQL, tenant, p, after, upto).await?;
+    let (after, upto) = (span.after, span.upto);
+    let rows: Vec<Unsealed> = span.rows(store, &UNSEALED_SQL).await?;
     let read_unsealed = t.elapsed();
     let window_micros = copy_window_secs.saturating_mul(1_000_000);
-    let copies = partition_query(store, COPIES_SQL, tenant, p, after, upto)
+    let copies = span
+        .query(store, COPIES_SQL)
         .param("w", window_micros)
         .fetch_all::<CopiesRow>()
         .await

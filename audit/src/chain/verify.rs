@@ -8,8 +8,8 @@ use tracing::instrument;
 use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
-    checkpoints, link, partition_rows, partitions, unhex32, unsealed_problems, Checkpoint, Link,
-    Part, Problem, GENESIS, LINKS_SQL,
+    checkpoints, link, partitions, unhex32, unsealed_problems, Checkpoint, Link, Part, Problem,
+    Span, GENESIS, LINKS_SQL,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
@@ -232,8 +232,14 @@ impl Run<'_> {
             return Ok(());
         };
         let (store, tenant) = (self.store, self.tenant);
-        let chain: Vec<Link> = partition_rows(store, LINKS_SQL, tenant, p, after, upto).await?;
-        let rows: Vec<ChainRow> = partition_rows(store, ROWS_SQL, tenant, p, after, upto).await?;
+        let span = Span {
+            tenant,
+            part: p,
+            after,
+            upto,
+        };
+        let chain: Vec<Link> = span.rows(store, LINKS_SQL).await?;
+        let rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
         let (heads, sealed) = self.walk(p, &chain, &rows, prev, rep)?;
         // The partition's last sealed offset, also when the window ends before it.
         let last_sealed = match self.range {
@@ -263,7 +269,7 @@ impl Run<'_> {
             let after = last_sealed.map_or(after, |l| (l as i64).max(after));
             let window = self.copy_window_secs;
             for (what, r, detail) in
-                unsealed_problems(store, tenant, p, after, upto, window).await?
+                unsealed_problems(store, Span { after, ..span }, window).await?
             {
                 rep.problems
                     .push(problem(p, what, r.offset, &r.kind, &r.id, detail));
