@@ -18,7 +18,6 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
@@ -148,7 +147,7 @@ async fn record(
 }
 
 /// Time bounds from the query string.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Deserialize)]
 struct Bounds {
     from: Option<String>,
     to: Option<String>,
@@ -169,34 +168,56 @@ impl Bounds {
     }
 }
 
+/// A route's query string: the time range (`from`, `to`, RFC 3339) and the route's own
+/// fields `Q`. A malformed string or range is answered with the API's 400 before the route
+/// runs (after the caller's key is checked: extractors run in order).
+struct Ranged<Q> {
+    range: Range,
+    q: Q,
+}
+
+#[derive(Deserialize)]
+struct WithBounds<Q> {
+    #[serde(flatten)]
+    bounds: Bounds,
+    #[serde(flatten)]
+    q: Q,
+}
+
+impl<S: Send + Sync, Q: serde::de::DeserializeOwned> FromRequestParts<S> for Ranged<Q> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> Result<Self, Response> {
+        let Query(w) = Query::<WithBounds<Q>>::from_request_parts(parts, s)
+            .await
+            .map_err(|_| bad_request("malformed query string"))?;
+        let range = w.bounds.range().map_err(fail)?;
+        Ok(Self { range, q: w.q })
+    }
+}
+
+/// The number a query field holds (`default` when absent), or the API's 400 naming it.
+fn number(v: Option<&str>, default: u64, name: &str) -> Result<u64, Response> {
+    v.map_or(Ok(default), |v| {
+        v.parse()
+            .map_err(|_| bad_request(&format!("{name} must be a number")))
+    })
+}
+
 #[derive(Debug, Deserialize)]
 struct CheckQuery {
-    from: Option<String>,
-    to: Option<String>,
     grace_secs: Option<String>,
 }
 
 async fn check_route(
     AuditCaller(c): AuditCaller,
     State(s): State<AppState>,
-    q: Result<Query<CheckQuery>, QueryRejection>,
+    Ranged { range, q }: Ranged<CheckQuery>,
 ) -> Response {
     let (tenant, actor) = (c.tenant, c.key_id);
-    let Ok(Query(q)) = q else {
-        return bad_request("malformed query string");
-    };
-    let range = match (Bounds {
-        from: q.from,
-        to: q.to,
-    })
-    .range()
-    {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    let grace = match q.grace_secs.as_deref().map(str::parse::<u64>).transpose() {
-        Ok(g) => g.unwrap_or(300),
-        Err(_) => return bad_request("grace_secs must be a number"),
+    let grace = match number(q.grace_secs.as_deref(), 300, "grace_secs") {
+        Ok(g) => g,
+        Err(e) => return e,
     };
     let opt = CheckOptions {
         grace_secs: grace.min(365 * 86_400),
@@ -247,24 +268,8 @@ async fn timeline_route(
 
 #[derive(Debug, Deserialize)]
 struct SearchQuery {
-    from: Option<String>,
-    to: Option<String>,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    principal: String,
-    #[serde(default)]
-    capability: String,
-    #[serde(default)]
-    event_type: String,
-    #[serde(default)]
-    decision: String,
-    #[serde(default)]
-    outcome: String,
-    #[serde(default)]
-    token: String,
-    #[serde(default)]
-    request: String,
+    #[serde(flatten)]
+    filter: Filter,
     limit: Option<String>,
     cursor: Option<String>,
     format: Option<String>,
@@ -273,35 +278,14 @@ struct SearchQuery {
 async fn search_route(
     AuditCaller(c): AuditCaller,
     State(s): State<AppState>,
-    q: Result<Query<SearchQuery>, QueryRejection>,
+    Ranged { range, q }: Ranged<SearchQuery>,
 ) -> Response {
     let (tenant, actor) = (c.tenant, c.key_id);
-    let Ok(Query(q)) = q else {
-        return bad_request("malformed query string");
+    let limit = match number(q.limit.as_deref(), 100, "limit") {
+        Ok(l) => l,
+        Err(e) => return e,
     };
-    let range = match (Bounds {
-        from: q.from.clone(),
-        to: q.to.clone(),
-    })
-    .range()
-    {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    let limit = match q.limit.as_deref().map(str::parse::<u64>).transpose() {
-        Ok(l) => l.unwrap_or(100),
-        Err(_) => return bad_request("limit must be a number"),
-    };
-    let filter = Filter {
-        kind: q.kind,
-        principal: q.principal,
-        capability: q.capability,
-        event_type: q.event_type,
-        decision: q.decision,
-        outcome: q.outcome,
-        token: q.token,
-        request: q.request,
-    };
+    let filter = q.filter;
     let no_cursor = String::new();
     let cursor = ("cursor", q.cursor.as_ref().unwrap_or(&no_cursor));
     for (name, v) in filter.fields().into_iter().chain([cursor]) {
