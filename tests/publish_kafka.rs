@@ -147,7 +147,7 @@ async fn typed_helper_and_avro_single_object() {
 
     let text = publish_support::trace_payload("avro", 1);
     let typed: weft_schemas::contracts::TraceEvent = serde_json::from_str(&text).unwrap();
-    let r = p.publish_trace_event(&typed, Some("req-avro")).unwrap();
+    let r = p.publish_contract(&typed, Some("req-avro")).unwrap();
     assert_eq!(r.id, "te-avro-1");
     r.await.unwrap();
 

@@ -135,7 +135,7 @@ pub struct PublisherConfig {
     /// Confluent schema registry base URL; required by `avro-confluent`, which registers each
     /// kind's schema under `<topic>-value` at start-up to learn its id.
     pub schema_registry_url: Option<String>,
-    /// Tenant of events published through the typed helpers (`publish_trace_event`, ...).
+    /// Tenant of events published through the typed helpers (`Publisher::publish_contract`).
     pub tenant: String,
     /// Stamped on events that carry none. Default `<hostname>-<pid>`, unique per process, so
     /// `(producer_id, seq)` identifies an emission even across restarts.

@@ -600,3 +600,29 @@ pub struct EvaluationArtifact {
     #[serde(flatten)]
     pub extra: Extra,
 }
+
+/// A contract that travels as a weft event of its own [`Kind`] (the eight of the event
+/// topics), so code generic over contracts knows where one goes.
+pub trait Contract: Serialize {
+    /// The event kind this contract is published as.
+    const KIND: crate::Kind;
+}
+
+macro_rules! contract_kinds {
+    ($($t:ident),*) => {
+        $(impl Contract for $t {
+            const KIND: crate::Kind = crate::Kind::$t;
+        })*
+    };
+}
+
+contract_kinds!(
+    TraceEvent,
+    PolicyDecision,
+    CapabilityToken,
+    Frame,
+    Handle,
+    RoutingDecision,
+    ExecutionRoutingDecision,
+    ExecutionFeedback
+);

@@ -50,10 +50,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
 use weft_kafka::{ClientSettings, TopicError, TopicLayout};
-use weft_schemas::contracts::{
-    CapabilityToken, ExecutionFeedback, ExecutionRoutingDecision, Frame, Handle, PolicyDecision,
-    RoutingDecision, TraceEvent,
-};
+use weft_schemas::contracts::Contract;
 use weft_schemas::wire::{ContentType, SchemaIds, WireError};
 use weft_schemas::{Envelope, EnvelopeError, Kind, Topics};
 
@@ -313,89 +310,19 @@ impl Publisher {
         self.publish(env)?.await
     }
 
-    fn typed<T: serde::Serialize>(
+    /// Publish a typed contract (`TraceEvent`, `PolicyDecision`, … any [`Contract`]) as an
+    /// event of its kind, under this publisher's tenant, grouped under `request_id` (the
+    /// flow or request it belongs to).
+    pub fn publish_contract<C: Contract>(
         &self,
-        kind: Kind,
-        payload: &T,
+        e: &C,
         request_id: Option<&str>,
     ) -> Result<Receipt, PublishError> {
-        let mut env = Envelope::new(kind, payload)
+        let mut env = Envelope::new(C::KIND, e)
             .map_err(|e| PublishError::Invalid(EnvelopeError::PayloadJson(e)))?
             .with_tenant(self.inner.config.tenant.clone());
         env.request_id = request_id.map(str::to_owned);
         self.publish(env)
-    }
-
-    /// Publish a TraceEvent, grouped under `request_id` (the flow or request it belongs to).
-    pub fn publish_trace_event(
-        &self,
-        e: &TraceEvent,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::TraceEvent, e, request_id)
-    }
-
-    /// Publish a PolicyDecision.
-    pub fn publish_policy_decision(
-        &self,
-        e: &PolicyDecision,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::PolicyDecision, e, request_id)
-    }
-
-    /// Publish a CapabilityToken.
-    pub fn publish_capability_token(
-        &self,
-        e: &CapabilityToken,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::CapabilityToken, e, request_id)
-    }
-
-    /// Publish a Frame's metadata.
-    pub fn publish_frame(
-        &self,
-        e: &Frame,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::Frame, e, request_id)
-    }
-
-    /// Publish a Handle's metadata.
-    pub fn publish_handle(
-        &self,
-        e: &Handle,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::Handle, e, request_id)
-    }
-
-    /// Publish a RoutingDecision.
-    pub fn publish_routing_decision(
-        &self,
-        e: &RoutingDecision,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::RoutingDecision, e, request_id)
-    }
-
-    /// Publish an ExecutionRoutingDecision.
-    pub fn publish_execution_routing_decision(
-        &self,
-        e: &ExecutionRoutingDecision,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::ExecutionRoutingDecision, e, request_id)
-    }
-
-    /// Publish an ExecutionFeedback.
-    pub fn publish_execution_feedback(
-        &self,
-        e: &ExecutionFeedback,
-        request_id: Option<&str>,
-    ) -> Result<Receipt, PublishError> {
-        self.typed(Kind::ExecutionFeedback, e, request_id)
     }
 
     /// Events in the spool not yet delivered to Kafka.
