@@ -62,6 +62,14 @@ fn too_large(field: &'static str, message: String) -> RouterError {
     RouterError::TooLarge { field, message }
 }
 
+/// `Err(TooLarge)` naming `field` when `n` (counted in `unit`) is over `max`.
+fn at_most(field: &'static str, n: usize, max: usize, unit: &str) -> Result<(), RouterError> {
+    if n > max {
+        return Err(too_large(field, format!("{n} {unit}, at most {max}")));
+    }
+    Ok(())
+}
+
 /// Check a parsed request against [`limits`] and the key's tenant; the policy it names.
 pub fn check(
     req: &RouteRequest,
@@ -71,47 +79,28 @@ pub fn check(
     if req.candidates.is_empty() {
         return Err(RouterError::NoCandidates);
     }
-    if req.candidates.len() > limits::CANDIDATES {
-        return Err(too_large(
-            "candidates",
-            format!(
-                "{} candidates, at most {}",
-                req.candidates.len(),
-                limits::CANDIDATES
-            ),
-        ));
-    }
-    if let Some(c) = req
-        .candidates
-        .iter()
-        .find(|c| c.candidate_id.len() > limits::ID_BYTES)
-    {
-        return Err(too_large(
+    at_most(
+        "candidates",
+        req.candidates.len(),
+        limits::CANDIDATES,
+        "candidates",
+    )?;
+    for c in &req.candidates {
+        at_most(
             "candidate_id",
-            format!(
-                "{} bytes, at most {}",
-                c.candidate_id.len(),
-                limits::ID_BYTES
-            ),
-        ));
+            c.candidate_id.len(),
+            limits::ID_BYTES,
+            "bytes",
+        )?;
     }
-    if req.context.len() > limits::CONTEXT_ENTRIES {
-        return Err(too_large(
-            "context",
-            format!(
-                "{} entries, at most {}",
-                req.context.len(),
-                limits::CONTEXT_ENTRIES
-            ),
-        ));
-    }
+    at_most(
+        "context",
+        req.context.len(),
+        limits::CONTEXT_ENTRIES,
+        "entries",
+    )?;
     let ctx_bytes = serde_json::to_string(&req.context).map_or(0, |s| s.len());
-    if ctx_bytes > limits::CONTEXT_BYTES {
-        return Err(too_large(
-            "context",
-            format!("{ctx_bytes} bytes, at most {}", limits::CONTEXT_BYTES),
-        ));
-    }
+    at_most("context", ctx_bytes, limits::CONTEXT_BYTES, "bytes")?;
     if context_key(&req.context).len() > limits::ID_BYTES {
         return Err(too_large(
             "context.intent",

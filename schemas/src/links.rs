@@ -116,6 +116,16 @@ fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
 }
 
+/// The non-empty strings of the array at `key` (none when it is absent or not an array).
+fn strs_at<'a>(v: &'a Value, key: &str) -> impl Iterator<Item = &'a str> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
 /// Every link a payload of `kind` carries, in a fixed order, without duplicates.
 pub fn extract(kind: Kind, payload: &Value) -> Vec<Link> {
     let mut out: Vec<Link> = Vec::new();
@@ -143,14 +153,7 @@ pub fn extract(kind: Kind, payload: &Value) -> Vec<Link> {
             }
         }
         Kind::Frame => {
-            for id in payload
-                .get("handle_refs")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .filter(|s| !s.is_empty())
-            {
+            for id in strs_at(payload, "handle_refs") {
                 push(Via::HandleRefs, ev(Kind::Handle), id);
             }
         }
@@ -177,14 +180,7 @@ pub fn extract(kind: Kind, payload: &Value) -> Vec<Link> {
         if let Some(id) = str_at(meta, "prior_frame_id") {
             push(Via::PriorFrameId, ev(Kind::Frame), id);
         }
-        for id in meta
-            .get("frame_ids")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .filter(|s| !s.is_empty())
-        {
+        for id in strs_at(meta, "frame_ids") {
             push(Via::FrameIds, ev(Kind::Frame), id);
         }
     }

@@ -244,15 +244,30 @@ def _frame(frame: Any, created: datetime.datetime) -> dict[str, Any]:
     return contract_to_dict(frame_to_contract(frame, created_at=created))
 
 
-def _handle(handle: Any) -> dict[str, Any]:
-    return {
-        "handle_id": handle.handle_id,
-        "capability_id": handle.capability_id,
+def _handle_contract(
+    handle_id: str, capability_id: str, created: Any, metadata: dict[str, Any], expires: Any = None
+) -> dict[str, Any]:
+    """A weaver-spec Handle of a JSON artifact (`expires_at` only when known)."""
+    d: dict[str, Any] = {
+        "handle_id": handle_id,
+        "capability_id": capability_id,
         "artifact_type": "application/json",
-        "created_at": iso_timestamp(handle.created_at),
-        "expires_at": iso_timestamp(handle.expires_at),
-        "metadata": {"total_rows": handle.total_rows, "principal_id": handle.principal_id},
+        "created_at": iso_timestamp(created),
     }
+    if expires is not None:
+        d["expires_at"] = iso_timestamp(expires)
+    d["metadata"] = metadata
+    return d
+
+
+def _handle(handle: Any) -> dict[str, Any]:
+    return _handle_contract(
+        handle.handle_id,
+        handle.capability_id,
+        handle.created_at,
+        {"total_rows": handle.total_rows, "principal_id": handle.principal_id},
+        expires=handle.expires_at,
+    )
 
 
 def _frame_from_trace(trace: Any) -> dict[str, Any]:
@@ -275,13 +290,9 @@ def _frame_from_trace(trace: Any) -> dict[str, Any]:
 
 
 def _handle_from_trace(trace: Any) -> dict[str, Any]:
-    return {
-        "handle_id": trace.handle_id,
-        "capability_id": trace.capability_id,
-        "artifact_type": "application/json",
-        "created_at": iso_timestamp(trace.invoked_at),
-        "metadata": {"source": "action_trace"},
-    }
+    return _handle_contract(
+        trace.handle_id, trace.capability_id, trace.invoked_at, {"source": "action_trace"}
+    )
 
 
 def instrument(kernel: Any, publisher: Publisher, **kwargs: Any) -> WeftTraceStore:
