@@ -197,6 +197,24 @@ async fn a_late_event_whose_anchor_was_evicted_long_ago_lands_in_the_anchors_nar
         Some("req-anchor")
     );
     h.assert_exact().await;
+    // The id filter is rebuilt in the background; once it is, a late event still finds an
+    // anchor stored before the restart (a filter missing it would skip the lookup).
+    let started = std::time::Instant::now();
+    while !h.projector.id_filter_ready() {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "the id filter never loaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    h.feed(&filler("b", 300), 20).await;
+    h.feed(&[frame("f-late", &["h-late"])], 1).await;
+    let m = h.p.membership().await;
+    assert_eq!(
+        h.narrative_of(&m, "frame", "f-late").as_deref(),
+        Some("req-anchor")
+    );
+    h.assert_exact().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,11 +8,22 @@
 //! ClickHouse computes ([`weft_store::ids::id_hash`], 8 bytes per node), so a restart reads
 //! no ids and no payloads.
 //!
+//! **Restart in seconds.** The rebuild runs in the background (about 0.6 s per million
+//! nodes): until it ends the filter answers "maybe" for every id, so a pass looks up all the
+//! ids it names — slower, never wrong — and the projector works from its first batch. The
+//! projector inserts the nodes it stores while the rebuild runs; both write the same
+//! lock-free filter, and the rebuild's read covers every node stored before it began.
+//!
 //! Its size is fixed (`expected_items`), so memory stays bounded whatever the history: past
 //! that many nodes its false-positive rate rises, which costs lookups, never correctness.
 
-use fastbloom::BloomFilter;
-use tracing::{info, instrument};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fastbloom::AtomicBloomFilter;
+use tokio::task::JoinHandle;
+use tracing::{info, instrument, warn, Instrument};
 
 use super::graph::NodeKey;
 use weft_store::ids::{id_hash, id_hash_sql};
@@ -35,44 +46,103 @@ fn hash_sql() -> String {
 
 /// Which nodes the narrative tables may know.
 pub struct SeenFilter {
-    bloom: BloomFilter,
+    bloom: Arc<AtomicBloomFilter>,
+    /// Set once the filter holds every stored node; before that every id is a "maybe".
+    ready: Arc<AtomicBool>,
+    /// The background rebuild, stopped with the filter.
+    rebuild: Option<JoinHandle<()>>,
+}
+
+impl Drop for SeenFilter {
+    fn drop(&mut self) {
+        if let Some(t) = &self.rebuild {
+            t.abort();
+        }
+    }
 }
 
 impl SeenFilter {
-    /// An empty filter sized for `expected_items` nodes at a 1% false-positive rate.
+    /// An empty, ready filter sized for `expected_items` nodes at a 1% false-positive rate:
+    /// for tables that hold nothing yet.
     pub fn new(expected_items: usize) -> Self {
         Self {
-            bloom: BloomFilter::with_false_pos(0.01).expected_items(expected_items.max(1)),
+            bloom: Arc::new(empty(expected_items)),
+            ready: Arc::new(AtomicBool::new(true)),
+            rebuild: None,
         }
     }
 
-    /// The filter of every node stored so far.
-    #[instrument(skip(store))]
-    pub async fn load(store: &Store, expected_items: usize) -> Result<Self, StoreError> {
-        let mut me = Self::new(expected_items);
-        let mut cursor = store
-            .client()
-            .query(&hash_sql())
-            .fetch::<u64>()
-            .map_err(store.err())?;
-        let mut n = 0u64;
-        while let Some(h) = cursor.next().await.map_err(store.err())? {
-            me.bloom.insert_hash(h);
-            n += 1;
+    /// The filter of every node stored so far, rebuilt in the background: it answers
+    /// "maybe" for every id until [`SeenFilter::ready`]. A failed read is retried (with a
+    /// growing pause, up to 30 s) until it succeeds.
+    pub fn load(store: &Store, expected_items: usize) -> Self {
+        let bloom = Arc::new(empty(expected_items));
+        let ready = Arc::new(AtomicBool::new(false));
+        let (b, r, store) = (bloom.clone(), ready.clone(), store.clone());
+        let span = tracing::info_span!("narrative_id_filter");
+        let task = tokio::spawn(
+            async move {
+                let mut pause = Duration::from_millis(500);
+                loop {
+                    let started = Instant::now();
+                    match fill(&store, &b).await {
+                        Ok(n) => {
+                            r.store(true, Ordering::Release);
+                            let secs = started.elapsed().as_secs_f64();
+                            info!(hashes = n, secs, "narrative id filter loaded");
+                            return;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, ?pause, "narrative id filter: read failed; retrying");
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(Duration::from_secs(30));
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        Self {
+            bloom,
+            ready,
+            rebuild: Some(task),
         }
-        info!(hashes = n, "narrative id filter loaded");
-        Ok(me)
+    }
+
+    /// Whether the filter holds every stored node (its answers can then be "no").
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     /// `false` when the node is certainly unknown to the narrative tables.
     pub fn may_contain(&self, key: &NodeKey) -> bool {
-        self.bloom.contains_hash(hash(key))
+        !self.ready() || self.bloom.contains_hash(hash(key))
     }
 
     /// Remember a node the narrative tables are about to know.
-    pub fn insert(&mut self, key: &NodeKey) {
+    pub fn insert(&self, key: &NodeKey) {
         self.bloom.insert_hash(hash(key));
     }
+}
+
+fn empty(expected_items: usize) -> AtomicBloomFilter {
+    AtomicBloomFilter::with_false_pos(0.01).expected_items(expected_items.max(1))
+}
+
+/// Insert every stored node's hash into `bloom`; the number read.
+#[instrument(skip_all)]
+async fn fill(store: &Store, bloom: &AtomicBloomFilter) -> Result<u64, StoreError> {
+    let mut cursor = store
+        .client()
+        .query(&hash_sql())
+        .fetch::<u64>()
+        .map_err(store.err())?;
+    let mut n = 0u64;
+    while let Some(h) = cursor.next().await.map_err(store.err())? {
+        bloom.insert_hash(h);
+        n += 1;
+    }
+    Ok(n)
 }
 
 fn hash(key: &NodeKey) -> u64 {
@@ -88,7 +158,7 @@ mod tests {
     #[test]
     fn inserted_nodes_are_found_and_most_others_are_not() {
         let key = |i: usize| NodeKey::event("t", Kind::Handle, &format!("h-{i}"));
-        let mut f = SeenFilter::new(10_000);
+        let f = SeenFilter::new(10_000);
         for i in 0..10_000 {
             f.insert(&key(i));
         }
@@ -109,5 +179,23 @@ mod tests {
             id: "h-1".into(),
         };
         assert_ne!(hash(&flow), hash(&key(1)));
+    }
+
+    /// Until its rebuild has read every stored node, the filter says "maybe" to every id
+    /// (here the rebuild can never succeed: nothing listens at the store's address).
+    #[tokio::test]
+    async fn a_filter_still_loading_says_maybe() {
+        let store = Store::new(weft_store::ClickHouseConfig {
+            url: "http://127.0.0.1:1".into(),
+            ..weft_store::ClickHouseConfig::default()
+        })
+        .unwrap();
+        let f = SeenFilter::load(&store, 1_000);
+        let k = NodeKey::event("t", Kind::Handle, "never-stored");
+        assert!(!f.ready());
+        assert!(f.may_contain(&k), "a loading filter cannot say no");
+        f.insert(&k);
+        assert!(SeenFilter::new(1_000).ready());
+        assert!(!SeenFilter::new(1_000).may_contain(&k));
     }
 }

@@ -147,7 +147,7 @@ impl Projector {
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
             .collect();
-        let seen = SeenFilter::load(&store, DEFAULT_EXPECTED_ITEMS).await?;
+        let seen = SeenFilter::load(&store, DEFAULT_EXPECTED_ITEMS);
         info!(
             unfinished_pass = n_unfinished,
             "narrative projector loaded (components load on demand)"
@@ -168,6 +168,12 @@ impl Projector {
             .get(&(topic.to_owned(), partition))
             .copied()
             .unwrap_or(-1)
+    }
+
+    /// Whether the id filter's background rebuild has ended (until then every id a pass
+    /// names is looked up).
+    pub fn id_filter_ready(&self) -> bool {
+        self.seen.ready()
     }
 
     /// Number of nodes held in memory (events, flows, phantoms).
@@ -295,12 +301,17 @@ impl Projector {
             }
         }
         wanted.retain(|k| self.graph.needs_load(k));
-        // Ids the filter has never seen are new: only the others are looked up.
-        let (maybe, new): (Vec<_>, Vec<_>) =
-            wanted.into_iter().partition(|k| self.seen.may_contain(k));
-        for k in &new {
-            self.seen.insert(k);
-        }
+        // Ids the filter has never seen are new: only the others are looked up. Every id
+        // named is remembered, the looked-up ones too: while the filter is still being
+        // rebuilt its "maybe" does not mean it holds the id, and the pass stores them all.
+        let maybe: Vec<_> = wanted
+            .into_iter()
+            .filter(|k| {
+                let maybe = self.seen.may_contain(k);
+                self.seen.insert(k);
+                maybe
+            })
+            .collect();
         Ok(loader::load(&self.store, &mut self.graph, maybe)
             .await?
             .loaded)
