@@ -15,18 +15,21 @@ use fastbloom::BloomFilter;
 use tracing::{info, instrument};
 
 use super::graph::NodeKey;
+use super::shard::NarrativeShard;
 use weft_store::ids::{id_hash, id_hash_sql};
 use weft_store::{Store, StoreError};
 
 /// Nodes the filter is sized for by default (about 57 MiB at a 1% false-positive rate).
 pub const DEFAULT_EXPECTED_ITEMS: usize = 50_000_000;
 
-/// Every stored node's [`id_hash`], computed by ClickHouse.
-fn hash_sql() -> String {
+/// Every stored node's [`id_hash`] of the shard's tenants, computed by ClickHouse (a shard
+/// never names another shard's ids, so their hashes would only cost memory).
+fn hash_sql(shard: NarrativeShard) -> String {
+    let only = shard.where_sql("tenant");
     format!(
-        "SELECT {} FROM weft_narrative_nodes \
-         UNION ALL SELECT {} FROM weft_links \
-         UNION ALL SELECT {} FROM weft_links",
+        "SELECT {} FROM weft_narrative_nodes{only} \
+         UNION ALL SELECT {} FROM weft_links{only} \
+         UNION ALL SELECT {} FROM weft_links{only}",
         id_hash_sql("tenant", "kind", "id"),
         id_hash_sql("tenant", "to_kind", "to_id"),
         id_hash_sql("tenant", "from_kind", "from_id"),
@@ -46,13 +49,17 @@ impl SeenFilter {
         }
     }
 
-    /// The filter of every node stored so far.
+    /// The filter of every node of the shard's tenants stored so far.
     #[instrument(skip(store))]
-    pub async fn load(store: &Store, expected_items: usize) -> Result<Self, StoreError> {
+    pub async fn load(
+        store: &Store,
+        expected_items: usize,
+        shard: NarrativeShard,
+    ) -> Result<Self, StoreError> {
         let mut me = Self::new(expected_items);
         let mut cursor = store
             .client()
-            .query(&hash_sql())
+            .query(&hash_sql(shard))
             .fetch::<u64>()
             .map_err(store.err())?;
         let mut n = 0u64;
@@ -109,5 +116,17 @@ mod tests {
             id: "h-1".into(),
         };
         assert_ne!(hash(&flow), hash(&key(1)));
+    }
+
+    #[test]
+    fn a_shard_rebuilds_from_its_own_tenants_only() {
+        let whole = hash_sql(NarrativeShard::WHOLE);
+        assert!(!whole.contains("WHERE"), "{whole}");
+        let one = hash_sql(NarrativeShard::new(1, 2).unwrap());
+        assert_eq!(
+            one.matches(" WHERE xxHash64(tenant) % 2 = 1").count(),
+            3,
+            "{one}"
+        );
     }
 }

@@ -87,6 +87,7 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
             partition,
             offset,
             version,
+            shard: String::new(),
         })
         .collect();
     insert::<ProgressRow>(store, "weft_projector_progress", &progress).await?;
