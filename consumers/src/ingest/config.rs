@@ -18,9 +18,10 @@ pub enum Role {
     #[default]
     All,
     /// Facts only, partitions shared with other `facts` processes through a consumer group:
-    /// the scale-out mode. Run exactly one `narratives` process beside them.
+    /// the scale-out mode. Run exactly one `narratives` process beside them, or one per
+    /// narrative shard ([`IngestConfig::narrative_shard`]).
     Facts,
-    /// Narratives only, over every partition.
+    /// Narratives only, over every partition (of every tenant, or of one narrative shard's).
     Narratives,
 }
 
