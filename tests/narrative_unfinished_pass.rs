@@ -221,13 +221,7 @@ async fn a_shards_killed_pass_is_its_own_whatever_the_other_shard_did_since() {
         "the killed pass's narrative still has members: {left:?}"
     );
     // Each shard's progress is its own, and B's tenant was never A's to place.
-    let shards: Vec<String> = store
-        .client()
-        .query("SELECT DISTINCT shard FROM weft_projector_progress ORDER BY shard")
-        .fetch_all()
-        .await
-        .unwrap();
-    assert_eq!(shards, ["0/2", "1/2"]);
+    assert_eq!(p.progress_shards().await, ["0/2", "1/2"]);
     assert!(query::lookup(&store, &ta, "req-b1")
         .await
         .unwrap()
