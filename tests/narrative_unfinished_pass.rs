@@ -181,6 +181,9 @@ async fn a_shards_killed_pass_is_its_own_whatever_the_other_shard_did_since() {
     pa.apply(&[batch(erd_topic, &earlier)]).await.unwrap();
     let feedback = tenant_fact(&ta, fb_topic, FEEDBACK, None);
     pa.apply(&[batch(fb_topic, &feedback)]).await.unwrap();
+    let alone = query::lookup(&store, &ta, &feedback.id).await.unwrap();
+    let alone = alone.expect("the feedback has a narrative").narrative_id;
+    assert_ne!(alone, "req-1");
     for sql in [
         "DELETE FROM weft_narrative_nodes WHERE kind = 'execution_feedback'",
         "DELETE FROM weft_projector_progress WHERE topic = 'weaver.execution_feedback'",
@@ -188,9 +191,6 @@ async fn a_shards_killed_pass_is_its_own_whatever_the_other_shard_did_since() {
         store.client().query(sql).execute().await.unwrap();
     }
     drop(pa);
-    let alone = query::lookup(&store, &ta, &feedback.id).await.unwrap();
-    let alone = alone.expect("the feedback has a narrative").narrative_id;
-    assert_ne!(alone, "req-1");
 
     // Shard B restarts: A's killed pass is newer than B's last completed one, but it is
     // another shard's, so B restores nothing of it.
