@@ -65,9 +65,9 @@ fn tenants() -> [[String; 2]; 2] {
     [of(shard(0)), of(shard(1))]
 }
 
-/// Simulate one tenant's stream: its main events, its late ones and the truth.
-fn simulate(p: &Pipeline, tenant: &str, seed: u64) -> GroundTruth {
-    let path = |what: &str| p.path(&format!("{what}-{tenant}"));
+/// Simulate one tenant's stream of one round: its main events, its late ones and the truth.
+fn simulate(p: &Pipeline, round: u32, tenant: &str, seed: u64) -> GroundTruth {
+    let path = |what: &str| p.path(&format!("{what}-{round}-{tenant}"));
     let out = p
         .weft()
         .args(["simulate", "--flows", "30", "--seed", &seed.to_string()])
@@ -82,6 +82,28 @@ fn simulate(p: &Pipeline, tenant: &str, seed: u64) -> GroundTruth {
         .unwrap();
     check(out, "weft simulate");
     serde_json::from_slice(&std::fs::read(path("truth.json")).unwrap()).unwrap()
+}
+
+/// One round of traffic: every tenant's stream (tenant, seed), shuffled together. Returns
+/// the expected membership, the main lines and the late lines.
+fn round(p: &Pipeline, n: u32, plan: &[(&String, u64)]) -> (Membership, Vec<String>, Vec<String>) {
+    let mut want = Membership::new();
+    let (mut mains, mut lates) = (Vec::new(), Vec::new());
+    for (tenant, seed) in plan {
+        let truth = simulate(p, n, tenant, *seed);
+        assert!(truth.totals.held_back > 0 && truth.totals.without_request_id > 0);
+        for r in &truth.requests {
+            let members = r
+                .members
+                .iter()
+                .map(|m| (m.kind.as_str().to_owned(), m.id.clone()))
+                .collect();
+            want.insert(((*tenant).clone(), r.request_id.clone()), members);
+        }
+        mains.push(p.path(&format!("main.jsonl-{n}-{tenant}")));
+        lates.push(p.path(&format!("late.jsonl-{n}-{tenant}")));
+    }
+    (want, shuffled_lines(&mains), shuffled_lines(&lates))
 }
 
 /// The lines of every file, shuffled together (a fixed permutation).
@@ -159,8 +181,8 @@ async fn metric(addr: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{addr} does not answer /metrics"))
 }
 
-fn narratives(p: &Pipeline, i: u32, addr: &str) -> Proc {
-    let s = shard(i).to_string();
+fn narratives(p: &Pipeline, s: NarrativeShard, addr: &str) -> Proc {
+    let s = s.to_string();
     let mut args = NARRATIVE_ARGS.to_vec();
     args.extend(["--narrative-shard", &s]);
     p.ingest_args(Some(addr), &[], &args)
@@ -172,30 +194,13 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
     let p = Pipeline::new("it_shards");
     let tenants = tenants();
     // The first tenant of each shard shares a seed: the same ids under two tenants.
-    let plan = [
+    let plan: [(&String, u64); 4] = [
         (&tenants[0][0], 61),
         (&tenants[0][1], 62),
         (&tenants[1][0], 61),
         (&tenants[1][1], 63),
     ];
-    let mut want = Membership::new();
-    let (mut mains, mut lates) = (Vec::new(), Vec::new());
-    for (tenant, seed) in plan {
-        let truth = simulate(&p, tenant, seed);
-        assert!(truth.totals.held_back > 0 && truth.totals.without_request_id > 0);
-        for r in &truth.requests {
-            let members = r
-                .members
-                .iter()
-                .map(|m| (m.kind.as_str().to_owned(), m.id.clone()))
-                .collect();
-            want.insert((tenant.clone(), r.request_id.clone()), members);
-        }
-        mains.push(p.path(&format!("main.jsonl-{tenant}")));
-        lates.push(p.path(&format!("late.jsonl-{tenant}")));
-    }
-    let main = shuffled_lines(&mains);
-    let late = shuffled_lines(&lates);
+    let (want, main, late) = round(&p, 1, &plan);
     let (first, second) = main.split_at(main.len() / 2);
     let first = write_lines(&p, "first.jsonl", first);
     let second = write_lines(&p, "second.jsonl", second);
@@ -204,8 +209,8 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
 
     let facts = p.ingest_args(None, &[], &["--role", "facts", "--batch-max-rows", "50"]);
     let addrs = [0, 1].map(|_| format!("127.0.0.1:{}", free_port()));
-    let shard0 = narratives(&p, 0, &addrs[0]);
-    let shard1 = narratives(&p, 1, &addrs[1]);
+    let shard0 = narratives(&p, shard(0), &addrs[0]);
+    let shard1 = narratives(&p, shard(1), &addrs[1]);
 
     // The first half of the stream; shard 1 dies once it has projected part of it.
     p.publish(&first);
@@ -228,7 +233,7 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
     p.publish(&second);
     p.wait_for_facts(main.len() as u64, Duration::from_secs(180))
         .await;
-    let shard1 = narratives(&p, 1, &addrs[1]);
+    let shard1 = narratives(&p, shard(1), &addrs[1]);
     p.publish(&late_file);
     p.wait_for_facts(total, Duration::from_secs(120)).await;
     wait_for_membership(&p, &want, Duration::from_secs(120)).await;
@@ -277,22 +282,77 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
         p.ingest_log()
     );
 
-    // Narratives are a projection: a rebuild from the facts gives the same result.
     for proc in [facts, shard0, shard1] {
         assert_eq!(proc.terminate().code(), Some(0));
     }
-    let before = membership(&p).await;
-    let out = p.weft().arg("rebuild").output().unwrap();
+
+    // Two shards become three by the documented procedure, and a second round of traffic
+    // (other seeds) is projected exactly by the three.
+    reshard(&p, &["0/2", "1/2"], 3).await;
+    let plan2: Vec<(&String, u64)> = plan.iter().map(|(t, seed)| (*t, seed + 10)).collect();
+    let (want2, main2, late2) = round(&p, 2, &plan2);
+    let facts = p.ingest_args(None, &[], &["--role", "facts", "--batch-max-rows", "50"]);
+    let addrs3: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let three: Vec<Proc> = (0..3)
+        .map(|i| narratives(&p, NarrativeShard::new(i, 3).unwrap(), &addrs3[i as usize]))
+        .collect();
+    p.publish(&write_lines(&p, "main2.jsonl", &main2));
+    p.publish(&write_lines(&p, "late2.jsonl", &late2));
+    let total2 = total + (main2.len() + late2.len()) as u64;
+    p.wait_for_facts(total2, Duration::from_secs(120)).await;
+    let mut want_all = want.clone();
+    want_all.extend(want2);
+    wait_for_membership(&p, &want_all, Duration::from_secs(120)).await;
+    assert_eq!(p.progress_shards().await, ["0/3", "1/3", "2/3"]);
+    // ... starting where the old shards had stopped, not from the first offset: between
+    // them they fed the second round's facts (and at most a few replayed ones).
+    let round2 = total2 - total;
+    let mut fed = 0;
+    for addr in &addrs3 {
+        fed += metric(addr, "weft_narrative_projected_total").await;
+    }
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        fed >= round2 && fed < round2 + total / 4,
+        "the three shards fed {fed} facts for a second round of {round2}"
     );
-    assert_eq!(membership(&p).await, before);
+    for proc in three.into_iter().chain([facts]) {
+        assert_eq!(proc.terminate().code(), Some(0));
+    }
+
+    // Narratives are a projection: a rebuild from the facts gives the same result.
+    check(p.weft().arg("rebuild").output().unwrap(), "weft rebuild");
+    assert_eq!(membership(&p).await, want_all);
     eprintln!(
-        "{total} events, 4 tenants, 2 shards, one killed: exact in {:.0}s",
+        "{total2} events, 4 tenants, 2 shards (one killed and restarted), then 3: exact in {:.0}s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// docs/NARRATIVES.md, "Several processes", changing N: with every narrative process
+/// stopped, each new shard starts from the old shards' lowest offset and version per
+/// partition, then the old rows go.
+async fn reshard(p: &Pipeline, old: &[&str], to: u32) {
+    let labels = old
+        .iter()
+        .map(|l| format!("'{l}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for j in 0..to {
+        let sql = format!(
+            "INSERT INTO weft_projector_progress (topic, partition, offset, version, shard) \
+             SELECT topic, partition, min(o), min(v), '{j}/{to}' FROM ( \
+                 SELECT topic, partition, shard, argMax(offset, version) AS o, max(version) AS v \
+                 FROM weft_projector_progress WHERE shard IN ({labels}) \
+                 GROUP BY topic, partition, shard) \
+             GROUP BY topic, partition HAVING count() = {}",
+            old.len()
+        );
+        p.client().query(&sql).execute().await.unwrap();
+    }
+    let sql = format!("DELETE FROM weft_projector_progress WHERE shard IN ({labels})");
+    p.client().query(&sql).execute().await.unwrap();
 }
 
 /// A shard that cannot be, or a role that cannot be sharded, stops `weft ingest` at once

@@ -50,7 +50,7 @@ impl SeenFilter {
     }
 
     /// The filter of every node of the shard's tenants stored so far.
-    #[instrument(skip(store))]
+    #[instrument(skip(store, shard), fields(shard = %shard))]
     pub async fn load(
         store: &Store,
         expected_items: usize,
