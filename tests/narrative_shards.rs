@@ -322,8 +322,15 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
     }
 
     // Narratives are a projection: a rebuild from the facts gives the same result.
-    check(p.weft().arg("rebuild").output().unwrap(), "weft rebuild");
+    // It writes progress for the shards the processes will run as.
+    let rebuilt = p
+        .weft()
+        .args(["rebuild", "--narrative-shards", "3"])
+        .output()
+        .unwrap();
+    check(rebuilt, "weft rebuild");
     assert_eq!(membership(&p).await, want_all);
+    assert_eq!(p.progress_shards().await, ["0/3", "1/3", "2/3"]);
     eprintln!(
         "{total2} events, 4 tenants, 2 shards (one killed and restarted), then 3: exact in {:.0}s",
         started.elapsed().as_secs_f64()
