@@ -234,7 +234,7 @@ async fn fault_ingest_refuses_a_recreated_topic() {
         "INSERT INTO weft_events SELECT * REPLACE (offset + 1000 AS offset, \
          concat(id, '-cut') AS id) FROM weft_events WHERE topic = ? AND partition = ? \
          ORDER BY offset DESC LIMIT 1",
-        "INSERT INTO weft_projector_progress SELECT topic, partition, offset + 1000, version + 1 \
+        "INSERT INTO weft_projector_progress SELECT topic, partition, offset + 1000, version + 1, shard \
          FROM weft_projector_progress WHERE topic = ? AND partition = ? \
          ORDER BY version DESC LIMIT 1",
     ] {

@@ -310,5 +310,13 @@ async fn the_id_filter_hashes_as_clickhouse_does() {
             .await
             .unwrap();
         assert_eq!(got, weft_store::ids::id_hash(t, k, i), "{t}/{k}/{i}");
+        // The tenant's own hash, which picks its narrative shard on both sides.
+        let got: u64 = client
+            .query("SELECT xxHash64({t:String})")
+            .param("t", t)
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(got, weft_store::ids::tenant_hash(t), "{t}");
     }
 }

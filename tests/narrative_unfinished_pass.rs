@@ -13,6 +13,7 @@ mod common;
 use common::pipeline::Pipeline;
 use weft_consumers::decode::{decode, Fact, Record};
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
+use weft_consumers::narrative::shard::NarrativeShard;
 use weft_schemas::wire::SchemaIds;
 use weft_schemas::Topics;
 use weft_store::narrative::query;
@@ -22,10 +23,15 @@ const ROUTING: &str = r#"{"decision_id":"erd-1","candidate":{"candidate_id":"flo
 const FEEDBACK: &str = r#"{"decision_id":"erd-1","candidate_id":"flow-a","success":true,"timestamp":"2026-05-25T08:00:00Z"}"#;
 
 fn fact(topic: &str, payload: &str, request_id: Option<&str>) -> Fact {
-    let headers: Vec<(&str, &[u8])> = request_id
+    tenant_fact("default", topic, payload, request_id)
+}
+
+fn tenant_fact(tenant: &str, topic: &str, payload: &str, request_id: Option<&str>) -> Fact {
+    let mut headers: Vec<(&str, &[u8])> = request_id
         .map(|r| ("weft-request-id", r.as_bytes()))
         .into_iter()
         .collect();
+    headers.push(("weft-tenant", tenant.as_bytes()));
     let rec = Record {
         topic,
         partition: 0,
@@ -53,15 +59,19 @@ async fn narrative_of(store: &Store, id: &str) -> Option<query::Narrative> {
     query::lookup(store, "default", id).await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
-    let p = Pipeline::new("it_unfinished");
-    let store = Store::new(ClickHouseConfig {
+fn store_of(p: &Pipeline) -> Store {
+    Store::new(ClickHouseConfig {
         url: common::clickhouse_url(),
         database: p.db.clone(),
         ..ClickHouseConfig::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
+    let p = Pipeline::new("it_unfinished");
+    let store = store_of(&p);
     let (fb_topic, erd_topic) = (
         "weaver.execution_feedback",
         "weaver.execution_routing_decisions",
@@ -126,4 +136,98 @@ async fn a_pass_killed_before_its_node_rows_is_finished_by_the_replay() {
         left.as_ref().is_none_or(|n| n.narrative_id == "req-1"),
         "the killed pass's narrative still has members: {left:?}"
     );
+}
+
+/// The same kill in one of two narrative shards, while the other shard goes on: shard B's
+/// passes, completed after A's killed one (higher versions), must not count as A's last
+/// completed pass, and B's restart must not restore A's rows (another shard's tenant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shards_killed_pass_is_its_own_whatever_the_other_shard_did_since() {
+    let p = Pipeline::new("it_unfinished_shard");
+    let store = store_of(&p);
+    let (a, b) = (
+        NarrativeShard::new(0, 2).unwrap(),
+        NarrativeShard::new(1, 2).unwrap(),
+    );
+    let tenant_of = |s: NarrativeShard| {
+        (0..)
+            .map(|i| format!("tenant-{i}"))
+            .find(|t| s.owns(t))
+            .unwrap()
+    };
+    let (ta, tb) = (tenant_of(a), tenant_of(b));
+    let (fb_topic, erd_topic) = (
+        "weaver.execution_feedback",
+        "weaver.execution_routing_decisions",
+    );
+    let max = weft_consumers::narrative::projector::DEFAULT_MAX_NODES;
+    let load = |s| Projector::load_shard(store.clone(), max, s);
+    let b_pass = |n: &str| {
+        let erd = ROUTING.replace("erd-1", &format!("erd-b{n}"));
+        tenant_fact(&tb, erd_topic, &erd, Some(&format!("req-b{n}")))
+    };
+
+    let mut pb = load(b).await.unwrap();
+    let first_b = b_pass("0");
+    pb.apply(&[batch(erd_topic, &first_b)]).await.unwrap();
+    // Shard A: a completed pass, then the pass that dies (the feedback alone).
+    let mut pa = load(a).await.unwrap();
+    let earlier = tenant_fact(
+        &ta,
+        erd_topic,
+        &ROUTING.replace("erd-1", "erd-0"),
+        Some("req-0"),
+    );
+    pa.apply(&[batch(erd_topic, &earlier)]).await.unwrap();
+    let feedback = tenant_fact(&ta, fb_topic, FEEDBACK, None);
+    pa.apply(&[batch(fb_topic, &feedback)]).await.unwrap();
+    let alone = query::lookup(&store, &ta, &feedback.id).await.unwrap();
+    let alone = alone.expect("the feedback has a narrative").narrative_id;
+    assert_ne!(alone, "req-1");
+    for sql in [
+        "DELETE FROM weft_narrative_nodes WHERE kind = 'execution_feedback'",
+        "DELETE FROM weft_projector_progress WHERE topic = 'weaver.execution_feedback'",
+    ] {
+        store.client().query(sql).execute().await.unwrap();
+    }
+    drop(pa);
+
+    // Shard B restarts: A's killed pass is newer than B's last completed one, but it is
+    // another shard's, so B restores nothing of it.
+    let mut pb = load(b).await.unwrap();
+    let restored: u64 = store
+        .client()
+        .query("SELECT count() FROM weft_narrative_nodes WHERE kind = 'execution_feedback'")
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(restored, 0, "shard B restored shard A's killed pass");
+    // ... and completes a pass, newer than A's killed one.
+    let second_b = b_pass("1");
+    pb.apply(&[batch(erd_topic, &second_b)]).await.unwrap();
+
+    // Shard A restarts: its own last completed pass is older than its killed one, which it
+    // restores; the replay (with the routing decision this time) then moves the feedback.
+    let mut pa = load(a).await.unwrap();
+    let routing = tenant_fact(&ta, erd_topic, ROUTING, Some("req-1"));
+    pa.apply(&[batch(fb_topic, &feedback), batch(erd_topic, &routing)])
+        .await
+        .unwrap();
+    let joined = query::lookup(&store, &ta, &feedback.id).await.unwrap();
+    assert_eq!(joined.expect("a narrative").narrative_id, "req-1");
+    let left = query::lookup(&store, &ta, &alone).await.unwrap();
+    assert!(
+        left.as_ref().is_none_or(|n| n.narrative_id == "req-1"),
+        "the killed pass's narrative still has members: {left:?}"
+    );
+    // Each shard's progress is its own, and B's tenant was never A's to place.
+    assert_eq!(p.progress_shards().await, ["0/2", "1/2"]);
+    assert!(query::lookup(&store, &ta, "req-b1")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(query::lookup(&store, &tb, "req-b1")
+        .await
+        .unwrap()
+        .is_some());
 }

@@ -128,6 +128,14 @@ pub struct NarrativeMetrics {
     pub largest_component: IntGauge,
     /// Time to project one batch onto the narratives.
     pub projector_seconds: Histogram,
+    /// Facts fed to the projector (this shard's tenants only).
+    pub projected: IntCounter,
+    /// Records of tenants another narrative shard projects, passed over undecoded.
+    pub shard_skipped: IntCounter,
+    /// This process's narrative shard, `i` of `--narrative-shard i/N` (0 when unsharded).
+    pub shard_index: IntGauge,
+    /// `N` of `--narrative-shard i/N`: 1 when one process projects every tenant.
+    pub shard_count: IntGauge,
 }
 
 impl NarrativeMetrics {
@@ -157,6 +165,22 @@ impl NarrativeMetrics {
                 "weft_narrative_projector_seconds",
                 "Time to project one batch",
                 vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5],
+            ),
+            projected: r.counter(
+                "weft_narrative_projected_total",
+                "Facts fed to the narrative projector (of this shard's tenants)",
+            ),
+            shard_skipped: r.counter(
+                "weft_narrative_shard_skipped_total",
+                "Records of tenants another narrative shard projects, passed over before decoding",
+            ),
+            shard_index: r.gauge(
+                "weft_narrative_shard_index",
+                "This process's narrative shard: i of --narrative-shard i/N",
+            ),
+            shard_count: r.gauge(
+                "weft_narrative_shard_count",
+                "Narrative shards: N of --narrative-shard i/N (1: every tenant in one process)",
             ),
         }
     }

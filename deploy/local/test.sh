@@ -54,6 +54,9 @@ cargo test --test fault_broker -- --test-threads=1
 cargo test --test fault_supervisor -- --test-threads=1
 # Scale-out: two facts members share the partitions; one leaves, the other takes over.
 cargo test --test ingest_scale_out -- --test-threads=1
+# Two narrative shards (--narrative-shard 0/2, 1/2) share the tenants; one is SIGKILLed
+# half-way and restarted (it resumes mid-partition, hence the sqlite log); exact.
+cargo test --test narrative_shards -- --test-threads=1
 
 step "fuzz targets, 30 s each (docs/FUZZING.md)"
 # cargo-fuzz's -s none mode needs no nightly toolchain; install it when missing.

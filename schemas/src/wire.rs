@@ -252,6 +252,17 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
+/// The tenant of a record as [`decode`] reads it (the last `weft-tenant` header, else the
+/// default tenant), from the headers alone, so a consumer can pass over another tenant's
+/// record before decoding its value. `None` when that header is not UTF-8 ([`decode`]
+/// refuses such a record).
+pub fn tenant_of<'a>(headers: &[(&str, &'a [u8])]) -> Option<&'a str> {
+    match headers.iter().rev().find(|(k, _)| *k == header::TENANT) {
+        Some((_, v)) => std::str::from_utf8(v).ok(),
+        None => Some(crate::DEFAULT_TENANT),
+    }
+}
+
 /// Rebuild the envelope from a record's headers and value. `topic_kind` is the kind implied
 /// by the topic, used only when neither header nor framing names one.
 pub fn decode(
@@ -365,6 +376,31 @@ mod tests {
         let b: Value = serde_json::from_str(back.payload.get()).unwrap();
         assert_eq!(a, b);
         back
+    }
+
+    #[test]
+    fn the_tenant_is_read_from_the_headers_as_decode_reads_it() {
+        let env = sample();
+        let value = encode_value(&env, ContentType::Json, &SchemaIds::default()).unwrap();
+        let hdrs = encode_headers(&env, ContentType::Json);
+        let mut borrowed: Vec<(&str, &[u8])> =
+            hdrs.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        let decoded = |h: &[(&str, &[u8])]| {
+            decode(h, &value, None, &SchemaIds::default()).map(|(e, _)| e.tenant)
+        };
+        assert_eq!(tenant_of(&borrowed), Some("acme"));
+        // A repeated header: the last one wins, on both paths.
+        borrowed.push((header::TENANT, b"other"));
+        assert_eq!(tenant_of(&borrowed), Some("other"));
+        assert_eq!(decoded(&borrowed).unwrap(), "other");
+        // None at all: the default tenant.
+        borrowed.retain(|(k, _)| *k != header::TENANT);
+        assert_eq!(tenant_of(&borrowed), Some(crate::DEFAULT_TENANT));
+        assert_eq!(decoded(&borrowed).unwrap(), crate::DEFAULT_TENANT);
+        // Not UTF-8: no tenant, and decode refuses the record.
+        borrowed.push((header::TENANT, b"\xff"));
+        assert_eq!(tenant_of(&borrowed), None);
+        assert!(decoded(&borrowed).is_err());
     }
 
     #[test]

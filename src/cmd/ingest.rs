@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use weft_consumers::http::{self, AppState};
 use weft_consumers::ingest::{listen_addr, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
+use weft_consumers::narrative::shard::NarrativeShard;
 use weft_http::ApiKeys;
 use weft_store::Store;
 
@@ -21,7 +22,7 @@ use crate::config::Settings;
 ///
 /// Roles: `all` (default; one process over every partition, facts and narratives),
 /// `facts` (scale-out: partitions shared via the consumer group), `narratives` (the single
-/// projector beside several `facts` processes).
+/// projector beside several `facts` processes, or N of them with `--narrative-shard I/N`).
 ///
 /// Run `weft migrate` first. Status server (default 127.0.0.1:8788): /healthz (503 while
 /// stalled), /metrics and GET /v1/narratives/{id} (bearer key). SIGTERM/SIGINT: the
@@ -65,6 +66,12 @@ pub struct IngestArgs {
     /// when a later event names them. Narratives stay exact at any value.
     #[arg(long, value_name = "NODES")]
     pub narrative_max_nodes: Option<usize>,
+    /// With `--role narratives`: project only shard I of N of the tenants (`I/N`, I from 0),
+    /// so N processes share the narratives, one per shard, each reading every partition
+    /// (default: every tenant). A tenant's shard is xxHash64(tenant) mod N; one tenant is
+    /// one process's work. Changing N: docs/NARRATIVES.md, "Several processes".
+    #[arg(long, env = "WEFT_NARRATIVE_SHARD", value_name = "I/N")]
+    pub narrative_shard: Option<NarrativeShard>,
     /// Identities each partition holds exactly, per generation (default 20000): copies of
     /// older ones are found through the window's filter and a ClickHouse check, so
     /// deduplication stays exact at any value.
@@ -146,6 +153,10 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     if let Some(v) = a.dedup_max_entries {
         cfg.dedup_max_entries = v;
     }
+    if let Some(v) = a.narrative_shard {
+        cfg.narrative_shard = v;
+    }
+    cfg.check_shard()?;
     let keys = api_keys(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
     let store = Store::new(settings.clickhouse)?;
     let metrics = Arc::new(IngestMetrics::new());

@@ -11,12 +11,18 @@ use crate::config::Settings;
 /// Narratives are a projection of the facts; this empties the narrative tables and derives
 /// them again. Stop `weft ingest` (or its narratives role) first.
 #[derive(Debug, Args)]
-pub struct RebuildArgs {}
+pub struct RebuildArgs {
+    /// Write progress rows for this many narrative shards (`--narrative-shard i/N` of
+    /// `weft ingest`), so that N shard processes resume where the rebuild ended (default 1:
+    /// one unsharded process).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub narrative_shards: u32,
+}
 
-pub async fn run(_a: RebuildArgs, settings: Settings) -> anyhow::Result<()> {
+pub async fn run(a: RebuildArgs, settings: Settings) -> anyhow::Result<()> {
     let store = Store::new(settings.clickhouse)?;
     let started = std::time::Instant::now();
-    let s = rebuild::rebuild(&store).await?;
+    let s = rebuild::rebuild(&store, a.narrative_shards).await?;
     println!(
         "rebuilt {} narratives from {} facts ({} links) in {:.1}s",
         s.narratives,

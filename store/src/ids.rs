@@ -21,6 +21,17 @@ pub fn id_hash_sql(tenant: &str, kind: &str, id: &str) -> String {
     format!("xxHash64(concat({tenant}, char(31), {kind}, char(31), {id}))")
 }
 
+/// XXH64 (seed 0) of the tenant alone: what ClickHouse's `xxHash64(tenant)` computes, so a
+/// narrative shard's tenants (`tenant_hash % count == index`) can be chosen on either side.
+pub fn tenant_hash(tenant: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(tenant.as_bytes(), 0)
+}
+
+/// The ClickHouse expression of [`tenant_hash`] over a column expression.
+pub fn tenant_hash_sql(tenant: &str) -> String {
+    format!("xxHash64({tenant})")
+}
+
 /// Bytes of ids per query parameter: well under ClickHouse's default 128 KiB field limit
 /// (`http_max_field_value_size`), leaving room for the array's quoting and escaping.
 pub const MAX_PARAM_BYTES: usize = 64 << 10;

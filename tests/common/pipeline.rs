@@ -50,7 +50,8 @@ impl Proc {
     }
 }
 
-fn check(out: Output, what: &str) -> Output {
+/// `out`, after asserting that its command (`what`) succeeded.
+pub fn check(out: Output, what: &str) -> Output {
     assert!(
         out.status.success(),
         "{what} failed ({}):\n{}\n{}",
@@ -226,6 +227,15 @@ impl Pipeline {
         );
     }
 
+    /// The distinct `shard` labels of the projector's progress rows.
+    pub async fn progress_shards(&self) -> Vec<String> {
+        self.client()
+            .query("SELECT DISTINCT shard FROM weft_projector_progress ORDER BY shard")
+            .fetch_all()
+            .await
+            .unwrap()
+    }
+
     /// The live narrative membership stored in ClickHouse.
     pub async fn membership(&self) -> Membership {
         let rows: Vec<(String, String, String)> = self
@@ -281,19 +291,24 @@ pub fn truth_membership(t: &GroundTruth) -> Membership {
         .collect()
 }
 
-fn first_difference(got: &Membership, want: &Membership) -> String {
+/// The first narrative where two memberships differ, keyed by narrative (or by tenant and
+/// narrative), for failure messages.
+pub fn first_difference<K: Ord + std::fmt::Debug>(
+    got: &BTreeMap<K, BTreeSet<(String, String)>>,
+    want: &BTreeMap<K, BTreeSet<(String, String)>>,
+) -> String {
     for (n, w) in want {
         match got.get(n) {
-            None => return format!("narrative {n} missing ({} members expected)", w.len()),
+            None => return format!("narrative {n:?} missing ({} members expected)", w.len()),
             Some(g) if g != w => {
                 let missing: Vec<_> = w.difference(g).take(5).collect();
                 let extra: Vec<_> = g.difference(w).take(5).collect();
-                return format!("narrative {n}: missing {missing:?}, unexpected {extra:?}");
+                return format!("narrative {n:?}: missing {missing:?}, unexpected {extra:?}");
             }
             _ => {}
         }
     }
-    let extra: Vec<&String> = got
+    let extra: Vec<&K> = got
         .keys()
         .filter(|k| !want.contains_key(*k))
         .take(5)

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use weft_kafka::{ClientSettings, TopicLayout, Topics};
 
 use super::IngestError;
+use crate::narrative::shard::NarrativeShard;
 
 /// Which parts of the pipeline this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -17,9 +18,10 @@ pub enum Role {
     #[default]
     All,
     /// Facts only, partitions shared with other `facts` processes through a consumer group:
-    /// the scale-out mode. Run exactly one `narratives` process beside them.
+    /// the scale-out mode. Run exactly one `narratives` process beside them, or one per
+    /// narrative shard ([`IngestConfig::narrative_shard`]).
     Facts,
-    /// Narratives only, over every partition.
+    /// Narratives only, over every partition (of every tenant, or of one narrative shard's).
     Narratives,
 }
 
@@ -92,6 +94,10 @@ pub struct IngestConfig {
     /// 180 MB); the least recently touched components are evicted beyond it and load again
     /// from ClickHouse when an event names them.
     pub narrative_max_nodes: usize,
+    /// Which tenants this `narratives` process projects (`i/N`, see
+    /// [`crate::narrative::shard`]); the default `0/1` is every tenant. Only the
+    /// `narratives` role can be sharded.
+    pub narrative_shard: NarrativeShard,
 }
 
 impl Default for IngestConfig {
@@ -115,6 +121,7 @@ impl Default for IngestConfig {
             max_message_bytes: 1_000_000,
             stall_after_secs: 120,
             narrative_max_nodes: crate::narrative::projector::DEFAULT_MAX_NODES,
+            narrative_shard: NarrativeShard::WHOLE,
         }
     }
 }
@@ -133,12 +140,30 @@ impl IngestConfig {
     /// a partition over starts reading at the group's committed offset, trusting that it
     /// never passes what is stored in ClickHouse. The `narratives` process commits after
     /// projecting, not after storing facts, so it must commit under a group of its own, or a
-    /// facts member could start past records nobody stored.
+    /// facts member could start past records nobody stored. Each narrative shard commits
+    /// under its own (`<group_id>.narratives.<i>of<N>`).
     pub fn kafka_group(&self) -> String {
         match self.role {
-            Role::Narratives => format!("{}.narratives", self.group_id),
+            Role::Narratives => format!(
+                "{}.narratives{}",
+                self.group_id,
+                self.narrative_shard.group_suffix()
+            ),
             Role::All | Role::Facts => self.group_id.clone(),
         }
+    }
+
+    /// Refuse a narrative shard on a role that stores facts: `facts` projects nothing, and
+    /// `all` would also store only its shard's share of the facts (facts members share the
+    /// partitions through their group instead).
+    pub fn check_shard(&self) -> Result<(), IngestError> {
+        if self.narrative_shard.is_whole() || self.role == Role::Narratives {
+            return Ok(());
+        }
+        Err(IngestError::ShardRole {
+            shard: self.narrative_shard,
+            role: self.role.as_str(),
+        })
     }
 }
 
@@ -192,5 +217,28 @@ mod tests {
             cfg.role = role;
             assert_eq!(cfg.kafka_group(), group, "{role:?}");
         }
+    }
+
+    #[test]
+    fn each_narrative_shard_commits_under_its_own_group_and_only_narratives_shard() {
+        let mut cfg = IngestConfig {
+            group_id: "g".into(),
+            role: Role::Narratives,
+            narrative_shard: NarrativeShard::new(1, 3).unwrap(),
+            ..IngestConfig::default()
+        };
+        assert_eq!(cfg.kafka_group(), "g.narratives.1of3");
+        assert!(cfg.check_shard().is_ok());
+        for role in [Role::All, Role::Facts] {
+            cfg.role = role;
+            let err = cfg.check_shard().unwrap_err().to_string();
+            assert!(
+                err.contains("1/3") && err.contains("--role narratives"),
+                "{err}"
+            );
+        }
+        // The whole stage is no shard: every role takes it.
+        cfg.narrative_shard = NarrativeShard::WHOLE;
+        assert!(cfg.check_shard().is_ok());
     }
 }

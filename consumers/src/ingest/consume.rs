@@ -43,8 +43,9 @@ pub(super) struct DecodedRecord {
     pub(super) topic: String,
     pub(super) partition: i32,
     pub(super) offset: i64,
-    /// The fact, or the whole record and the reason, for the dead-letter topic.
-    pub(super) decoded: Result<Fact, Box<DeadLetter>>,
+    /// The fact, or the whole record and the reason, for the dead-letter topic; `None` for
+    /// a record of a tenant another narrative shard projects (not decoded at all).
+    pub(super) decoded: Option<Result<Fact, Box<DeadLetter>>>,
 }
 
 impl Ingestor {
@@ -100,7 +101,8 @@ impl Ingestor {
                 tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
             }
         }
-        info!(partitions = tpl.count(), role = ?self.cfg.role, "assigned every partition");
+        info!(partitions = tpl.count(), role = ?self.cfg.role, narrative_shard = %self.cfg.narrative_shard,
+            group = %self.cfg.kafka_group(), "assigned every partition");
         self.consumer.assign(&tpl)?;
         Ok(())
     }
@@ -230,6 +232,21 @@ impl Ingestor {
             .flat_map(|h| h.iter())
             .map(|h| (h.key, h.value.unwrap_or_default()))
             .collect();
+        let shard = self.cfg.narrative_shard;
+        // Another shard's tenant (or a tenant header decode would refuse): passed over from
+        // the headers, before the value is decoded. Its offset still moves this shard's
+        // progress.
+        if !shard.is_whole()
+            && !weft_schemas::wire::tenant_of(&headers).is_some_and(|t| shard.owns(t))
+        {
+            self.metrics.narrative.shard_skipped.inc();
+            return DecodedRecord {
+                topic: m.topic().to_owned(),
+                partition: m.partition(),
+                offset: m.offset(),
+                decoded: None,
+            };
+        }
         let r = Record {
             topic: m.topic(),
             partition: m.partition(),
@@ -270,7 +287,7 @@ impl Ingestor {
             topic: m.topic().to_owned(),
             partition: m.partition(),
             offset: m.offset(),
-            decoded,
+            decoded: Some(decoded),
         }
     }
 
@@ -338,20 +355,21 @@ impl Ingestor {
         metrics.health.waiting();
         let (mut rows, mut bytes) = buffered;
         match rec.decoded {
-            Ok(fact) => {
+            Some(Ok(fact)) => {
                 let n = fact.envelope.payload.get().len();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.facts.push((rec.offset, fact));
             }
-            Err(dead) if need_fact => {
+            Some(Err(dead)) if need_fact => {
                 let n = dead.value.len();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.dead.push(*dead);
             }
-            // The facts role owns dead-lettering; a projector-only pass just skips.
-            Err(_) => {}
+            // The facts role owns dead-lettering; a projector-only pass just skips it, as it
+            // skips another shard's tenants.
+            _ => {}
         }
         self.buffered = (rows, bytes);
         Ok(rows >= max_rows || bytes >= max_bytes)

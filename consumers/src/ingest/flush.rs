@@ -144,6 +144,7 @@ impl Flusher {
                 Ok(stats) => {
                     let m = &self.metrics.narrative;
                     m.moved.inc_by(stats.moved as u64);
+                    m.projected.inc_by(stats.facts as u64);
                     m.loaded.inc_by(stats.loaded as u64);
                     m.evicted.inc_by(stats.evicted as u64);
                     m.largest_component.set(stats.largest_component as i64);
@@ -159,8 +160,8 @@ impl Flusher {
                     tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
                     // Replaying onto the moved-ahead graph would find nothing to change and
                     // lose the pass's moves (the progress row, written last, was not).
-                    let max_nodes = self.cfg.narrative_max_nodes;
-                    match Projector::load(self.store.clone(), max_nodes).await {
+                    let (max_nodes, shard) = (self.cfg.narrative_max_nodes, projector.shard());
+                    match Projector::load_shard(self.store.clone(), max_nodes, shard).await {
                         Ok(fresh) => *projector = fresh,
                         Err(e) => {
                             warn!(error = %e, "reloading the narrative graph failed; retrying");

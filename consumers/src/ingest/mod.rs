@@ -60,6 +60,18 @@ pub enum IngestError {
     /// A ClickHouse failure that ingest does not retry.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A narrative shard on a role that stores facts.
+    #[error(
+        "narrative shard {shard} with --role {role}: only `--role narratives` can be sharded \
+         (run the facts with `--role facts`, whose members share the partitions, and one \
+         `--role narratives --narrative-shard i/N` process per shard)"
+    )]
+    ShardRole {
+        /// The shard asked for.
+        shard: crate::narrative::shard::NarrativeShard,
+        /// The role it was asked with.
+        role: &'static str,
+    },
     /// The status server address `listen` does not parse.
     #[error("invalid listen address `{0}`")]
     Listen(String),
@@ -137,6 +149,10 @@ impl Ingestor {
         metrics: Arc<IngestMetrics>,
         stop: watch::Receiver<bool>,
     ) -> Result<Self, IngestError> {
+        cfg.check_shard()?;
+        let shard = cfg.narrative_shard;
+        metrics.narrative.shard_index.set(i64::from(shard.index()));
+        metrics.narrative.shard_count.set(i64::from(shard.count()));
         ensure_topics(&cfg).await?;
         if cfg.role != Role::Narratives {
             retry_store(&cfg, &metrics, "check weft_events", || {
@@ -185,7 +201,11 @@ impl Ingestor {
             Role::Facts => None,
             Role::All | Role::Narratives => Some(
                 retry_store(&cfg, &metrics, "load narratives", || {
-                    Projector::load(store.clone(), cfg.narrative_max_nodes)
+                    Projector::load_shard(
+                        store.clone(),
+                        cfg.narrative_max_nodes,
+                        cfg.narrative_shard,
+                    )
                 })
                 .await?,
             ),

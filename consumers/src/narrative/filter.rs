@@ -26,18 +26,21 @@ use tokio::task::JoinHandle;
 use tracing::{info, instrument, warn, Instrument};
 
 use super::graph::NodeKey;
+use super::shard::NarrativeShard;
 use weft_store::ids::{id_hash, id_hash_sql};
 use weft_store::{Store, StoreError};
 
 /// Nodes the filter is sized for by default (about 57 MiB at a 1% false-positive rate).
 pub const DEFAULT_EXPECTED_ITEMS: usize = 50_000_000;
 
-/// Every stored node's [`id_hash`], computed by ClickHouse.
-fn hash_sql() -> String {
+/// Every stored node's [`id_hash`] of the shard's tenants, computed by ClickHouse (a shard
+/// never names another shard's ids, so their hashes would only cost memory).
+fn hash_sql(shard: NarrativeShard) -> String {
+    let only = shard.where_sql("tenant");
     format!(
-        "SELECT {} FROM weft_narrative_nodes \
-         UNION ALL SELECT {} FROM weft_links \
-         UNION ALL SELECT {} FROM weft_links",
+        "SELECT {} FROM weft_narrative_nodes{only} \
+         UNION ALL SELECT {} FROM weft_links{only} \
+         UNION ALL SELECT {} FROM weft_links{only}",
         id_hash_sql("tenant", "kind", "id"),
         id_hash_sql("tenant", "to_kind", "to_id"),
         id_hash_sql("tenant", "from_kind", "from_id"),
@@ -72,20 +75,22 @@ impl SeenFilter {
         }
     }
 
-    /// The filter of every node stored so far, rebuilt in the background: it answers
+    /// The filter of every node of the shard's tenants stored so far (a shard never names
+    /// another shard's ids, so their hashes would only cost memory), rebuilt in the
+    /// background: it answers
     /// "maybe" for every id until [`SeenFilter::ready`]. A failed read is retried (with a
     /// growing pause, up to 30 s) until it succeeds.
-    pub fn load(store: &Store, expected_items: usize) -> Self {
+    pub fn load(store: &Store, expected_items: usize, shard: NarrativeShard) -> Self {
         let bloom = Arc::new(empty(expected_items));
         let ready = Arc::new(AtomicBool::new(false));
         let (b, r, store) = (bloom.clone(), ready.clone(), store.clone());
-        let span = tracing::info_span!("narrative_id_filter");
+        let span = tracing::info_span!("narrative_id_filter", %shard);
         let task = tokio::spawn(
             async move {
                 let mut pause = Duration::from_millis(500);
                 loop {
                     let started = Instant::now();
-                    match fill(&store, &b).await {
+                    match fill(&store, &b, shard).await {
                         Ok(n) => {
                             r.store(true, Ordering::Release);
                             let secs = started.elapsed().as_secs_f64();
@@ -131,10 +136,14 @@ fn empty(expected_items: usize) -> AtomicBloomFilter {
 
 /// Insert every stored node's hash into `bloom`; the number read.
 #[instrument(skip_all)]
-async fn fill(store: &Store, bloom: &AtomicBloomFilter) -> Result<u64, StoreError> {
+async fn fill(
+    store: &Store,
+    bloom: &AtomicBloomFilter,
+    shard: NarrativeShard,
+) -> Result<u64, StoreError> {
     let mut cursor = store
         .client()
-        .query(&hash_sql())
+        .query(&hash_sql(shard))
         .fetch::<u64>()
         .map_err(store.err())?;
     let mut n = 0u64;
@@ -190,12 +199,24 @@ mod tests {
             ..weft_store::ClickHouseConfig::default()
         })
         .unwrap();
-        let f = SeenFilter::load(&store, 1_000);
+        let f = SeenFilter::load(&store, 1_000, NarrativeShard::WHOLE);
         let k = NodeKey::event("t", Kind::Handle, "never-stored");
         assert!(!f.ready());
         assert!(f.may_contain(&k), "a loading filter cannot say no");
         f.insert(&k);
         assert!(SeenFilter::new(1_000).ready());
         assert!(!SeenFilter::new(1_000).may_contain(&k));
+    }
+
+    #[test]
+    fn a_shard_rebuilds_from_its_own_tenants_only() {
+        let whole = hash_sql(NarrativeShard::WHOLE);
+        assert!(!whole.contains("WHERE"), "{whole}");
+        let one = hash_sql(NarrativeShard::new(1, 2).unwrap());
+        assert_eq!(
+            one.matches(" WHERE xxHash64(tenant) % 2 = 1").count(),
+            3,
+            "{one}"
+        );
     }
 }

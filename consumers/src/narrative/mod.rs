@@ -6,3 +6,4 @@ pub mod graph;
 pub mod loader;
 pub mod projector;
 pub mod rebuild;
+pub mod shard;

@@ -18,6 +18,7 @@ use weft_schemas::links::NodeKind;
 use super::filter::{SeenFilter, DEFAULT_EXPECTED_ITEMS};
 use super::graph::{Change, Graph, NodeIdx};
 use super::loader;
+use super::shard::NarrativeShard;
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{check_columns, insert, Fact, Store, StoreError};
@@ -90,30 +91,47 @@ pub struct Projector {
     max_nodes: usize,
     /// Which ids the narrative tables may know: the others need no lookup.
     seen: SeenFilter,
+    /// The tenants this projector owns; its progress rows carry the shard's label.
+    shard: NarrativeShard,
 }
 
 impl Projector {
     /// Load the projector's state from ClickHouse: progress, a killed pass's placements and
     /// the id filter. The graph starts empty and keeps at most `max_nodes` nodes between
-    /// passes (a pass may exceed it while its own components are larger).
-    #[instrument(skip(store))]
+    /// passes (a pass may exceed it while its own components are larger). Every tenant:
+    /// [`Projector::load_shard`] with [`NarrativeShard::WHOLE`].
     pub async fn load(store: Store, max_nodes: usize) -> Result<Self, StoreError> {
+        Self::load_shard(store, max_nodes, NarrativeShard::WHOLE).await
+    }
+
+    /// [`Projector::load`] for the tenants of one narrative shard: its own progress rows,
+    /// and only its own tenants' rows restored and in the id filter. Another shard's passes,
+    /// finished or killed, are none of its business (they write other tenants' rows, with
+    /// versions from another clock).
+    #[instrument(skip(store), fields(shard = %shard))]
+    pub async fn load_shard(
+        store: Store,
+        max_nodes: usize,
+        shard: NarrativeShard,
+    ) -> Result<Self, StoreError> {
         check_columns::<NarrativeRow>(&store, "weft_narratives").await?;
         check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
         check_columns::<LinkRow>(&store, "weft_links").await?;
         check_columns::<LinkRow>(&store, "weft_links_from").await?;
         check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
         // The projector is the only writer of these tables: an insert running now is a dead
-        // predecessor's, and reading before it lands would place its members wrongly.
+        // predecessor's, and reading before it lands would place its members wrongly. (With
+        // several shards it may be another shard's too; waiting for it costs a moment.)
         store
             .wait_for_running_inserts(NARRATIVE_TABLES, std::time::Duration::from_secs(60))
             .await?;
         let c = store.client();
         let progress: Vec<ProgressRow> = c
             .query(
-                "SELECT topic, partition, argMax(offset, version) AS offset, max(version) AS version \
-                 FROM weft_projector_progress GROUP BY topic, partition",
+                "SELECT topic, partition, argMax(offset, version) AS offset, max(version) AS version, shard \
+                 FROM weft_projector_progress WHERE shard = {shard:String} GROUP BY topic, partition, shard",
             )
+            .param("shard", shard.label())
             .fetch_all()
             .await
             .map_err(store.err())?;
@@ -125,15 +143,17 @@ impl Projector {
         // the threshold past the killed pass's version, and a pass that does not feed every
         // member of the killed one (batches differ after a restart) would otherwise leave
         // them known to no later load, so a second kill would lose their tombstones.
+        // Both the last completed pass and the rows restored are this shard's own.
         let completed = progress.iter().map(|p| p.version).max().unwrap_or(0);
         let mut placed = c
-            .query(
+            .query(&format!(
                 "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) AS narrative_id, \
                         argMax(request_id, version) AS request_id, argMax(ts, version) AS ts, \
                         max(version) AS version \
-                 FROM weft_narratives WHERE version > {completed:UInt64} \
+                 FROM weft_narratives WHERE version > {{completed:UInt64}}{} \
                  GROUP BY tenant, kind, id HAVING countIf(is_deleted = 0) > 0",
-            )
+                shard.and_sql("tenant")
+            ))
             .param("completed", completed)
             .fetch::<NodeRow>()
             .map_err(store.err())?;
@@ -147,9 +167,10 @@ impl Projector {
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
             .collect();
-        let seen = SeenFilter::load(&store, DEFAULT_EXPECTED_ITEMS);
+        let seen = SeenFilter::load(&store, DEFAULT_EXPECTED_ITEMS, shard);
         info!(
             unfinished_pass = n_unfinished,
+            %shard,
             "narrative projector loaded (components load on demand)"
         );
         Ok(Self {
@@ -159,7 +180,13 @@ impl Projector {
             progress,
             max_nodes,
             seen,
+            shard,
         })
+    }
+
+    /// The tenants this projector owns.
+    pub fn shard(&self) -> NarrativeShard {
+        self.shard
     }
 
     /// Highest offset of a source partition already projected, or -1.
@@ -182,14 +209,18 @@ impl Projector {
     }
 
     /// Apply the facts of several source partitions, write the narrative rows, then
-    /// record how far each partition is projected.
+    /// record how far each partition is projected. Facts of tenants outside the shard are
+    /// passed over (ingest skips them before decoding; this keeps the shard's rows its own
+    /// whatever the caller feeds), and still move the progress.
     #[instrument(skip_all, fields(partitions = batches.len()))]
     pub async fn apply(&mut self, batches: &[ProjectBatch<'_>]) -> Result<ApplyStats, StoreError> {
         let version = self.clock.tick();
         self.graph.begin_pass();
+        let shard = self.shard;
         let facts: Vec<&Fact> = batches
             .iter()
             .flat_map(|b| b.facts.iter().copied())
+            .filter(|f| shard.owns(&f.envelope.tenant))
             .collect();
         let loaded = self.load_named(&facts).await?;
         let mut seeds = Vec::new();
@@ -268,6 +299,7 @@ impl Projector {
                 partition: b.partition as u32,
                 offset: b.last_offset,
                 version,
+                shard: self.shard.label(),
             })
             .collect();
         insert::<ProgressRow>(&self.store, "weft_projector_progress", &progress).await?;

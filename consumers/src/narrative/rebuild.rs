@@ -15,6 +15,7 @@ use weft_schemas::Kind;
 
 use super::graph::{Graph, NodeIdx, NodeKey};
 use super::projector::VersionClock;
+use super::shard::NarrativeShard;
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{insert, Store, StoreError};
 
@@ -63,8 +64,10 @@ fn parse_link(via: &str, kind: &str, id: &str) -> Option<Link> {
     })
 }
 
-/// Rebuild all narratives from `weft_events`.
-pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
+/// Rebuild all narratives from `weft_events`, with progress rows for `shards` narrative
+/// shards (`0/N` .. `N-1/N`; one, unsharded, when `shards` is 1), so that the processes of
+/// that many shards resume after the facts rebuilt.
+pub async fn rebuild(store: &Store, shards: u32) -> Result<RebuildStats, StoreError> {
     for table in TABLES {
         store
             .client()
@@ -80,13 +83,20 @@ pub async fn rebuild(store: &Store) -> Result<RebuildStats, StoreError> {
     graph.settle_all();
     stats.narratives = write_narratives(store, &graph, version).await?;
     write_nodes(store, &graph, version).await?;
+    let labels: Vec<String> = (0..shards.max(1))
+        .filter_map(|i| NarrativeShard::new(i, shards.max(1)).ok())
+        .map(NarrativeShard::label)
+        .collect();
     let progress: Vec<ProgressRow> = progress
         .into_iter()
-        .map(|((topic, partition), offset)| ProgressRow {
-            topic,
-            partition,
-            offset,
-            version,
+        .flat_map(|((topic, partition), offset)| {
+            labels.iter().map(move |shard| ProgressRow {
+                topic: topic.clone(),
+                partition,
+                offset,
+                version,
+                shard: shard.clone(),
+            })
         })
         .collect();
     insert::<ProgressRow>(store, "weft_projector_progress", &progress).await?;

@@ -12,7 +12,7 @@ pub const NARRATIVES: &str = "weft_narratives";
 pub const NODES: &str = "weft_narrative_nodes";
 /// Every link by its target.
 pub const LINKS: &str = "weft_links";
-/// How far the projector has read each partition.
+/// How far the projector (each narrative shard) has read each partition.
 pub const PROGRESS: &str = "weft_projector_progress";
 
 /// A row of `weft_narratives`.
@@ -85,6 +85,9 @@ pub struct ProgressRow {
     pub partition: u32,
     /// Highest offset projected.
     pub offset: i64,
-    /// Readers take the highest version per (topic, partition).
+    /// Readers take the highest version per (topic, partition, shard).
     pub version: u64,
+    /// The narrative shard (`i/N`) whose progress this is; empty when one process projects
+    /// every tenant (migration 0011).
+    pub shard: String,
 }
