@@ -196,11 +196,10 @@ impl<S: Send + Sync, Q: serde::de::DeserializeOwned> FromRequestParts<S> for Ran
     }
 }
 
-/// The number a query field holds (`default` when absent), or the API's 400 naming it.
-fn number(v: Option<&str>, default: u64, name: &str) -> Result<u64, Response> {
+/// The number a query field holds (`default` when absent), or the 400 message naming it.
+fn number(v: Option<&str>, default: u64, name: &str) -> Result<u64, String> {
     v.map_or(Ok(default), |v| {
-        v.parse()
-            .map_err(|_| bad_request(&format!("{name} must be a number")))
+        v.parse().map_err(|_| format!("{name} must be a number"))
     })
 }
 
@@ -217,7 +216,7 @@ async fn check_route(
     let (tenant, actor) = (c.tenant, c.key_id);
     let grace = match number(q.grace_secs.as_deref(), 300, "grace_secs") {
         Ok(g) => g,
-        Err(e) => return e,
+        Err(e) => return bad_request(&e),
     };
     let opt = CheckOptions {
         grace_secs: grace.min(365 * 86_400),
@@ -283,7 +282,7 @@ async fn search_route(
     let (tenant, actor) = (c.tenant, c.key_id);
     let limit = match number(q.limit.as_deref(), 100, "limit") {
         Ok(l) => l,
-        Err(e) => return e,
+        Err(e) => return bad_request(&e),
     };
     let filter = q.filter;
     let no_cursor = String::new();
