@@ -80,8 +80,9 @@ pub struct BenchIngestArgs {
     #[arg(long, value_enum, default_value = "all")]
     pub role: RoleArg,
 
-    /// Ingest batch size (records buffered over all partitions per flush).
-    #[arg(long, default_value_t = 50_000, value_name = "N")]
+    /// Ingest batch size (records buffered over all partitions per flush); the default is
+    /// `weft ingest`'s.
+    #[arg(long, default_value_t = weft_consumers::ingest::IngestConfig::default().batch_max_rows, value_name = "N")]
     pub batch_max_rows: usize,
 
     /// Kafka engine variants to measure after weft's ingest: `raw` (payload, topic,

@@ -174,7 +174,8 @@ impl Ingestor {
         }
         let watch = RebalanceWatch::default();
         let rebalanced = watch.0.clone();
-        let consumer: StreamConsumer<RebalanceWatch> = kafka_config(&cfg)
+        let mut consumer_config = kafka_config(&cfg);
+        consumer_config
             .set("group.id", cfg.kafka_group())
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")
@@ -184,8 +185,17 @@ impl Ingestor {
             // A ClickHouse outage blocks the loop while it retries; do not let the group
             // evict us for it.
             .set("max.poll.interval.ms", "3600000")
-            .set("fetch.wait.max.ms", "100")
-            .create_with_context(watch)?;
+            .set("fetch.wait.max.ms", "100");
+        // librdkafka prefetches up to 64 MB by default; 16 MB keeps a backlog's records in
+        // Kafka rather than in this process, and still covers many batches.
+        if !cfg
+            .kafka_properties
+            .contains_key("queued.max.messages.kbytes")
+        {
+            consumer_config.set("queued.max.messages.kbytes", "16384");
+        }
+        let consumer: StreamConsumer<RebalanceWatch> =
+            consumer_config.create_with_context(watch)?;
         let mut dlq = kafka_config(&cfg);
         dlq.set("enable.idempotence", "true")
             .set("acks", "all")
