@@ -78,7 +78,6 @@ async fn survivor_takes_over(stop: Stop, name: &str) {
     // Between them the members stored every event once, and the survivor stored what the
     // stopped member left behind. (The stopped member's own total: its exit line, the only
     // one in the log so far; a killed member writes none, so there only the sum is bounded.)
-    let b_after = stored_by(&b_addr).await.expect("the survivor's metrics");
     let log = p.ingest_log();
     let a_final: Option<u64> = log.lines().find_map(|l| {
         let rest = l.split("ingest stopped: ").nth(1)?;
@@ -88,14 +87,24 @@ async fn survivor_takes_over(stop: Stop, name: &str) {
             .parse()
             .ok()
     });
-    match a_final {
-        Some(a_final) => assert_eq!(
-            a_final + b_after,
-            want,
-            "the stopped member stored {a_final} (>= {a_stored}), the survivor {b_after}"
-        ),
-        None => assert!(a_stored + b_after <= want, "a row stored twice"),
-    }
+    // The survivor counts an insert once ClickHouse has answered it, a moment after the
+    // rows are visible to the count above: wait for its total to settle, never past `want`.
+    let b_after = match a_final {
+        Some(a_final) => {
+            let b_after = wait_for_stored(&b_addr, want.saturating_sub(a_final)).await;
+            assert_eq!(
+                a_final + b_after,
+                want,
+                "the stopped member stored {a_final} (>= {a_stored}), the survivor {b_after}"
+            );
+            b_after
+        }
+        None => {
+            let b_after = stored_by(&b_addr).await.expect("the survivor's metrics");
+            assert!(a_stored + b_after <= want, "a row stored twice");
+            b_after
+        }
+    };
     assert!(
         b_after > b_before && b_after < want,
         "the survivor stored {b_before} -> {b_after} of {want}: it did not take over"
@@ -133,5 +142,18 @@ async fn wait_until_stored(addr: &str) -> u64 {
             "the member at {addr} never stored a row: it held no partition"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Wait until the member at `addr` has counted `n` stored rows (or more, which the caller's
+/// assertion then reports); gives up after 60 s with what it counted.
+async fn wait_for_stored(addr: &str, n: u64) -> u64 {
+    let started = std::time::Instant::now();
+    loop {
+        let got = stored_by(addr).await.unwrap_or(0);
+        if got >= n || started.elapsed() > Duration::from_secs(60) {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
