@@ -77,9 +77,8 @@ impl SeenFilter {
 
     /// The filter of every node of the shard's tenants stored so far (a shard never names
     /// another shard's ids, so their hashes would only cost memory), rebuilt in the
-    /// background: it answers
-    /// "maybe" for every id until [`SeenFilter::ready`]. A failed read is retried (with a
-    /// growing pause, up to 30 s) until it succeeds.
+    /// background: it answers "maybe" for every id until [`SeenFilter::ready`]. A failed
+    /// read is retried (with a growing pause, up to 30 s) until it succeeds.
     pub fn load(store: &Store, expected_items: usize, shard: NarrativeShard) -> Self {
         let bloom = Arc::new(empty(expected_items));
         let ready = Arc::new(AtomicBool::new(false));
