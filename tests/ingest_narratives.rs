@@ -79,6 +79,11 @@ async fn narratives_match_the_ground_truth_whatever_the_arrival_order() {
         let v = common::metric(&addr, name).await.unwrap_or(0);
         assert!(v > 0, "{name} = {v}: the small budgets were not exercised");
     }
+    // The id filter's background rebuild ended, and passes after it said so.
+    assert_eq!(
+        common::metric(&addr, "weft_narrative_id_filter_ready").await,
+        Some(1)
+    );
     assert_eq!(
         p.scalar("SELECT uniqExact(tenant, kind, id, content_hash) FROM weft_events")
             .await,

@@ -126,6 +126,9 @@ pub struct NarrativeMetrics {
     pub evicted: IntCounter,
     /// Size of the largest uncolored component the last pass assigned.
     pub largest_component: IntGauge,
+    /// 1 once the id filter's background rebuild has ended (until then every id a pass
+    /// names is looked up in ClickHouse).
+    pub id_filter_ready: IntGauge,
     /// Time to project one batch onto the narratives.
     pub projector_seconds: Histogram,
     /// Facts fed to the projector (this shard's tenants only).
@@ -160,6 +163,10 @@ impl NarrativeMetrics {
             largest_component: r.gauge(
                 "weft_narrative_largest_component",
                 "Nodes of the largest uncolored component the last narrative pass assigned",
+            ),
+            id_filter_ready: r.gauge(
+                "weft_narrative_id_filter_ready",
+                "1 once the narrative id filter is rebuilt after start (0: every named id is looked up)",
             ),
             projector_seconds: r.histogram(
                 "weft_narrative_projector_seconds",
