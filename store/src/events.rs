@@ -75,8 +75,8 @@ pub struct Fact {
 }
 
 /// The columns of `weft_events` derived from the payload, as [`typed_columns`] derives them.
-/// Field names are column names.
-#[derive(Debug, Clone, PartialEq, Row, Serialize)]
+/// Field names are column names; the default is every column empty.
+#[derive(Debug, Clone, Default, PartialEq, Row, Serialize)]
 pub struct TypedColumns<'a> {
     /// Payload `event_type`, empty when absent.
     pub event_type: &'a str,

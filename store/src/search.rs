@@ -36,18 +36,12 @@ impl Hit {
     pub fn typed<R>(&self, f: impl FnOnce(&Value, &TypedColumns<'_>) -> R) -> R {
         let payload = serde_json::from_str(&self.payload)
             .unwrap_or_else(|_| Value::String(self.payload.clone()));
-        let links = match self.kind.parse::<Kind>() {
+        match self.kind.parse::<Kind>() {
             Ok(kind) if payload.is_object() => {
-                Some((kind, weft_schemas::links::extract(kind, &payload)))
+                let links = weft_schemas::links::extract(kind, &payload);
+                f(&payload, &typed_columns(kind, &payload, &links))
             }
-            _ => None,
-        };
-        match &links {
-            Some((kind, links)) => f(&payload, &typed_columns(*kind, &payload, links)),
-            None => f(
-                &payload,
-                &typed_columns(Kind::TraceEvent, &Value::Null, &[]),
-            ),
+            _ => f(&payload, &TypedColumns::default()),
         }
     }
 }
