@@ -67,6 +67,12 @@ pub struct IngestArgs {
     /// when a later event names them. Narratives stay exact at any value.
     #[arg(long, value_name = "NODES")]
     pub narrative_max_nodes: Option<usize>,
+    /// How far ahead in record time one partition may be read of the slowest one still
+    /// delivering, in milliseconds (default 500; 0 reads partitions as they are fetched).
+    /// A request's events sit in several topics of different sizes: aligned, they meet in
+    /// the same narrative pass while a backlog drains, rather than after eviction.
+    #[arg(long, value_name = "MS")]
+    pub align_skew_ms: Option<u64>,
     /// With `--role narratives`: project only shard I of N of the tenants (`I/N`, I from 0),
     /// so N processes share the narratives, one per shard, each reading every partition
     /// (default: every tenant). A tenant's shard is xxHash64(tenant) mod N; one tenant is
@@ -147,6 +153,9 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     }
     if let Some(v) = a.stall_after_secs {
         cfg.stall_after_secs = v;
+    }
+    if let Some(v) = a.align_skew_ms {
+        cfg.align_skew_ms = v;
     }
     if let Some(v) = a.narrative_max_nodes {
         cfg.narrative_max_nodes = v;

@@ -96,6 +96,12 @@ pub struct IngestConfig {
     /// 180 MB); the least recently touched components are evicted beyond it and load again
     /// from ClickHouse when an event names them.
     pub narrative_max_nodes: usize,
+    /// How far ahead in record time (Kafka timestamps, milliseconds) one partition may be
+    /// read of the slowest partition still delivering (default 500; 0 reads them as
+    /// librdkafka fetches them). Keeps the events of one request, spread over several
+    /// topics, close together in the narrative pass while a backlog drains, so their
+    /// components are still in memory (see `ingest/align.rs`). The `facts` role ignores it.
+    pub align_skew_ms: u64,
     /// Which tenants this `narratives` process projects (`i/N`, see
     /// [`crate::narrative::shard`]); the default `0/1` is every tenant. Only the
     /// `narratives` role can be sharded.
@@ -123,6 +129,7 @@ impl Default for IngestConfig {
             max_message_bytes: 1_000_000,
             stall_after_secs: 120,
             narrative_max_nodes: crate::narrative::projector::DEFAULT_MAX_NODES,
+            align_skew_ms: 500,
             narrative_shard: NarrativeShard::WHOLE,
         }
     }

@@ -8,6 +8,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
+use super::align::Lanes;
 use super::batch::PartitionState;
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
@@ -104,6 +105,15 @@ impl Ingestor {
         info!(partitions = tpl.count(), role = ?self.cfg.role, narrative_shard = %self.cfg.narrative_shard,
             group = %self.cfg.kafka_group(), "assigned every partition");
         self.consumer.assign(&tpl)?;
+        if self.cfg.align_skew_ms > 0 {
+            let partitions: Vec<(String, i32)> = tpl
+                .elements()
+                .iter()
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .collect();
+            let skew = Duration::from_millis(self.cfg.align_skew_ms);
+            self.lanes = Some(Lanes::split(&self.consumer, &partitions, skew));
+        }
         Ok(())
     }
 

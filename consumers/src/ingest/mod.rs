@@ -17,6 +17,7 @@
 //! batch figures once inserted), and the lag monitor its samples, to ClickHouse through
 //! [`crate::telemetry`]: best effort, never waited for, never holding an offset.
 
+mod align;
 mod batch;
 mod config;
 mod consume;
@@ -29,6 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::StreamConsumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -117,6 +120,9 @@ pub struct Ingestor {
     /// Shared so the run loop can hold a received message while it borrows `self`, and
     /// the flush task can store offsets.
     consumer: Arc<StreamConsumer<RebalanceWatch>>,
+    /// The single-process roles' per-partition queues, read in time order
+    /// ([`align`]); `None` reads the consumer's own queue.
+    lanes: Option<align::Lanes>,
     rebalanced: Arc<std::sync::atomic::AtomicBool>,
     metrics: Arc<IngestMetrics>,
     /// What flushes need besides the records: idle here, or inside the flush in flight.
@@ -187,12 +193,19 @@ impl Ingestor {
             .set("max.poll.interval.ms", "3600000")
             .set("fetch.wait.max.ms", "100");
         // librdkafka prefetches up to 64 MB by default; 16 MB keeps a backlog's records in
-        // Kafka rather than in this process, and still covers many batches.
+        // Kafka rather than in this process, and still covers many batches. With one queue
+        // per partition (`align`) the bound applies to each, so the 16 MB are shared out.
         if !cfg
             .kafka_properties
             .contains_key("queued.max.messages.kbytes")
         {
-            consumer_config.set("queued.max.messages.kbytes", "16384");
+            let queues = if cfg.role != Role::Facts && cfg.align_skew_ms > 0 {
+                cfg.topics.event_topics().len() * cfg.partitions.max(1) as usize
+            } else {
+                1
+            };
+            let kbytes = (16384 / queues.max(1)).max(512);
+            consumer_config.set("queued.max.messages.kbytes", kbytes.to_string());
         }
         let consumer: StreamConsumer<RebalanceWatch> =
             consumer_config.create_with_context(watch)?;
@@ -237,6 +250,7 @@ impl Ingestor {
             store,
             ids: SchemaIds::default(),
             consumer,
+            lanes: None,
             rebalanced,
             metrics,
             flusher: FlusherSlot::Idle(Box::new(flusher)),
@@ -252,6 +266,37 @@ impl Ingestor {
         Ok(me)
     }
 
+    /// Buffer one received record (flushing when a batch is full or due); `true` when the
+    /// process stops.
+    async fn on_record(
+        &mut self,
+        msg: Result<BorrowedMessage<'_>, KafkaError>,
+        since_check: &mut u32,
+    ) -> Result<bool, IngestError> {
+        let m = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "kafka consumer error (retrying)");
+                return Ok(false);
+            }
+        };
+        let rec = self.decode_record(&m);
+        drop(m);
+        self.after_rebalance().await?;
+        let full = self.accept(rec).await?;
+        // Under constant load a record always wins the biased select, so the timer branch
+        // may never run: check the flush deadline here too.
+        *since_check += 1;
+        let flush_every = Duration::from_millis(self.cfg.flush_interval_ms);
+        let due = *since_check >= 256 && {
+            *since_check = 0;
+            self.parts
+                .values()
+                .any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every))
+        };
+        Ok((full || due) && self.flush().await.is_err())
+    }
+
     /// Totals so far.
     pub fn totals(&self) -> IngestTotals {
         self.totals
@@ -264,6 +309,7 @@ impl Ingestor {
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         let mut since_check = 0u32;
         let consumer = self.consumer.clone();
+        let lanes = self.lanes.take();
         spawn_lag_monitor(
             kafka_config(&self.cfg),
             self.positions.clone(),
@@ -289,24 +335,14 @@ impl Ingestor {
                     }
                     return Ok(self.totals);
                 }
-                msg = consumer.recv() => {
-                    match msg {
-                        Ok(m) => {
-                            let rec = self.decode_record(&m);
-                            drop(m);
-                            self.after_rebalance().await?;
-                            let full = self.accept(rec).await?;
-                            // Under constant load `recv` always wins the biased select, so the
-                            // timer branch may never run: check the flush deadline here too.
-                            since_check += 1;
-                            let due = since_check >= 256 && {
-                                since_check = 0;
-                                self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every))
-                            };
-                            if (full || due) && self.flush().await.is_err() { return Ok(self.totals); }
-                        }
-                        Err(e) => warn!(error = %e, "kafka consumer error (retrying)"),
-                    }
+                // With per-partition queues the consumer's own queue still serves events
+                // (errors, statistics), and rdkafka wants it polled. A record fetched before
+                // its partition's queue was split lands here, ahead of the queue's: first.
+                msg = consumer.recv(), if lanes.is_some() => {
+                    if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
+                }
+                msg = next_record(&consumer, lanes.as_ref()) => {
+                    if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
                 }
                 _ = tick.tick() => {
                     self.after_rebalance().await?;
@@ -319,6 +355,17 @@ impl Ingestor {
                 }
             }
         }
+    }
+}
+
+/// The next record: from the per-partition queues when there are any, else the consumer's.
+async fn next_record<'a>(
+    consumer: &'a StreamConsumer<RebalanceWatch>,
+    lanes: Option<&'a align::Lanes>,
+) -> Result<BorrowedMessage<'a>, KafkaError> {
+    match lanes {
+        Some(l) => l.recv().await,
+        None => consumer.recv().await,
     }
 }
 

@@ -308,7 +308,13 @@ impl Projector {
                 .insert((b.topic.to_owned(), b.partition), b.last_offset);
         }
         let largest_component = self.graph.largest_component;
-        let evicted = self.graph.evict(self.max_nodes);
+        // Eviction compacts the whole graph, so it runs only once the budget is exceeded,
+        // and then makes room for a few passes (down to 3/4 of it) rather than one.
+        let evicted = if self.graph.len() > self.max_nodes {
+            self.graph.evict(self.max_nodes - self.max_nodes / 4)
+        } else {
+            0
+        };
         Ok(ApplyStats {
             facts: fed.len(),
             moved,
@@ -332,7 +338,10 @@ impl Projector {
                 wanted.push(self.graph.node_key(tenant, l.to_kind, &l.to_id));
             }
         }
-        wanted.retain(|k| self.graph.needs_load(k));
+        // An id the pass names twice (two events linking to one target) is asked about
+        // once: asked again, the filter would answer with the first asking's insert.
+        let mut named = HashSet::new();
+        wanted.retain(|k| self.graph.needs_load(k) && named.insert(k.clone()));
         // Ids the filter has never seen are new: only the others are looked up. Every id
         // named is remembered, the looked-up ones too: while the filter is still being
         // rebuilt its "maybe" does not mean it holds the id, and the pass stores them all.
