@@ -67,8 +67,8 @@ pub struct IngestArgs {
     /// when a later event names them. Narratives stay exact at any value.
     #[arg(long, value_name = "NODES")]
     pub narrative_max_nodes: Option<usize>,
-    /// How far ahead in record time one partition may be read of the slowest one still
-    /// delivering, in milliseconds (default 500; 0 reads partitions as they are fetched).
+    /// How far ahead in record time one partition may be read of the slowest one with
+    /// records waiting, in milliseconds (default 500; 0 reads partitions as fetched).
     /// A request's events sit in several topics of different sizes: aligned, they meet in
     /// the same narrative pass while a backlog drains, rather than after eviction.
     #[arg(long, value_name = "MS")]

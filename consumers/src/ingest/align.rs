@@ -8,21 +8,23 @@
 //! must be loaded back from ClickHouse (measured: 16k of every 20k facts, 60% of a pass).
 //!
 //! Kafka Streams meets the same problem when it joins streams: it processes the partition
-//! whose head record is oldest, and waits a bounded time (`max.task.idle.ms`) for a partition
-//! that has none. [`Lanes`] does the same with one librdkafka queue per partition: it reads
-//! only partitions whose last record is at most `max_skew` (Kafka timestamps) ahead of the
-//! slowest partition still delivering; a partition that delivered nothing for `idle` is taken
-//! as caught up and holds nobody back. A partition not read keeps its records in its own
-//! queue, and librdkafka stops fetching it when that queue is full: no pause, no seek, no
-//! refetch (which tansu's memory engine would answer from the next batch), no record dropped.
+//! whose head record is oldest among those with records buffered. [`Lanes`] does the same
+//! with one librdkafka queue per partition: it reads only partitions whose last record is at
+//! most `max_skew` (Kafka timestamps) ahead of the slowest partition that still has records
+//! waiting. A partition whose queue was found empty is caught up and holds nobody back, so a
+//! quiet partition, or one whose producer's clock runs ahead, never stops the others, and a
+//! live stream (every queue mostly empty) is read as it comes. A partition not read keeps its
+//! records in its own queue, and librdkafka stops fetching it when that queue is full: no
+//! pause, no seek, no refetch (which tansu's memory engine would answer from the next batch),
+//! no record dropped.
 //!
 //! Only the single-process roles read this way: they assign every partition themselves. The
 //! facts role shares partitions with a group, whose assignment changes under it, and stores
 //! facts only, which need no alignment.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
@@ -32,42 +34,37 @@ use rdkafka::message::{BorrowedMessage, Message};
 
 use super::consume::RebalanceWatch;
 
-/// A partition's records this long without one is taken as caught up.
-pub(super) const IDLE: Duration = Duration::from_millis(100);
-
 type Queue = StreamPartitionQueue<RebalanceWatch>;
 
 /// `head_ms` before a lane's first record.
 const NO_HEAD: i64 = i64::MIN;
+
+/// Records taken from one lane before the lanes are weighed again (weighing every lane for
+/// every record costs about as much as decoding the record).
+const RUN: usize = 64;
 
 /// One partition's queue, and how far in time its reading has come.
 struct Lane {
     queue: Queue,
     /// Kafka timestamp (ms) of the last record taken, or [`NO_HEAD`].
     head_ms: AtomicI64,
-    /// When the last record was taken (or the lane opened), in µs since [`Lanes::epoch`].
-    taken_us: AtomicU64,
+    /// `false` once the queue was found empty (caught up), `true` again at its next record.
+    waiting: AtomicBool,
 }
 
 /// Every assigned partition's queue, read in time order within `max_skew`.
 pub(super) struct Lanes {
     lanes: Vec<Lane>,
     max_skew_ms: i64,
-    epoch: Instant,
     /// Where the next sweep starts, so that no lane is always asked first.
     next: AtomicUsize,
-    /// The lane a run of records is taken from, and how many more it may give before the
-    /// lanes are weighed again (weighing every lane for every record costs more than the
-    /// record's decoding).
+    /// The lane a run of records is taken from, how many more it may give, and the newest
+    /// head time it may reach (the slowest waiting lane's head plus the skew, when the run
+    /// began).
     run: AtomicUsize,
     run_left: AtomicUsize,
-    /// The newest head time the run's lane may reach: the slowest delivering lane's head
-    /// plus the skew, when the run began.
     run_limit_ms: AtomicI64,
 }
-
-/// Records taken from one lane before the lanes are weighed again.
-const RUN: usize = 64;
 
 impl Lanes {
     /// Split every `(topic, partition)` off `consumer`'s main queue. Call it after every
@@ -83,13 +80,12 @@ impl Lanes {
             .map(|queue| Lane {
                 queue,
                 head_ms: AtomicI64::new(NO_HEAD),
-                taken_us: AtomicU64::new(0),
+                waiting: AtomicBool::new(true),
             })
             .collect();
         Self {
             lanes,
             max_skew_ms: max_skew.as_millis() as i64,
-            epoch: Instant::now(),
             next: AtomicUsize::new(0),
             run: AtomicUsize::new(0),
             run_left: AtomicUsize::new(0),
@@ -97,48 +93,54 @@ impl Lanes {
         }
     }
 
-    /// The next record of a partition not ahead of the others; waits while none has one.
+    /// The next record of a partition not ahead of the others; waits while no queue has one.
     pub(super) async fn recv(&self) -> Result<BorrowedMessage<'_>, KafkaError> {
         // Fastest path: the run's lane has another record and is still within its limit.
         if self.run_left.load(Relaxed) > 0 {
             let i = self.run.load(Relaxed);
-            let lane = &self.lanes[i];
-            if lane.head_ms.load(Relaxed) <= self.run_limit_ms.load(Relaxed) {
-                if let Some(m) = lane.queue.recv().now_or_never() {
+            if self.lanes[i].head_ms.load(Relaxed) <= self.run_limit_ms.load(Relaxed) {
+                if let Some(m) = self.poll(i) {
                     self.run_left.fetch_sub(1, Relaxed);
                     return self.took(i, m);
                 }
             }
             self.run_left.store(0, Relaxed);
         }
+        let n = self.lanes.len();
         loop {
             let heads = self.heads();
             let open = open_lanes(&heads, self.max_skew_ms);
-            // Fast path: a record already fetched, asked without waiting, lane by lane.
-            let n = self.lanes.len();
+            // A record already fetched, asked for without waiting, lane by lane.
             let start = self.next.load(Relaxed);
             for i in (0..n).map(|k| (start + k) % n).filter(|i| open[*i]) {
-                if let Some(m) = self.lanes[i].queue.recv().now_or_never() {
+                if let Some(m) = self.poll(i) {
                     self.next.store((i + 1) % n, Relaxed);
                     self.start_run(i, &heads);
                     return self.took(i, m);
                 }
             }
-            // None has one: wait for the first of the open lanes, or until the next lane
-            // goes idle (which may open others).
-            let waits = (0..n)
-                .filter(|i| open[*i])
-                .map(|i| self.lanes[i].queue.recv().map(move |m| (i, m)).boxed());
-            let next_idle = self.next_idle();
-            match tokio::time::timeout(next_idle, futures::future::select_all(waits)).await {
-                Ok(((i, m), _, _)) => return self.took(i, m),
-                Err(_) => continue,
+            // Every open lane was empty, so each is now caught up: the lanes they held back
+            // open, and are asked in the next sweep. With every lane open and empty, wait
+            // for the first record anywhere.
+            if open.iter().all(|o| *o) {
+                let waits = (0..n).map(|i| self.lanes[i].queue.recv().map(move |m| (i, m)).boxed());
+                let ((i, m), _, _) = futures::future::select_all(waits).await;
+                return self.took(i, m);
             }
         }
     }
 
+    /// Lane `i`'s next record if one is already fetched; marks the lane caught up if not.
+    fn poll(&self, i: usize) -> Option<Result<BorrowedMessage<'_>, KafkaError>> {
+        let m = self.lanes[i].queue.recv().now_or_never();
+        if m.is_none() {
+            self.lanes[i].waiting.store(false, Relaxed);
+        }
+        m
+    }
+
     /// Let lane `i` give up to [`RUN`] more records while it stays within the skew of the
-    /// slowest delivering lane as it stands now.
+    /// slowest waiting lane as it stands now.
     fn start_run(&self, i: usize, heads: &[(Option<i64>, bool)]) {
         let limit = match slowest(heads) {
             Some(s) if self.max_skew_ms > 0 => s + self.max_skew_ms,
@@ -155,7 +157,7 @@ impl Lanes {
         m: Result<BorrowedMessage<'a>, KafkaError>,
     ) -> Result<BorrowedMessage<'a>, KafkaError> {
         let lane = &self.lanes[i];
-        lane.taken_us.store(self.now_us(), Relaxed);
+        lane.waiting.store(true, Relaxed);
         if let Ok(m) = &m {
             if let Some(ts) = m.timestamp().to_millis() {
                 lane.head_ms.store(ts, Relaxed);
@@ -164,44 +166,21 @@ impl Lanes {
         m
     }
 
-    fn now_us(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
-    }
-
-    /// How long ago each lane took its last record.
-    fn ages(&self) -> impl Iterator<Item = Duration> + '_ {
-        let now = self.now_us();
-        self.lanes
-            .iter()
-            .map(move |l| Duration::from_micros(now.saturating_sub(l.taken_us.load(Relaxed))))
-    }
-
-    /// Per lane: its head time, and whether it still delivers (took a record within IDLE).
+    /// Per lane: its head time, and whether records may be waiting in its queue.
     fn heads(&self) -> Vec<(Option<i64>, bool)> {
         self.lanes
             .iter()
-            .zip(self.ages())
-            .map(|(l, age)| {
+            .map(|l| {
                 let h = l.head_ms.load(Relaxed);
-                ((h != NO_HEAD).then_some(h), age < IDLE)
+                ((h != NO_HEAD).then_some(h), l.waiting.load(Relaxed))
             })
             .collect()
     }
-
-    /// How long until the next delivering lane goes idle (at least a millisecond).
-    fn next_idle(&self) -> Duration {
-        self.ages()
-            .map(|age| IDLE.saturating_sub(age))
-            .filter(|d| !d.is_zero())
-            .min()
-            .unwrap_or(IDLE)
-            .max(Duration::from_millis(1))
-    }
 }
 
-/// Which lanes may be read, from each lane's (head time, still delivering): those at most
-/// `max_skew_ms` ahead of the slowest delivering lane, and those without a head yet. With no
-/// lane delivering, or alignment off (`max_skew_ms` 0), every lane.
+/// Which lanes may be read, from each lane's (head time, records may be waiting): those at
+/// most `max_skew_ms` ahead of the slowest waiting lane, and those without a head yet. With
+/// no lane waiting, or alignment off (`max_skew_ms` 0), every lane.
 fn open_lanes(heads: &[(Option<i64>, bool)], max_skew_ms: i64) -> Vec<bool> {
     let slowest = slowest(heads);
     heads
@@ -213,11 +192,11 @@ fn open_lanes(heads: &[(Option<i64>, bool)], max_skew_ms: i64) -> Vec<bool> {
         .collect()
 }
 
-/// The head time of the slowest lane still delivering.
+/// The head time of the slowest lane that may have records waiting.
 fn slowest(heads: &[(Option<i64>, bool)]) -> Option<i64> {
     heads
         .iter()
-        .filter(|(_, delivering)| *delivering)
+        .filter(|(_, waiting)| *waiting)
         .filter_map(|(h, _)| *h)
         .min()
 }
@@ -239,8 +218,8 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_lane_holds_nobody_back() {
-        // Lane 0 is slowest but delivered nothing lately: lane 1 is now the measure.
+    fn a_caught_up_lane_holds_nobody_back() {
+        // Lane 0 is slowest but its queue was found empty: lane 1 is now the measure.
         let heads = [
             (Some(1_000), false),
             (Some(1_900), true),
@@ -250,7 +229,7 @@ mod tests {
     }
 
     #[test]
-    fn with_no_lane_delivering_or_alignment_off_every_lane_is_read() {
+    fn with_no_lane_waiting_or_alignment_off_every_lane_is_read() {
         let heads = [(Some(1_000), false), (Some(9_000), false)];
         assert_eq!(open_lanes(&heads, 500), [true, true]);
         let heads = [(Some(1_000), true), (Some(9_000), true)];
@@ -258,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn the_slowest_delivering_lane_is_always_open() {
+    fn the_slowest_waiting_lane_is_always_open() {
         for skew in [1, 10, 500] {
             let heads = [(Some(5), true), (Some(3), true), (Some(400), true)];
             assert!(open_lanes(&heads, skew)[1]);

@@ -97,7 +97,7 @@ pub struct IngestConfig {
     /// from ClickHouse when an event names them.
     pub narrative_max_nodes: usize,
     /// How far ahead in record time (Kafka timestamps, milliseconds) one partition may be
-    /// read of the slowest partition still delivering (default 500; 0 reads them as
+    /// read of the slowest partition with records waiting (default 500; 0 reads them as
     /// librdkafka fetches them). Keeps the events of one request, spread over several
     /// topics, close together in the narrative pass while a backlog drains, so their
     /// components are still in memory (see `ingest/align.rs`). The `facts` role ignores it.
