@@ -341,10 +341,11 @@ impl Ingestor {
                 // With per-partition queues the consumer's own queue still serves events
                 // (errors, statistics), and rdkafka wants it polled; asked only while no
                 // partition has a record (asking it first, for every record, cost half
-                // again the consumer's CPU in `weft bench ingest`). A record fetched in the moment between `assign` and the
-                // split lands here, possibly after a later one of its partition: the offset
-                // check then stops ingest (`Rewound`), which resumes from what ClickHouse
-                // stored, so the order costs a restart, never a record.
+                // again the consumer's CPU in `weft bench ingest`). A record fetched in the
+                // moment between `assign` and the split lands here, possibly after a later
+                // one of its partition: the offset check then stops ingest (`Rewound`),
+                // which resumes from what ClickHouse stored, so the order costs a restart,
+                // never a record.
                 msg = consumer.recv(), if lanes.is_some() => {
                     if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
                 }
