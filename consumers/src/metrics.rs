@@ -112,6 +112,9 @@ pub struct IngestMetrics {
     pub health: Health,
     /// Telemetry rows (migration 0006) dropped: queue full, table missing or insert failed.
     pub telemetry_dropped: IntCounterVec,
+    /// Partitions not read for now: more than `align_skew_ms` ahead of the slowest
+    /// partition with records waiting (single-process roles; see `ingest/align.rs`).
+    pub partitions_held: IntGauge,
 }
 
 /// The narrative projector's metrics (dashboards read these names).
@@ -297,6 +300,10 @@ impl IngestMetrics {
                 "weft_ingest_telemetry_dropped_total",
                 "Telemetry rows not written to ClickHouse (best effort; ingest unaffected)",
                 &["table"],
+            ),
+            partitions_held: r.gauge(
+                "weft_ingest_partitions_held",
+                "Partitions not read for now: more than align_skew_ms ahead of the slowest partition with records waiting",
             ),
             health: Health::default(),
             registry: r,

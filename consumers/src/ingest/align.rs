@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use prometheus::IntGauge;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::error::KafkaError;
@@ -64,6 +65,8 @@ pub(super) struct Lanes {
     run: AtomicUsize,
     run_left: AtomicUsize,
     run_limit_ms: AtomicI64,
+    /// `weft_ingest_partitions_held`: lanes closed at the last weighing.
+    held: IntGauge,
 }
 
 impl Lanes {
@@ -73,6 +76,7 @@ impl Lanes {
         consumer: &Arc<StreamConsumer<RebalanceWatch>>,
         partitions: &[(String, i32)],
         max_skew: Duration,
+        held: IntGauge,
     ) -> Self {
         let lanes = partitions
             .iter()
@@ -90,6 +94,7 @@ impl Lanes {
             run: AtomicUsize::new(0),
             run_left: AtomicUsize::new(0),
             run_limit_ms: AtomicI64::new(i64::MAX),
+            held,
         }
     }
 
@@ -110,6 +115,7 @@ impl Lanes {
         loop {
             let heads = self.heads();
             let open = open_lanes(&heads, self.max_skew_ms);
+            self.held.set(open.iter().filter(|o| !**o).count() as i64);
             // A record already fetched, asked for without waiting, lane by lane.
             let start = self.next.load(Relaxed);
             for i in (0..n).map(|k| (start + k) % n).filter(|i| open[*i]) {

@@ -112,7 +112,8 @@ impl Ingestor {
                 .map(|e| (e.topic().to_owned(), e.partition()))
                 .collect();
             let skew = Duration::from_millis(self.cfg.align_skew_ms);
-            self.lanes = Some(Lanes::split(&self.consumer, &partitions, skew));
+            let held = self.metrics.partitions_held.clone();
+            self.lanes = Some(Lanes::split(&self.consumer, &partitions, skew, held));
         }
         Ok(())
     }
