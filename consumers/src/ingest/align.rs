@@ -70,14 +70,15 @@ pub(super) struct Lanes {
 }
 
 impl Lanes {
-    /// Split every `(topic, partition)` off `consumer`'s main queue. Call it after every
-    /// `assign` (librdkafka drops split queues on assign).
+    /// Split every `(topic, partition)` off `consumer`'s main queue, or `None` when none
+    /// could be (its records then stay on the main queue). Call it after every `assign`
+    /// (librdkafka drops split queues on assign).
     pub(super) fn split(
         consumer: &Arc<StreamConsumer<RebalanceWatch>>,
         partitions: &[(String, i32)],
         max_skew: Duration,
         held: IntGauge,
-    ) -> Self {
+    ) -> Option<Self> {
         let lanes = partitions
             .iter()
             .filter_map(|(t, p)| consumer.split_partition_queue(t, *p))
@@ -86,8 +87,11 @@ impl Lanes {
                 head_ms: AtomicI64::new(NO_HEAD),
                 waiting: AtomicBool::new(true),
             })
-            .collect();
-        Self {
+            .collect::<Vec<_>>();
+        if lanes.is_empty() {
+            return None;
+        }
+        Some(Self {
             lanes,
             max_skew_ms: max_skew.as_millis() as i64,
             next: AtomicUsize::new(0),
@@ -95,7 +99,7 @@ impl Lanes {
             run_left: AtomicUsize::new(0),
             run_limit_ms: AtomicI64::new(i64::MAX),
             held,
-        }
+        })
     }
 
     /// The next record of a partition not ahead of the others; waits while no queue has one.

@@ -113,7 +113,7 @@ impl Ingestor {
                 .collect();
             let skew = Duration::from_millis(self.cfg.align_skew_ms);
             let held = self.metrics.partitions_held.clone();
-            self.lanes = Some(Lanes::split(&self.consumer, &partitions, skew, held));
+            self.lanes = Lanes::split(&self.consumer, &partitions, skew, held);
         }
         Ok(())
     }
