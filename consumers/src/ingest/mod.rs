@@ -194,7 +194,9 @@ impl Ingestor {
             .set("fetch.wait.max.ms", "100");
         // librdkafka prefetches up to 64 MB by default; 16 MB keeps a backlog's records in
         // Kafka rather than in this process, and still covers many batches. With one queue
-        // per partition (`align`) the bound applies to each, so the 16 MB are shared out.
+        // per partition (`align`) the bound applies to each, so the 16 MB are shared out
+        // among the partitions expected (`partitions` per event topic; the count is not
+        // known before assignment, so topics with more partitions prefetch more).
         if !cfg
             .kafka_properties
             .contains_key("queued.max.messages.kbytes")
