@@ -64,13 +64,26 @@ def load_chdb(so_path):
     return module
 
 
+# WEFT_CH_PROFILE=1: keep system.query_log and system.part_log, so that a benchmark can say
+# which queries, inserts and merges the server's CPU went to (docs/BENCHMARKS.md).
+PROFILE_LOGS = (
+    "  <query_log><database>system</database><table>query_log</table>"
+    "<flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>\n"
+    "  <part_log><database>system</database><table>part_log</table>"
+    "<flush_interval_milliseconds>1000</flush_interval_milliseconds></part_log>\n"
+    if os.environ.get("WEFT_CH_PROFILE") == "1"
+    else ""
+)
+
+
 def write_config(run_dir, http_port, tcp_port):
     config = (
         "<clickhouse>\n"
         "  <listen_host>127.0.0.1</listen_host>\n"
         f"  <http_port>{int(http_port)}</http_port>\n"
         f"  <tcp_port>{int(tcp_port)}</tcp_port>\n"
-        "</clickhouse>\n"
+        + PROFILE_LOGS
+        + "</clickhouse>\n"
     )
     path = os.path.join(run_dir, "config.xml")
     with open(path, "w", encoding="utf-8") as f:

@@ -39,6 +39,9 @@
 #   WEFT_SUPERVISE_FAILS    [3]   failed probes in a row before a restart
 #   WEFT_SUPERVISE_MAX_RESTARTS [5] restarts in a row (without 60 s healthy between) before
 #                                 the supervisor gives up and says so
+#   WEFT_CH_PROFILE     [0]       1: ClickHouse keeps system.query_log and system.part_log, to
+#                                 attribute its CPU to queries, inserts and merges
+#                                 (docs/BENCHMARKS.md; for benchmark stacks, not tests)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
