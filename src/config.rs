@@ -13,7 +13,7 @@ use clap::Args;
 use serde::Deserialize;
 use tracing::warn;
 use weft_kafka::{ClientRole, KafkaConfig, RoleOverride};
-use weft_store::ClickHouseConfig;
+use weft_store::{ClickHouseConfig, Compression};
 
 /// Options every subcommand accepts.
 #[derive(Debug, Clone, Args)]
@@ -56,6 +56,17 @@ pub struct GlobalArgs {
         hide_env_values = true
     )]
     pub clickhouse_password: Option<String>,
+
+    /// HTTP body compression to and from ClickHouse: `auto` (LZ4 unless the URL is
+    /// loopback), `lz4` or `none`.
+    #[arg(
+        long,
+        global = true,
+        env = "WEFT_CLICKHOUSE_COMPRESSION",
+        value_name = "MODE",
+        value_parser = parse_compression
+    )]
+    pub clickhouse_compression: Option<Compression>,
 
     /// Log format on stderr.
     #[arg(
@@ -127,6 +138,9 @@ impl Settings {
         if let Some(v) = &args.clickhouse_password {
             ch.password = v.clone();
         }
+        if let Some(v) = args.clickhouse_compression {
+            ch.compression = v;
+        }
         Ok(s)
     }
 
@@ -160,6 +174,16 @@ impl Settings {
 }
 
 /// A deprecated section key becomes the role's override where the role sets none.
+/// `--clickhouse-compression` / `WEFT_CLICKHOUSE_COMPRESSION`.
+fn parse_compression(s: &str) -> Result<Compression, String> {
+    match s {
+        "auto" => Ok(Compression::Auto),
+        "lz4" => Ok(Compression::Lz4),
+        "none" => Ok(Compression::None),
+        _ => Err(format!("expected auto, lz4 or none, got `{s}`")),
+    }
+}
+
 fn fold_deprecated(role: &mut RoleOverride, brokers: &str, props: &BTreeMap<String, String>) {
     if role.brokers.is_empty() {
         role.brokers = brokers.to_owned();

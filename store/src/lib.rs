@@ -28,7 +28,9 @@ mod store;
 pub mod telemetry;
 
 pub use events::{typed_columns, EventRow, Fact, TypedColumns};
-pub use store::{check_columns, insert, ClickHouseConfig, MigrateReport, Store, StoreError};
+pub use store::{
+    check_columns, insert, ClickHouseConfig, Compression, MigrateReport, Store, StoreError,
+};
 
 #[cfg(test)]
 mod tests;

@@ -274,3 +274,28 @@ fn the_row_hash_is_the_sha256_of_serde_jcs_bytes() {
     let want: [u8; 32] = sha2::Sha256::digest(serde_jcs::to_vec(&v).unwrap()).into();
     assert_eq!(row.hash().unwrap(), want);
 }
+
+/// `auto` compresses HTTP bodies only when ClickHouse is not on this machine's loopback.
+#[test]
+fn auto_compression_is_off_on_loopback_only() {
+    use crate::Compression;
+    for url in [
+        "http://127.0.0.1:18123",
+        "http://localhost:8123/",
+        "http://LOCALHOST",
+        "https://user:pw@127.8.9.10:8443/?x=1",
+        "http://[::1]:8123",
+    ] {
+        assert!(!Compression::Auto.lz4_for(url), "{url}");
+        assert!(Compression::Lz4.lz4_for(url), "{url}");
+    }
+    for url in [
+        "http://clickhouse:8123",
+        "https://10.0.0.5:8443",
+        "http://[2001:db8::1]:8123",
+        "http://localhost.example.com",
+    ] {
+        assert!(Compression::Auto.lz4_for(url), "{url}");
+        assert!(!Compression::None.lz4_for(url), "{url}");
+    }
+}
