@@ -147,6 +147,7 @@ impl Flusher {
                     m.projected.inc_by(stats.facts as u64);
                     m.loaded.inc_by(stats.loaded as u64);
                     m.evicted.inc_by(stats.evicted as u64);
+                    m.spared.inc_by(stats.spared as u64);
                     m.largest_component.set(stats.largest_component as i64);
                     m.id_filter_ready
                         .set(i64::from(projector.id_filter_ready()));
@@ -281,13 +282,24 @@ impl Flusher {
                 role,
             }));
         }
+        // A labelled metric's handle costs a hash and a lock to find: once per kind, not
+        // per row (`r.kind` is one of eight static names).
+        let mut handles: Vec<(&str, u64, prometheus::Histogram)> = Vec::new();
         for r in rows {
-            self.metrics.inserted.with_label_values(&[r.kind]).inc();
-            let age = (ingested_at - r.emitted_at) as f64 / 1e6;
-            self.metrics
-                .freshness_seconds
-                .with_label_values(&[r.kind])
-                .observe(age.max(0.0));
+            let at = match handles.iter().position(|(k, _, _)| *k == r.kind) {
+                Some(i) => i,
+                None => {
+                    let h = self.metrics.freshness_seconds.with_label_values(&[r.kind]);
+                    handles.push((r.kind, 0, h));
+                    handles.len() - 1
+                }
+            };
+            let (_, n, freshness) = &mut handles[at];
+            *n += 1;
+            freshness.observe(((ingested_at - r.emitted_at) as f64 / 1e6).max(0.0));
+        }
+        for (kind, n, _) in handles {
+            self.metrics.inserted.with_label_values(&[kind]).inc_by(n);
         }
     }
 }
