@@ -127,9 +127,12 @@ pub struct NarrativeMetrics {
     pub loaded: IntCounter,
     /// Nodes evicted from the graph to keep it within `narrative_max_nodes`.
     pub evicted: IntCounter,
+    /// Ids named by events with a request id that the open filter ruled out: neither looked
+    /// up nor kept in memory (see `narrative/filter.rs`).
+    pub spared: IntCounter,
     /// Size of the largest uncolored component the last pass assigned.
     pub largest_component: IntGauge,
-    /// 1 once the id filter's background rebuild has ended (until then every id a pass
+    /// 1 once both id filters' background rebuilds have ended (until then every id a pass
     /// names is looked up in ClickHouse).
     pub id_filter_ready: IntGauge,
     /// Time to project one batch onto the narratives.
@@ -163,13 +166,17 @@ impl NarrativeMetrics {
                 "weft_narrative_evicted_nodes_total",
                 "Nodes evicted from the narrative graph to stay within narrative_max_nodes",
             ),
+            spared: r.counter(
+                "weft_narrative_ids_spared_total",
+                "Ids named by events with a request id that no stored event without one can reach: not looked up",
+            ),
             largest_component: r.gauge(
                 "weft_narrative_largest_component",
                 "Nodes of the largest uncolored component the last narrative pass assigned",
             ),
             id_filter_ready: r.gauge(
                 "weft_narrative_id_filter_ready",
-                "1 once the narrative id filter is rebuilt after start (0: every named id is looked up)",
+                "1 once the narrative id filters are rebuilt after start (0: every named id is looked up)",
             ),
             projector_seconds: r.histogram(
                 "weft_narrative_projector_seconds",

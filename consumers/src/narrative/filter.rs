@@ -1,14 +1,21 @@
-//! The negative answer for ids that were never seen: a Bloom filter of every node the
-//! narrative tables know (arrived events and both ends of every link).
+//! Negative answers without a round trip: Bloom filters of node ids, rebuilt at start from
+//! hashes ClickHouse computes.
 //!
-//! Before a pass settles, every id it names that is not in memory must be looked up in
-//! ClickHouse ([`super::loader`]). Most are new — an event's own id, a link to something that
-//! has not arrived — and the filter says so without a round trip; only its positives (ids
-//! seen before, and about 1% false ones) are looked up. It is rebuilt at start from hashes
-//! ClickHouse computes ([`weft_store::ids::id_hash`], 8 bytes per node), so a restart reads
-//! no ids and no payloads.
+//! Two sets ([`IdSet`]):
+//! - **Seen**: every node the narrative tables know (arrived events and both ends of every
+//!   link). Before a pass settles, every id it names that is not in memory must be looked up
+//!   in ClickHouse ([`super::loader`]). Most are new — an event's own id, a link to something
+//!   that has not arrived — and the filter says so; only its positives (ids seen before, and
+//!   about 1% false ones) are looked up.
+//! - **Open**: the ids a *colored* event's arrival can matter to: events stored without a
+//!   request id, and every target of their links. An event with a request id is its own
+//!   anchor; naming an id outside this set (a stored colored event, a phantom or flow whose
+//!   stored neighbors are all colored, or a new id) changes no assignment, so the projector
+//!   neither loads it nor keeps the link in memory (ClickHouse has it). This is what spares
+//!   the common event — one with a request id, linking to decisions and frames that also
+//!   have one — any lookup at all.
 //!
-//! **Restart in seconds.** The rebuild runs in the background (about 0.6 s per million
+//! **Restart in seconds.** A rebuild runs in the background (about 0.6 s per million
 //! nodes): until it ends the filter answers "maybe" for every id, so a pass looks up all the
 //! ids it names — slower, never wrong — and the projector works from its first batch. The
 //! projector inserts the nodes it stores while the rebuild runs; both write the same
@@ -30,25 +37,58 @@ use super::shard::NarrativeShard;
 use weft_store::ids::{id_hash, id_hash_sql};
 use weft_store::{Store, StoreError};
 
-/// Nodes the filter is sized for by default (about 57 MiB at a 1% false-positive rate).
+/// Nodes the seen filter is sized for by default (about 57 MiB at a 1% false-positive rate).
 pub const DEFAULT_EXPECTED_ITEMS: usize = 50_000_000;
 
-/// Every stored node's [`id_hash`] of the shard's tenants, computed by ClickHouse (a shard
-/// never names another shard's ids, so their hashes would only cost memory).
-fn hash_sql(shard: NarrativeShard) -> String {
-    let only = shard.where_sql("tenant");
-    format!(
-        "SELECT {} FROM weft_narrative_nodes{only} \
-         UNION ALL SELECT {} FROM weft_links{only} \
-         UNION ALL SELECT {} FROM weft_links{only}",
-        id_hash_sql("tenant", "kind", "id"),
-        id_hash_sql("tenant", "to_kind", "to_id"),
-        id_hash_sql("tenant", "from_kind", "from_id"),
-    )
+/// Ids the open filter is sized for by default (about 11 MiB): events without a request id
+/// and their links' targets are a minority of the stream.
+pub const DEFAULT_OPEN_ITEMS: usize = 10_000_000;
+
+/// Which ids a filter holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdSet {
+    /// Every node the narrative tables know.
+    Seen,
+    /// Events stored without a request id, and the targets of their links.
+    Open,
 }
 
-/// Which nodes the narrative tables may know.
-pub struct SeenFilter {
+impl IdSet {
+    fn name(self) -> &'static str {
+        match self {
+            IdSet::Seen => "seen",
+            IdSet::Open => "open",
+        }
+    }
+
+    /// The [`id_hash`] of every id of the set for the shard's tenants, computed by ClickHouse
+    /// (a shard never names another shard's ids, so their hashes would only cost memory).
+    /// `weft_links_from` holds the links of events without a request id (migration 0013;
+    /// before it, every link: a superset, which costs lookups, never correctness).
+    fn hash_sql(self, shard: NarrativeShard) -> String {
+        let only = shard.where_sql("tenant");
+        let node = id_hash_sql("tenant", "kind", "id");
+        let to = id_hash_sql("tenant", "to_kind", "to_id");
+        match self {
+            IdSet::Seen => format!(
+                "SELECT {node} FROM weft_narrative_nodes{only} \
+                 UNION ALL SELECT {to} FROM weft_links{only} \
+                 UNION ALL SELECT {} FROM weft_links{only}",
+                id_hash_sql("tenant", "from_kind", "from_id"),
+            ),
+            IdSet::Open => {
+                let and = shard.and_sql("tenant");
+                format!(
+                    "SELECT {node} FROM weft_narrative_nodes WHERE request_id = ''{and} \
+                     UNION ALL SELECT {to} FROM weft_links_from{only}"
+                )
+            }
+        }
+    }
+}
+
+/// A fixed-size filter of one [`IdSet`].
+pub struct IdFilter {
     bloom: Arc<AtomicBloomFilter>,
     /// Set once the filter holds every stored node; before that every id is a "maybe".
     ready: Arc<AtomicBool>,
@@ -56,7 +96,7 @@ pub struct SeenFilter {
     rebuild: Option<JoinHandle<()>>,
 }
 
-impl Drop for SeenFilter {
+impl Drop for IdFilter {
     fn drop(&mut self) {
         if let Some(t) = &self.rebuild {
             t.abort();
@@ -64,7 +104,7 @@ impl Drop for SeenFilter {
     }
 }
 
-impl SeenFilter {
+impl IdFilter {
     /// An empty, ready filter sized for `expected_items` nodes at a 1% false-positive rate:
     /// for tables that hold nothing yet.
     pub fn new(expected_items: usize) -> Self {
@@ -75,21 +115,20 @@ impl SeenFilter {
         }
     }
 
-    /// The filter of every node of the shard's tenants stored so far (a shard never names
-    /// another shard's ids, so their hashes would only cost memory), rebuilt in the
-    /// background: it answers "maybe" for every id until [`SeenFilter::ready`]. A failed
-    /// read is retried (with a growing pause, up to 30 s) until it succeeds.
-    pub fn load(store: &Store, expected_items: usize, shard: NarrativeShard) -> Self {
+    /// The filter of `set` for the shard's tenants as stored so far, rebuilt in the
+    /// background: it answers "maybe" for every id until [`IdFilter::ready`]. A failed read
+    /// is retried (with a growing pause, up to 30 s) until it succeeds.
+    pub fn load(store: &Store, set: IdSet, expected_items: usize, shard: NarrativeShard) -> Self {
         let bloom = Arc::new(empty(expected_items));
         let ready = Arc::new(AtomicBool::new(false));
         let (b, r, store) = (bloom.clone(), ready.clone(), store.clone());
-        let span = tracing::info_span!("narrative_id_filter", %shard);
+        let span = tracing::info_span!("narrative_id_filter", set = set.name(), %shard);
         let task = tokio::spawn(
             async move {
                 let mut pause = Duration::from_millis(500);
                 loop {
                     let started = Instant::now();
-                    match fill(&store, &b, shard).await {
+                    match fill(&store, &b, &set.hash_sql(shard)).await {
                         Ok(n) => {
                             r.store(true, Ordering::Release);
                             let secs = started.elapsed().as_secs_f64();
@@ -113,17 +152,17 @@ impl SeenFilter {
         }
     }
 
-    /// Whether the filter holds every stored node (its answers can then be "no").
+    /// Whether the filter holds every stored id of its set (its answers can then be "no").
     pub fn ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
 
-    /// `false` when the node is certainly unknown to the narrative tables.
+    /// `false` when the id is certainly not in the set.
     pub fn may_contain(&self, key: &NodeKey) -> bool {
         !self.ready() || self.bloom.contains_hash(hash(key))
     }
 
-    /// Remember a node the narrative tables are about to know.
+    /// Remember an id the narrative tables are about to store in the set.
     pub fn insert(&self, key: &NodeKey) {
         self.bloom.insert_hash(hash(key));
     }
@@ -133,16 +172,12 @@ fn empty(expected_items: usize) -> AtomicBloomFilter {
     AtomicBloomFilter::with_false_pos(0.01).expected_items(expected_items.max(1))
 }
 
-/// Insert every stored node's hash into `bloom`; the number read.
+/// Insert every hash `sql` yields into `bloom`; the number read.
 #[instrument(skip_all)]
-async fn fill(
-    store: &Store,
-    bloom: &AtomicBloomFilter,
-    shard: NarrativeShard,
-) -> Result<u64, StoreError> {
+async fn fill(store: &Store, bloom: &AtomicBloomFilter, sql: &str) -> Result<u64, StoreError> {
     let mut cursor = store
         .client()
-        .query(&hash_sql(shard))
+        .query(sql)
         .fetch::<u64>()
         .map_err(store.err())?;
     let mut n = 0u64;
@@ -166,7 +201,7 @@ mod tests {
     #[test]
     fn inserted_nodes_are_found_and_most_others_are_not() {
         let key = |i: usize| NodeKey::event("t", Kind::Handle, &format!("h-{i}"));
-        let f = SeenFilter::new(10_000);
+        let f = IdFilter::new(10_000);
         for i in 0..10_000 {
             f.insert(&key(i));
         }
@@ -198,24 +233,31 @@ mod tests {
             ..weft_store::ClickHouseConfig::default()
         })
         .unwrap();
-        let f = SeenFilter::load(&store, 1_000, NarrativeShard::WHOLE);
+        let f = IdFilter::load(&store, IdSet::Seen, 1_000, NarrativeShard::WHOLE);
         let k = NodeKey::event("t", Kind::Handle, "never-stored");
         assert!(!f.ready());
         assert!(f.may_contain(&k), "a loading filter cannot say no");
         f.insert(&k);
-        assert!(SeenFilter::new(1_000).ready());
-        assert!(!SeenFilter::new(1_000).may_contain(&k));
+        assert!(IdFilter::new(1_000).ready());
+        assert!(!IdFilter::new(1_000).may_contain(&k));
     }
 
     #[test]
     fn a_shard_rebuilds_from_its_own_tenants_only() {
-        let whole = hash_sql(NarrativeShard::WHOLE);
+        let whole = IdSet::Seen.hash_sql(NarrativeShard::WHOLE);
         assert!(!whole.contains("WHERE"), "{whole}");
-        let one = hash_sql(NarrativeShard::new(1, 2).unwrap());
+        let one = IdSet::Seen.hash_sql(NarrativeShard::new(1, 2).unwrap());
         assert_eq!(
             one.matches(" WHERE xxHash64(tenant) % 2 = 1").count(),
             3,
             "{one}"
         );
+        let open = IdSet::Open.hash_sql(NarrativeShard::new(1, 2).unwrap());
+        assert_eq!(
+            open.matches("xxHash64(tenant) % 2 = 1").count(),
+            2,
+            "{open}"
+        );
+        assert!(open.contains("request_id = ''"), "{open}");
     }
 }

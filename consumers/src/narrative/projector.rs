@@ -13,10 +13,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tracing::{info, instrument};
-use weft_schemas::links::NodeKind;
+use weft_schemas::links::{Link, NodeKind};
 
-use super::filter::{SeenFilter, DEFAULT_EXPECTED_ITEMS};
-use super::graph::{Change, Graph, NodeIdx};
+use super::filter::{IdFilter, IdSet, DEFAULT_EXPECTED_ITEMS, DEFAULT_OPEN_ITEMS};
+use super::graph::{Change, Graph, NodeIdx, NodeKey};
 use super::loader;
 use super::shard::NarrativeShard;
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
@@ -52,6 +52,19 @@ impl VersionClock {
     }
 }
 
+/// A link target by (tenant, kind, id), borrowed from the fact that names it.
+type SparedLink<'f> = (&'f str, NodeKind, &'f str);
+
+/// What [`Projector::load_named`] did.
+struct Named<'f> {
+    /// Nodes loaded back from ClickHouse.
+    loaded: usize,
+    /// Ids neither looked up nor needed in memory.
+    spared: usize,
+    /// The link targets the pass keeps out of memory.
+    spared_links: HashSet<SparedLink<'f>>,
+}
+
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
 type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
 
@@ -78,6 +91,8 @@ pub struct ApplyStats {
     pub loaded: usize,
     /// Nodes evicted after the pass.
     pub evicted: usize,
+    /// Ids the pass neither looked up nor kept (see [`Projector::load_named`]).
+    pub spared: usize,
     /// The largest uncolored component the pass assigned.
     pub largest_component: usize,
 }
@@ -90,7 +105,10 @@ pub struct Projector {
     progress: HashMap<(String, i32), i64>,
     max_nodes: usize,
     /// Which ids the narrative tables may know: the others need no lookup.
-    seen: SeenFilter,
+    seen: IdFilter,
+    /// Which ids may be stored without a request id, or linked from such an event: the
+    /// others, named by an event with a request id, need neither a lookup nor memory.
+    open: IdFilter,
     /// The tenants this projector owns; its progress rows carry the shard's label.
     shard: NarrativeShard,
 }
@@ -167,7 +185,8 @@ impl Projector {
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
             .collect();
-        let seen = SeenFilter::load(&store, DEFAULT_EXPECTED_ITEMS, shard);
+        let seen = IdFilter::load(&store, IdSet::Seen, DEFAULT_EXPECTED_ITEMS, shard);
+        let open = IdFilter::load(&store, IdSet::Open, DEFAULT_OPEN_ITEMS, shard);
         info!(
             unfinished_pass = n_unfinished,
             %shard,
@@ -180,6 +199,7 @@ impl Projector {
             progress,
             max_nodes,
             seen,
+            open,
             shard,
         })
     }
@@ -197,10 +217,10 @@ impl Projector {
             .unwrap_or(-1)
     }
 
-    /// Whether the id filter's background rebuild has ended (until then every id a pass
+    /// Whether the id filters' background rebuilds have ended (until then every id a pass
     /// names is looked up).
     pub fn id_filter_ready(&self) -> bool {
-        self.seen.ready()
+        self.seen.ready() && self.open.ready()
     }
 
     /// Number of nodes held in memory (events, flows, phantoms).
@@ -222,28 +242,49 @@ impl Projector {
             .flat_map(|b| b.facts.iter().copied())
             .filter(|f| shard.owns(&f.envelope.tenant))
             .collect();
-        let loaded = self.load_named(&facts).await?;
+        let Named {
+            loaded,
+            spared: n_spared,
+            spared_links: spared,
+        } = self.load_named(&facts).await?;
         let mut seeds = Vec::new();
         let mut fed: Vec<(NodeIdx, &Fact)> = Vec::new();
         let mut link_rows = Vec::new();
+        let mut from_rows = Vec::new();
         for f in facts {
             let env = &f.envelope;
             let key = self
                 .graph
                 .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
             let request_id = env.request_id.as_deref().unwrap_or("");
-            let n = self.graph.add_event(key, request_id, f.ts_micros, &f.links);
+            // A link the pass spared (see `load_named`) stays in ClickHouse only.
+            let is_spared =
+                |l: &Link| spared.contains(&(env.tenant.as_str(), l.to_kind, l.to_id.as_str()));
+            let kept: Vec<Link>;
+            let links = if f.links.iter().any(is_spared) {
+                kept = f.links.iter().filter(|l| !is_spared(l)).cloned().collect();
+                &kept[..]
+            } else {
+                &f.links[..]
+            };
+            let n = self.graph.add_event(key, request_id, f.ts_micros, links);
             seeds.extend(self.graph.seeds(n));
             fed.push((n, f));
+            // The loader follows a stored node's own links only when it has no request id.
+            let open = !self.graph.is_colored(n);
             for l in &f.links {
-                link_rows.push(LinkRow {
+                let row = LinkRow {
                     tenant: env.tenant.clone(),
                     to_kind: l.to_kind.as_str().to_owned(),
                     to_id: l.to_id.clone(),
                     from_kind: env.kind.as_str().to_owned(),
                     from_id: f.id.clone(),
                     via: l.via.as_str().to_owned(),
-                });
+                };
+                if open {
+                    from_rows.push(row.clone());
+                }
+                link_rows.push(row);
             }
         }
         let changes = self.graph.settle(&seeds);
@@ -266,15 +307,7 @@ impl Projector {
                 version,
                 is_deleted: 0,
             });
-            node_rows.insert(
-                *n,
-                self.node_row(
-                    *n,
-                    &narrative,
-                    env.request_id.as_deref().unwrap_or(""),
-                    version,
-                ),
-            );
+            node_rows.insert(*n, self.node_row(*n, &narrative, version));
         }
         let moved = self
             .move_rows(&changes, version, &mut narrative_rows)
@@ -282,9 +315,10 @@ impl Projector {
         for c in &changes {
             node_rows
                 .entry(c.node)
-                .or_insert_with(|| self.node_row(c.node, &c.new, "", version));
+                .or_insert_with(|| self.node_row(c.node, &c.new, version));
         }
         insert::<LinkRow>(&self.store, "weft_links", &link_rows).await?;
+        insert::<LinkRow>(&self.store, "weft_links_from", &from_rows).await?;
         insert::<NarrativeRow>(&self.store, "weft_narratives", &narrative_rows).await?;
         insert::<NodeRow>(
             &self.store,
@@ -320,52 +354,97 @@ impl Projector {
             moved,
             loaded,
             evicted,
+            spared: n_spared,
             largest_component,
         })
     }
 
     /// Load every id the facts name (their own and their links' targets) that is not in
-    /// memory; returns how many nodes came back.
-    async fn load_named(&mut self, facts: &[&Fact]) -> Result<usize, StoreError> {
-        let mut wanted = Vec::new();
+    /// memory and may matter; says how many nodes came back, and which link targets the pass
+    /// leaves out of memory.
+    ///
+    /// An event without a request id takes its narrative from its component, so every id it
+    /// names must be in memory. An event with one is its own anchor: an id it names matters
+    /// only if it is (or links to) something stored without a request id, which the open
+    /// filter says. Any other id such an event names — a stored event with a request id, a
+    /// new id, a phantom whose stored neighbors all have one — is spared: not looked up, and
+    /// a link to it kept out of memory, since it changes no assignment (its link row is still
+    /// written, so a later load of that id finds it). An id another event of the pass needs
+    /// is never spared.
+    async fn load_named<'f>(&mut self, facts: &[&'f Fact]) -> Result<Named<'f>, StoreError> {
+        let mut needed: HashSet<NodeKey> = HashSet::new();
+        let mut sparable: Vec<(NodeKey, Option<SparedLink<'f>>)> = Vec::new();
         for f in facts {
-            let tenant = &f.envelope.tenant;
+            let env = &f.envelope;
+            let open = env.request_id.as_deref().is_none_or(str::is_empty);
             let own = self
                 .graph
-                .node_key(tenant, NodeKind::Event(f.envelope.kind), &f.id);
-            wanted.push(own);
+                .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
+            let mut named = vec![(own, None)];
             for l in &f.links {
-                wanted.push(self.graph.node_key(tenant, l.to_kind, &l.to_id));
+                let k = self.graph.node_key(&env.tenant, l.to_kind, &l.to_id);
+                named.push((k, Some((env.tenant.as_str(), l.to_kind, l.to_id.as_str()))));
+            }
+            for (k, link) in named {
+                if open {
+                    self.open.insert(&k);
+                    needed.insert(k);
+                } else if self.graph.needs_load(&k) && !self.open.may_contain(&k) {
+                    sparable.push((k, link));
+                } else {
+                    needed.insert(k);
+                }
             }
         }
-        // An id the pass names twice (two events linking to one target) is asked about
-        // once: asked again, the filter would answer with the first asking's insert.
-        let mut named = HashSet::new();
-        wanted.retain(|k| self.graph.needs_load(k) && named.insert(k.clone()));
-        // Ids the filter has never seen are new: only the others are looked up. Every id
-        // named is remembered, the looked-up ones too: while the filter is still being
+        let (mut spared, mut spared_links) = (0, HashSet::new());
+        for (k, link) in sparable {
+            if needed.contains(&k) {
+                continue;
+            }
+            // Not looked up, but stored by this pass (a node row or a link row).
+            self.seen.insert(&k);
+            spared += 1;
+            if let Some(l) = link {
+                spared_links.insert(l);
+            }
+        }
+        // Ids the seen filter has never seen are new: only the others are looked up. Every
+        // id named is remembered, the looked-up ones too: while the filter is still being
         // rebuilt its "maybe" does not mean it holds the id, and the pass stores them all.
-        let maybe: Vec<_> = wanted
+        let maybe: Vec<NodeKey> = needed
             .into_iter()
+            .filter(|k| self.graph.needs_load(k))
             .filter(|k| {
                 let maybe = self.seen.may_contain(k);
                 self.seen.insert(k);
                 maybe
             })
             .collect();
-        Ok(loader::load(&self.store, &mut self.graph, maybe)
+        let loaded = loader::load(&self.store, &mut self.graph, maybe)
             .await?
-            .loaded)
+            .loaded;
+        Ok(Named {
+            loaded,
+            spared,
+            spared_links,
+        })
     }
 
-    fn node_row(&self, n: NodeIdx, narrative: &str, request_id: &str, version: u64) -> NodeRow {
+    /// The node row of `n`. Its request id is the node's own color, as the graph holds it
+    /// (an identity stored with and without one is colored), so a later load sees the node
+    /// as memory did, and as `weft rebuild` writes it.
+    fn node_row(&self, n: NodeIdx, narrative: &str, version: u64) -> NodeRow {
         let key = self.graph.key(n);
         NodeRow {
             tenant: key.tenant.to_string(),
             kind: key.kind.as_str().to_owned(),
             id: key.id.to_string(),
             narrative_id: narrative.to_owned(),
-            request_id: request_id.to_owned(),
+            request_id: self
+                .graph
+                .request_id(n)
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
             ts: self.graph.ts(n),
             version,
         }

@@ -104,7 +104,7 @@ pub async fn rebuild(store: &Store, shards: u32) -> Result<RebuildStats, StoreEr
     Ok(stats)
 }
 
-/// The tables a rebuild rewrites (`weft_links_from` is emptied too: its view refills it).
+/// The tables a rebuild rewrites.
 const TABLES: [&str; 5] = [
     "weft_narratives",
     "weft_narrative_nodes",
@@ -113,8 +113,9 @@ const TABLES: [&str; 5] = [
     "weft_projector_progress",
 ];
 
-/// First read: every fact's links into the graph and `weft_links`; returns the highest
-/// offset of each source partition.
+/// First read: every fact's links into the graph and `weft_links` (and, for facts without a
+/// request id, `weft_links_from`: a node with one is its own anchor, so the loader never
+/// follows its own links); returns the highest offset of each source partition.
 async fn read_links(
     store: &Store,
     graph: &mut Graph,
@@ -122,6 +123,7 @@ async fn read_links(
 ) -> Result<HashMap<(String, u32), i64>, StoreError> {
     let mut progress: HashMap<(String, u32), i64> = HashMap::new();
     let mut link_rows = Vec::with_capacity(CHUNK);
+    let mut from_rows = Vec::new();
     let mut cursor = store
         .client()
         .query("SELECT tenant, kind, id, request_id, ts, links, topic, partition, offset FROM weft_events")
@@ -139,19 +141,25 @@ async fn read_links(
         let key = graph.node_key(&f.tenant, NodeKind::Event(kind), &f.id);
         graph.add_event(key, &f.request_id, f.ts, &links);
         for l in &links {
-            link_rows.push(LinkRow {
+            let row = LinkRow {
                 tenant: f.tenant.clone(),
                 to_kind: l.to_kind.as_str().to_owned(),
                 to_id: l.to_id.clone(),
                 from_kind: f.kind.clone(),
                 from_id: f.id.clone(),
                 via: l.via.as_str().to_owned(),
-            });
+            };
+            if f.request_id.is_empty() {
+                from_rows.push(row.clone());
+            }
+            link_rows.push(row);
         }
         if link_rows.len() >= CHUNK {
             stats.links += link_rows.len();
             insert::<LinkRow>(store, "weft_links", &link_rows).await?;
+            insert::<LinkRow>(store, "weft_links_from", &from_rows).await?;
             link_rows.clear();
+            from_rows.clear();
         }
         let p = progress.entry((f.topic, f.partition)).or_insert(-1);
         *p = (*p).max(f.offset as i64);
@@ -159,6 +167,7 @@ async fn read_links(
     }
     stats.links += link_rows.len();
     insert::<LinkRow>(store, "weft_links", &link_rows).await?;
+    insert::<LinkRow>(store, "weft_links_from", &from_rows).await?;
     Ok(progress)
 }
 
