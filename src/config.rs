@@ -173,7 +173,6 @@ impl Settings {
     }
 }
 
-/// A deprecated section key becomes the role's override where the role sets none.
 /// `--clickhouse-compression` / `WEFT_CLICKHOUSE_COMPRESSION`.
 fn parse_compression(s: &str) -> Result<Compression, String> {
     match s {
@@ -184,6 +183,7 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
     }
 }
 
+/// A deprecated section key becomes the role's override where the role sets none.
 fn fold_deprecated(role: &mut RoleOverride, brokers: &str, props: &BTreeMap<String, String>) {
     if role.brokers.is_empty() {
         role.brokers = brokers.to_owned();
@@ -243,6 +243,20 @@ mod tests {
         assert_eq!(s.clickhouse.url, "http://flag:2");
         assert_eq!(s.clickhouse.database, "filedb");
         assert_eq!(s.clickhouse.user, "default");
+    }
+
+    #[test]
+    fn compression_comes_from_the_file_or_the_flag() {
+        let s = load("[clickhouse]\ncompression = \"lz4\"\n");
+        assert_eq!(s.clickhouse.compression, Compression::Lz4);
+        assert_eq!(
+            Settings::default().clickhouse.compression,
+            Compression::Auto
+        );
+        let t = T::try_parse_from(["weft", "--clickhouse-compression", "none"]).unwrap();
+        assert_eq!(t.g.clickhouse_compression, Some(Compression::None));
+        let bad = T::try_parse_from(["weft", "--clickhouse-compression", "zstd"]);
+        assert!(bad.is_err_and(|e| e.to_string().contains("expected auto, lz4 or none")));
     }
 
     #[test]

@@ -55,19 +55,15 @@ impl Compression {
     }
 }
 
-/// Whether `url`'s host is a loopback name or address.
+/// Whether `url`'s host is a loopback name or address (an unreadable URL is not).
 fn is_loopback_url(url: &str) -> bool {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match host_port.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host_port.split(':').next().unwrap_or(""),
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    use url::Host;
+    match url::Url::parse(url).ok().as_ref().and_then(url::Url::host) {
+        Some(Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }
 
 impl Default for ClickHouseConfig {
