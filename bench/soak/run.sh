@@ -47,7 +47,7 @@ while true; do
   sleep 10
 done
 echo "stored $c facts"
-curl -s "http://$LISTEN/metrics" | grep -E "^weft_narrative_(graph_nodes|evicted_nodes_total|loaded_nodes_total)|^weft_ingest_dedup_checked_total"
+curl -s "http://$LISTEN/metrics" | grep -E "^weft_narrative_(graph_nodes|evicted_nodes_total|loaded_nodes_total|ids_spared_total)|^weft_ingest_dedup_checked_total"
 kill -TERM $IP && wait $IP || true
 python3 - "$OUT/rss.txt" <<'PY'
 import sys
