@@ -25,8 +25,9 @@ use weft_consumers::narrative::projector::{ProjectBatch, Projector};
 use weft_schemas::{Envelope, Topics};
 use weft_store::{ClickHouseConfig, Store};
 
-/// Where a pass dies: after how many of its four inserts (`Progress`: after all of them,
-/// before the next pass).
+/// Where a pass dies: after which of its inserts (`Links`: after `weft_links` and
+/// `weft_links_from`, which carry no version; `Progress`: after all of them, before the next
+/// pass).
 #[derive(Debug, Clone, Copy)]
 enum KillAfter {
     Links,

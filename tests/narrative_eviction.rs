@@ -320,3 +320,53 @@ async fn the_id_filter_hashes_as_clickhouse_does() {
         assert_eq!(got, weft_store::ids::tenant_hash(t), "{t}");
     }
 }
+
+/// An event without a request id whose pass was killed after its links but before its node
+/// rows is known to ClickHouse only by its links. After a restart, an event with a request id
+/// that links to it must not pass it over as unreachable (the open filter is rebuilt from
+/// the links' sources too), even when another event of the same pass loads it as a
+/// neighbor; and the killed event's replay lands where a rebuild puts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
+    let mut h = Harness::new("it_evict_links_only", 30).await;
+    h.feed(&[handle("h-1", None)], 1).await;
+    h.feed(&[frame("f-1", &["h-1"])], 1).await;
+    // The kill: f-1's links stay, its narrative and node rows never landed.
+    for t in ["weft_narratives", "weft_narrative_nodes"] {
+        h.store
+            .client()
+            .query(&format!("DELETE FROM {t} WHERE id = 'f-1'"))
+            .execute()
+            .await
+            .unwrap();
+    }
+    h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
+    let started = std::time::Instant::now();
+    while !h.projector.id_filter_ready() {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "the id filters never loaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // One pass: a trace event of req-1 citing f-1, and a frame without a request id citing
+    // h-1 (its load brings f-1 in as h-1's neighbor).
+    let te = env(
+        Kind::TraceEvent,
+        Some("req-1"),
+        json!({"event_id": "te-1", "event_type": "capability_executed",
+               "timestamp": "2026-03-08T06:00:05Z", "frame_id": "f-1"}),
+    );
+    h.feed(&[te, frame("f-2", &["h-1"])], 2).await;
+    // The replay of the killed pass.
+    h.feed(&[frame("f-1", &["h-1"])], 1).await;
+    let m = h.p.membership().await;
+    for (kind, id) in [("frame", "f-1"), ("handle", "h-1"), ("frame", "f-2")] {
+        assert_eq!(
+            h.narrative_of(&m, kind, id).as_deref(),
+            Some("req-1"),
+            "{kind} {id}"
+        );
+    }
+    h.assert_exact().await;
+}

@@ -144,7 +144,9 @@ async fn fetch(store: &Store, graph: &mut Graph, keys: &[NodeKey]) -> Result<Fou
     Ok(found)
 }
 
-async fn query_nodes(
+/// The stored node rows of `ids` of `tenant` (any kind), one per node; a node's request id is
+/// its first color, if it ever had one.
+pub(super) async fn query_nodes(
     store: &Store,
     tenant: &str,
     ids: &[String],
@@ -153,7 +155,8 @@ async fn query_nodes(
         .client()
         .query(
             "SELECT tenant, kind, id, argMax(narrative_id, version) AS narrative_id, \
-                    argMax(request_id, version) AS request_id, argMax(ts, version) AS ts, \
+                    argMinIf(request_id, version, request_id != '') AS request_id, \
+                    argMax(ts, version) AS ts, \
                     max(version) AS version \
              FROM weft_narrative_nodes WHERE tenant = {t:String} AND id IN {ids:Array(String)} \
              GROUP BY tenant, kind, id",

@@ -59,7 +59,7 @@ type SparedLink<'f> = (&'f str, NodeKind, &'f str);
 struct Named<'f> {
     /// Nodes loaded back from ClickHouse.
     loaded: usize,
-    /// Ids neither looked up nor needed in memory.
+    /// Link targets neither looked up nor kept in memory (one per naming link).
     spared: usize,
     /// The link targets the pass keeps out of memory.
     spared_links: HashSet<SparedLink<'f>>,
@@ -166,7 +166,8 @@ impl Projector {
         let mut placed = c
             .query(&format!(
                 "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) AS narrative_id, \
-                        argMax(request_id, version) AS request_id, argMax(ts, version) AS ts, \
+                        argMinIf(request_id, version, request_id != '') AS request_id, \
+                        argMax(ts, version) AS ts, \
                         max(version) AS version \
                  FROM weft_narratives WHERE version > {{completed:UInt64}}{} \
                  GROUP BY tenant, kind, id HAVING countIf(is_deleted = 0) > 0",
@@ -179,6 +180,7 @@ impl Projector {
         while let Some(r) = placed.next().await.map_err(store.err())? {
             restored.push(r);
         }
+        keep_colors(&store, &mut restored).await?;
         let n_unfinished = restored.len();
         insert::<NodeRow>(&store, "weft_narrative_nodes", &restored).await?;
         let progress = progress
@@ -364,49 +366,44 @@ impl Projector {
     /// leaves out of memory.
     ///
     /// An event without a request id takes its narrative from its component, so every id it
-    /// names must be in memory. An event with one is its own anchor: an id it names matters
-    /// only if it is (or links to) something stored without a request id, which the open
-    /// filter says. Any other id such an event names — a stored event with a request id, a
-    /// new id, a phantom whose stored neighbors all have one — is spared: not looked up, and
-    /// a link to it kept out of memory, since it changes no assignment (its link row is still
-    /// written, so a later load of that id finds it). An id another event of the pass needs
-    /// is never spared.
+    /// names must be in memory. An event with one is its own anchor: a link target it names
+    /// matters only if it is (or links to) something stored without a request id, which the
+    /// open filter says. Any other target — a stored event with a request id, a new id, a
+    /// phantom whose stored neighbors all have one — is spared: not looked up, and the link
+    /// to it kept out of memory, since it changes no assignment (its link row is still
+    /// written, so a later load of that id finds it). A target another event of the pass
+    /// needs, or that the load brought into memory, is never spared. An event's own id is
+    /// never spared: stored before with another request id (an identity reused with other
+    /// content), it keeps the node's first color, as a rebuild gives it.
     async fn load_named<'f>(&mut self, facts: &[&'f Fact]) -> Result<Named<'f>, StoreError> {
         let mut needed: HashSet<NodeKey> = HashSet::new();
-        let mut sparable: Vec<(NodeKey, Option<SparedLink<'f>>)> = Vec::new();
+        let mut sparable: Vec<(NodeKey, SparedLink<'f>)> = Vec::new();
         for f in facts {
             let env = &f.envelope;
             let open = env.request_id.as_deref().is_none_or(str::is_empty);
             let own = self
                 .graph
                 .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
-            let mut named = vec![(own, None)];
+            if open {
+                self.open.insert(&own);
+            }
+            needed.insert(own);
             for l in &f.links {
                 let k = self.graph.node_key(&env.tenant, l.to_kind, &l.to_id);
-                named.push((k, Some((env.tenant.as_str(), l.to_kind, l.to_id.as_str()))));
-            }
-            for (k, link) in named {
                 if open {
                     self.open.insert(&k);
                     needed.insert(k);
                 } else if self.graph.needs_load(&k) && !self.open.may_contain(&k) {
-                    sparable.push((k, link));
+                    sparable.push((k, (env.tenant.as_str(), l.to_kind, l.to_id.as_str())));
                 } else {
                     needed.insert(k);
                 }
             }
         }
-        let (mut spared, mut spared_links) = (0, HashSet::new());
-        for (k, link) in sparable {
-            if needed.contains(&k) {
-                continue;
-            }
-            // Not looked up, but stored by this pass (a node row or a link row).
-            self.seen.insert(&k);
-            spared += 1;
-            if let Some(l) = link {
-                spared_links.insert(l);
-            }
+        sparable.retain(|(k, _)| !needed.contains(k));
+        for (k, _) in &sparable {
+            // Not looked up, but stored by this pass (as a link row's target).
+            self.seen.insert(k);
         }
         // Ids the seen filter has never seen are new: only the others are looked up. Every
         // id named is remembered, the looked-up ones too: while the filter is still being
@@ -423,10 +420,13 @@ impl Projector {
         let loaded = loader::load(&self.store, &mut self.graph, maybe)
             .await?
             .loaded;
+        // A spared target the load brought in (a neighbor of a loaded component) must have
+        // every link in memory, this pass's too.
+        sparable.retain(|(k, _)| self.graph.lookup(k).is_none());
         Ok(Named {
             loaded,
-            spared,
-            spared_links,
+            spared: sparable.len(),
+            spared_links: sparable.into_iter().map(|(_, l)| l).collect(),
         })
     }
 
@@ -519,4 +519,34 @@ impl Projector {
         }
         Ok(moved)
     }
+}
+
+/// A member the killed pass stored without a request id may be an identity an earlier pass
+/// colored (reused with other content): its node keeps that color, as memory and a rebuild
+/// give it, so the restored node row must not make it uncolored.
+async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), StoreError> {
+    let mut by_tenant: HashMap<String, Vec<String>> = HashMap::new();
+    for r in restored.iter().filter(|r| r.request_id.is_empty()) {
+        by_tenant
+            .entry(r.tenant.clone())
+            .or_default()
+            .push(r.id.clone());
+    }
+    let mut colors: HashMap<(String, String, String), String> = HashMap::new();
+    for (tenant, ids) in by_tenant {
+        for chunk in chunks_by_bytes(ids, MAX_PARAM_BYTES) {
+            for n in loader::query_nodes(store, &tenant, &chunk).await? {
+                if !n.request_id.is_empty() {
+                    colors.insert((n.tenant, n.kind, n.id), n.request_id);
+                }
+            }
+        }
+    }
+    for r in restored.iter_mut().filter(|r| r.request_id.is_empty()) {
+        let key = (r.tenant.clone(), r.kind.clone(), r.id.clone());
+        if let Some(c) = colors.remove(&key) {
+            r.request_id = c;
+        }
+    }
+    Ok(())
 }
