@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
@@ -319,6 +320,18 @@ impl Ingestor {
             self.telemetry.clone(),
             shutdown.clone(),
         );
+        // Records fetched in the moment between `assign` and the split of the partition
+        // queues sit in the consumer's own queue, and precede everything their partitions'
+        // queues will hold: taken after a later record, they would read as a rewind (and the
+        // gap before it as skipped), so they are taken first. No record of a split partition
+        // reaches that queue afterwards.
+        if lanes.is_some() {
+            while let Some(msg) = consumer.recv().now_or_never() {
+                if self.on_record(msg, &mut since_check).await? {
+                    return Ok(self.totals);
+                }
+            }
+        }
         loop {
             tokio::select! {
                 biased;
@@ -343,11 +356,8 @@ impl Ingestor {
                 // With per-partition queues the consumer's own queue still serves events
                 // (errors, statistics), and rdkafka wants it polled; asked only while no
                 // partition has a record (asking it first, for every record, cost half
-                // again the consumer's CPU in `weft bench ingest`). A record fetched in the
-                // moment between `assign` and the split lands here, possibly after a later
-                // one of its partition: the offset check then stops ingest (`Rewound`),
-                // which resumes from what ClickHouse stored, so the order costs a restart,
-                // never a record.
+                // again the consumer's CPU in `weft bench ingest`). What it held of the
+                // split partitions was taken before the loop.
                 msg = consumer.recv(), if lanes.is_some() => {
                     if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
                 }
