@@ -321,21 +321,27 @@ async fn the_id_filter_hashes_as_clickhouse_does() {
     }
 }
 
-/// An event without a request id whose pass was killed after its links but before its node
-/// rows is known to ClickHouse only by its links. After a restart, an event with a request id
-/// that links to it must not pass it over as unreachable (the open filter is rebuilt from
-/// the links' sources too), even when another event of the same pass loads it as a
-/// neighbor; and the killed event's replay lands where a rebuild puts it.
+/// An event without a request id whose pass was killed after its links by target but before
+/// the rest is known to ClickHouse only by those links. After a restart, an event with a
+/// request id that links to it must keep that link when another event of the same pass
+/// loads it as a neighbor (a spared target the load brings in is no longer spared); and the
+/// killed event's replay lands where a rebuild puts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
     let mut h = Harness::new("it_evict_links_only", 30).await;
     h.feed(&[handle("h-1", None)], 1).await;
     h.feed(&[frame("f-1", &["h-1"])], 1).await;
-    // The kill: f-1's links stay, its narrative and node rows never landed.
-    for t in ["weft_narratives", "weft_narrative_nodes"] {
+    // The kill, between the pass's `weft_links` insert and the next ones: f-1 is known only
+    // as the source of a link by target, so the open filter cannot hold it, and the pass
+    // below must keep te-1's link to it because its load brings f-1 in.
+    for (t, id) in [
+        ("weft_links_from", "from_id"),
+        ("weft_narratives", "id"),
+        ("weft_narrative_nodes", "id"),
+    ] {
         h.store
             .client()
-            .query(&format!("DELETE FROM {t} WHERE id = 'f-1'"))
+            .query(&format!("DELETE FROM {t} WHERE {id} = 'f-1'"))
             .execute()
             .await
             .unwrap();

@@ -144,8 +144,9 @@ async fn fetch(store: &Store, graph: &mut Graph, keys: &[NodeKey]) -> Result<Fou
     Ok(found)
 }
 
-/// The stored node rows of `ids` of `tenant` (any kind), one per node; a node's request id is
-/// its first color, if it ever had one.
+/// The stored node rows of `ids` of `tenant` (any kind), one per node, with the request id
+/// of the oldest row that has one still unmerged (after a merge, the newest row's: node rows
+/// carry the node's color, so the two agree unless an identity came with two request ids).
 pub(super) async fn query_nodes(
     store: &Store,
     tenant: &str,
