@@ -77,6 +77,7 @@ async fn narratives_match_the_ground_truth_whatever_the_arrival_order() {
         "weft_narrative_evicted_nodes_total",
         "weft_narrative_loaded_nodes_total",
         "weft_narrative_ids_spared_total",
+        "weft_narrative_direct_total",
     ] {
         let v = common::metric(&addr, name).await.unwrap_or(0);
         assert!(v > 0, "{name} = {v}: the small budgets were not exercised");

@@ -113,6 +113,7 @@ impl Harness {
             };
             let s = self.projector.apply(&[batch]).await.unwrap();
             total.facts += s.facts;
+            total.direct += s.direct;
             total.loaded += s.loaded;
             total.evicted += s.evicted;
             total.largest_component = total.largest_component.max(s.largest_component);
@@ -372,5 +373,69 @@ async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
             "{kind} {id}"
         );
     }
+    h.assert_exact().await;
+}
+
+/// An event placed directly (a new id with a request id, naming nothing in memory) is an
+/// anchor a later load finds like any other; an identity stored again with another request
+/// id (other content) is not new, so it goes through the graph and keeps its first color.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
+    let mut h = Harness::new("it_evict_direct", 30).await;
+    h.wait_for_id_filters().await;
+    let first = h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
+    assert_eq!(
+        first.direct, 1,
+        "a new id naming nothing in memory: {first:?}"
+    );
+    assert_eq!(h.projector.graph_len(), 0);
+    // The same identity, other content, another request.
+    let again = env(
+        Kind::TraceEvent,
+        Some("req-2"),
+        json!({"event_id": "te-1", "event_type": "capability_denied",
+               "timestamp": "2026-03-08T06:00:05Z", "handle_id": "h-1"}),
+    );
+    let second = h.feed(&[again], 1).await;
+    assert_eq!(second.direct, 0, "a stored id is looked up: {second:?}");
+    // The handle comes late and without a request: the direct anchor's link brings it in.
+    h.feed(&[handle("h-1", None)], 1).await;
+    let m = h.p.membership().await;
+    assert_eq!(
+        h.narrative_of(&m, "trace_event", "te-1").as_deref(),
+        Some("req-1")
+    );
+    assert_eq!(
+        h.narrative_of(&m, "handle", "h-1").as_deref(),
+        Some("req-1")
+    );
+    h.assert_exact().await;
+}
+
+/// An id named before only by events with a request id has no node row: the event that
+/// brings it, with a request id of its own, is probed (node rows only), nothing is loaded,
+/// and it is placed directly in its own request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_named_only_by_anchors_is_probed_and_placed_directly() {
+    let mut h = Harness::new("it_evict_probe", 30).await;
+    h.wait_for_id_filters().await;
+    h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
+    let own = env(
+        Kind::Handle,
+        Some("req-h"),
+        json!({"handle_id": "h-1", "capability_id": "org.test.cap",
+               "artifact_type": "application/json", "created_at": "2026-03-08T06:00:05Z"}),
+    );
+    let s = h.feed(&[own], 1).await;
+    assert_eq!((s.direct, s.loaded), (1, 0), "{s:?}");
+    let m = h.p.membership().await;
+    assert_eq!(
+        h.narrative_of(&m, "handle", "h-1").as_deref(),
+        Some("req-h")
+    );
+    assert_eq!(
+        h.narrative_of(&m, "trace_event", "te-1").as_deref(),
+        Some("req-1")
+    );
     h.assert_exact().await;
 }

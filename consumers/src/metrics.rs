@@ -130,6 +130,9 @@ pub struct NarrativeMetrics {
     /// Ids named by events with a request id that the open filter ruled out: neither looked
     /// up nor kept in memory (see `narrative/filter.rs`).
     pub spared: IntCounter,
+    /// Events with a request id placed in their own narrative without entering the graph:
+    /// new ids that name, and are named by, nothing in memory (see `narrative/projector.rs`).
+    pub direct: IntCounter,
     /// Size of the largest uncolored component the last pass assigned.
     pub largest_component: IntGauge,
     /// 1 once both id filters' background rebuilds have ended (until then every id a pass
@@ -169,6 +172,10 @@ impl NarrativeMetrics {
             spared: r.counter(
                 "weft_narrative_ids_spared_total",
                 "Ids named by events with a request id that no stored event without one can reach: not looked up",
+            ),
+            direct: r.counter(
+                "weft_narrative_direct_total",
+                "Events with a request id placed in their own narrative without entering the graph (new ids naming nothing in memory)",
             ),
             largest_component: r.gauge(
                 "weft_narrative_largest_component",

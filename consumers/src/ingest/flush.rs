@@ -148,6 +148,7 @@ impl Flusher {
                     m.loaded.inc_by(stats.loaded as u64);
                     m.evicted.inc_by(stats.evicted as u64);
                     m.spared.inc_by(stats.spared as u64);
+                    m.direct.inc_by(stats.direct as u64);
                     m.largest_component.set(stats.largest_component as i64);
                     m.id_filter_ready
                         .set(i64::from(projector.id_filter_ready()));

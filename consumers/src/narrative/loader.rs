@@ -79,6 +79,39 @@ pub async fn load(
     Ok(stats)
 }
 
+/// Of `keys`, those with a stored node row (one query per tenant and chunk of ids; no
+/// links, nothing brought into memory).
+#[instrument(skip_all, fields(keys = keys.len()))]
+pub async fn stored(
+    store: &Store,
+    graph: &mut Graph,
+    keys: Vec<NodeKey>,
+) -> Result<Vec<NodeKey>, StoreError> {
+    let wanted: HashSet<NodeKey> = keys.into_iter().collect();
+    let mut by_tenant: HashMap<&str, Vec<String>> = HashMap::new();
+    for k in &wanted {
+        by_tenant
+            .entry(&k.tenant)
+            .or_default()
+            .push(k.id.to_string());
+    }
+    let mut found = Vec::new();
+    for (tenant, ids) in by_tenant {
+        for chunk in chunks_by_bytes(ids, MAX_PARAM_BYTES) {
+            for r in query_nodes(store, tenant, &chunk).await? {
+                let Some(kind) = NodeKind::parse(&r.kind) else {
+                    continue;
+                };
+                let key = graph.node_key(&r.tenant, kind, &r.id);
+                if wanted.contains(&key) {
+                    found.push(key);
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
 fn dedup(keys: Vec<NodeKey>) -> Vec<NodeKey> {
     let mut seen = HashSet::new();
     keys.into_iter()

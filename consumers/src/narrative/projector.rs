@@ -63,6 +63,8 @@ struct Named<'f> {
     spared: usize,
     /// The link targets the pass keeps out of memory.
     spared_links: HashSet<SparedLink<'f>>,
+    /// Per fact of the pass: placed without entering the graph (see `load_named`).
+    direct: Vec<bool>,
 }
 
 /// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
@@ -83,7 +85,7 @@ pub struct ProjectBatch<'a> {
 /// What one [`Projector::apply`] did, for metrics and logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ApplyStats {
-    /// Facts fed to the graph.
+    /// Facts projected: fed to the graph or placed directly.
     pub facts: usize,
     /// Events moved to another narrative; feeds `weft_narratives_moved_total`.
     pub moved: usize,
@@ -93,6 +95,8 @@ pub struct ApplyStats {
     pub evicted: usize,
     /// Ids the pass neither looked up nor kept (see [`Projector::load_named`]).
     pub spared: usize,
+    /// Facts placed without entering the graph (see [`Projector::load_named`]).
+    pub direct: usize,
     /// The largest uncolored component the pass assigned.
     pub largest_component: usize,
 }
@@ -248,13 +252,31 @@ impl Projector {
             loaded,
             spared: n_spared,
             spared_links: spared,
+            direct,
         } = self.load_named(&facts).await?;
         let mut seeds = Vec::new();
         let mut fed: Vec<(NodeIdx, &Fact)> = Vec::new();
         let mut link_rows = Vec::new();
         let mut from_rows = Vec::new();
-        for f in facts {
+        let mut narrative_rows = Vec::new();
+        let mut direct_nodes = Vec::new();
+        for (f, direct) in facts.into_iter().zip(direct) {
             let env = &f.envelope;
+            link_rows.extend(f.links.iter().map(|l| link_row(f, l)));
+            if direct {
+                let request_id = env.request_id.clone().unwrap_or_default();
+                narrative_rows.push(narrative_row(f, &request_id, version));
+                direct_nodes.push(NodeRow {
+                    tenant: env.tenant.clone(),
+                    kind: env.kind.as_str().to_owned(),
+                    id: f.id.clone(),
+                    narrative_id: request_id.clone(),
+                    request_id,
+                    ts: f.ts_micros,
+                    version,
+                });
+                continue;
+            }
             let key = self
                 .graph
                 .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
@@ -273,42 +295,17 @@ impl Projector {
             seeds.extend(self.graph.seeds(n));
             fed.push((n, f));
             // The loader follows a stored node's own links only when it has no request id.
-            let open = !self.graph.is_colored(n);
-            for l in &f.links {
-                let row = LinkRow {
-                    tenant: env.tenant.clone(),
-                    to_kind: l.to_kind.as_str().to_owned(),
-                    to_id: l.to_id.clone(),
-                    from_kind: env.kind.as_str().to_owned(),
-                    from_id: f.id.clone(),
-                    via: l.via.as_str().to_owned(),
-                };
-                if open {
-                    from_rows.push(row.clone());
-                }
-                link_rows.push(row);
+            if !self.graph.is_colored(n) {
+                from_rows.extend(f.links.iter().map(|l| link_row(f, l)));
             }
         }
         let changes = self.graph.settle(&seeds);
-        let mut narrative_rows = Vec::new();
         let mut node_rows: HashMap<NodeIdx, NodeRow> = HashMap::new();
         for (n, f) in &fed {
             let Some(narrative) = self.graph.assigned(*n).cloned() else {
                 continue;
             };
-            let env = &f.envelope;
-            narrative_rows.push(NarrativeRow {
-                tenant: env.tenant.clone(),
-                narrative_id: narrative.to_string(),
-                kind: env.kind.as_str().to_owned(),
-                id: f.id.clone(),
-                content_hash: f.content_hash,
-                ts: f.ts_micros,
-                request_id: env.request_id.clone().unwrap_or_default(),
-                payload: env.payload.get().to_owned(),
-                version,
-                is_deleted: 0,
-            });
+            narrative_rows.push(narrative_row(f, &narrative, version));
             node_rows.insert(*n, self.node_row(*n, &narrative, version));
         }
         let moved = self
@@ -322,12 +319,9 @@ impl Projector {
         insert::<LinkRow>(&self.store, "weft_links", &link_rows).await?;
         insert::<LinkRow>(&self.store, "weft_links_from", &from_rows).await?;
         insert::<NarrativeRow>(&self.store, "weft_narratives", &narrative_rows).await?;
-        insert::<NodeRow>(
-            &self.store,
-            "weft_narrative_nodes",
-            &node_rows.into_values().collect::<Vec<_>>(),
-        )
-        .await?;
+        let n_direct = direct_nodes.len();
+        direct_nodes.extend(node_rows.into_values());
+        insert::<NodeRow>(&self.store, "weft_narrative_nodes", &direct_nodes).await?;
         let progress: Vec<ProgressRow> = batches
             .iter()
             .map(|b| ProgressRow {
@@ -352,7 +346,8 @@ impl Projector {
             0
         };
         Ok(ApplyStats {
-            facts: fed.len(),
+            facts: fed.len() + n_direct,
+            direct: n_direct,
             moved,
             loaded,
             evicted,
@@ -362,8 +357,8 @@ impl Projector {
     }
 
     /// Load every id the facts name (their own and their links' targets) that is not in
-    /// memory and may matter; says how many nodes came back, and which link targets the pass
-    /// leaves out of memory.
+    /// memory and may matter; says how many nodes came back, which link targets the pass
+    /// leaves out of memory, and which facts need no graph at all.
     ///
     /// An event without a request id takes its narrative from its component, so every id it
     /// names must be in memory. An event with one is its own anchor: a link target it names
@@ -375,21 +370,43 @@ impl Projector {
     /// needs, or that the load brought into memory, is never spared. An event's own id is
     /// never spared: stored before with another request id (an identity reused with other
     /// content), it keeps the node's first color, as a rebuild gives it.
+    ///
+    /// An event with a request id is placed *directly*, in its own request's narrative and
+    /// without entering the graph, when its own id is new (the seen filter never saw it, the
+    /// open filter has it not, it is not in memory, no other fact of the pass has it) and
+    /// every id it names, or that names it, is a spared target or another direct event.
+    /// That is what adding the pass's direct events and evicting them at once would give:
+    /// each colors itself, and they touch no uncolored node. Their rows are written as any
+    /// other's, so a later event that names one loads it.
     async fn load_named<'f>(&mut self, facts: &[&'f Fact]) -> Result<Named<'f>, StoreError> {
         let mut needed: HashSet<NodeKey> = HashSet::new();
         let mut sparable: Vec<(NodeKey, SparedLink<'f>)> = Vec::new();
-        for f in facts {
+        // The facts that may be placed directly, by own id (None: an id two facts have),
+        // and every fact's link targets.
+        let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::new();
+        let mut targets: Vec<Vec<NodeKey>> = Vec::with_capacity(facts.len());
+        for (i, f) in facts.iter().enumerate() {
             let env = &f.envelope;
             let open = env.request_id.as_deref().is_none_or(str::is_empty);
             let own = self
                 .graph
                 .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
+            // Whether the id is new is known after the load: the seen filter's positives are
+            // looked up, and the loader brings what it looks up into memory.
+            let candidate =
+                !open && self.graph.lookup(&own).is_none() && !self.open.may_contain(&own);
             if open {
                 self.open.insert(&own);
             }
+            candidates
+                .entry(own.clone())
+                .and_modify(|c| *c = None)
+                .or_insert(candidate.then_some(i));
             needed.insert(own);
+            let mut mine = Vec::with_capacity(f.links.len());
             for l in &f.links {
                 let k = self.graph.node_key(&env.tenant, l.to_kind, &l.to_id);
+                mine.push(k.clone());
                 if open {
                     self.open.insert(&k);
                     needed.insert(k);
@@ -399,6 +416,7 @@ impl Projector {
                     needed.insert(k);
                 }
             }
+            targets.push(mine);
         }
         sparable.retain(|(k, _)| !needed.contains(k));
         for (k, _) in &sparable {
@@ -408,7 +426,7 @@ impl Projector {
         // Ids the seen filter has never seen are new: only the others are looked up. Every
         // id named is remembered, the looked-up ones too: while the filter is still being
         // rebuilt its "maybe" does not mean it holds the id, and the pass stores them all.
-        let maybe: Vec<NodeKey> = needed
+        let mut maybe: Vec<NodeKey> = needed
             .into_iter()
             .filter(|k| self.graph.needs_load(k))
             .filter(|k| {
@@ -417,16 +435,35 @@ impl Projector {
                 maybe
             })
             .collect();
+        // The own id of an event with a request id that no event without one may name
+        // (still outside the open set) matters only through a stored node row: links to it
+        // come from events with a request id, which change no assignment. So it is probed
+        // (node rows only); an id with no node row is new as a node, and may be direct.
+        let (probe, full): (Vec<NodeKey>, Vec<NodeKey>) = maybe
+            .into_iter()
+            .partition(|k| matches!(candidates.get(k), Some(Some(_))) && !self.open.may_contain(k));
+        maybe = full;
+        maybe.extend(loader::stored(&self.store, &mut self.graph, probe).await?);
         let loaded = loader::load(&self.store, &mut self.graph, maybe)
             .await?
             .loaded;
         // A spared target the load brought in (a neighbor of a loaded component) must have
         // every link in memory, this pass's too.
         sparable.retain(|(k, _)| self.graph.lookup(k).is_none());
+        let spared = sparable.len();
+        let direct = direct_facts(
+            facts.len(),
+            &candidates,
+            &targets,
+            |k| self.graph.lookup(k).is_none(),
+            &sparable,
+        );
+        let spared_links: HashSet<SparedLink<'f>> = sparable.into_iter().map(|(_, l)| l).collect();
         Ok(Named {
             loaded,
-            spared: sparable.len(),
-            spared_links: sparable.into_iter().map(|(_, l)| l).collect(),
+            spared,
+            spared_links,
+            direct,
         })
     }
 
@@ -521,6 +558,79 @@ impl Projector {
     }
 }
 
+/// The row of `f`'s link `l`, for `weft_links` (and `weft_links_from`).
+fn link_row(f: &Fact, l: &Link) -> LinkRow {
+    let env = &f.envelope;
+    LinkRow {
+        tenant: env.tenant.clone(),
+        to_kind: l.to_kind.as_str().to_owned(),
+        to_id: l.to_id.clone(),
+        from_kind: env.kind.as_str().to_owned(),
+        from_id: f.id.clone(),
+        via: l.via.as_str().to_owned(),
+    }
+}
+
+/// The member row of `f` in `narrative`.
+fn narrative_row(f: &Fact, narrative: &str, version: u64) -> NarrativeRow {
+    let env = &f.envelope;
+    NarrativeRow {
+        tenant: env.tenant.clone(),
+        narrative_id: narrative.to_owned(),
+        kind: env.kind.as_str().to_owned(),
+        id: f.id.clone(),
+        content_hash: f.content_hash,
+        ts: f.ts_micros,
+        request_id: env.request_id.clone().unwrap_or_default(),
+        payload: env.payload.get().to_owned(),
+        version,
+        is_deleted: 0,
+    }
+}
+
+/// Which facts of a pass are placed directly (see [`Projector::load_named`]): a candidate
+/// (`candidates`: own id → the one fact that has it, if it may be direct) whose own id is
+/// `absent` from memory after the load, whose every target is spared or direct, and whose
+/// own id no fact that is not direct names. Knocking one out can knock out others, so this
+/// runs to a fixpoint (two rounds when nothing changes after the first).
+fn direct_facts(
+    n: usize,
+    candidates: &HashMap<NodeKey, Option<usize>>,
+    targets: &[Vec<NodeKey>],
+    absent: impl Fn(&NodeKey) -> bool,
+    spared: &[(NodeKey, SparedLink<'_>)],
+) -> Vec<bool> {
+    let mut direct = vec![false; n];
+    for (own, i) in candidates {
+        if let Some(i) = i {
+            direct[*i] = absent(own);
+        }
+    }
+    let spared: HashSet<&NodeKey> = spared.iter().map(|(k, _)| k).collect();
+    let direct_own = |k: &NodeKey| candidates.get(k).copied().flatten();
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (j, keys) in targets.iter().enumerate() {
+            for k in keys {
+                let named = direct_own(k);
+                if let Some(i) = named {
+                    if direct[i] && !direct[j] {
+                        direct[i] = false;
+                        changed = true;
+                    }
+                }
+                let fine = spared.contains(k) || named.is_some_and(|i| direct[i]);
+                if direct[j] && !fine {
+                    direct[j] = false;
+                    changed = true;
+                }
+            }
+        }
+    }
+    direct
+}
+
 /// A member the killed pass stored without a request id may be an identity an earlier pass
 /// colored (reused with other content): its node keeps that color, as memory and a rebuild
 /// give it, so the restored node row must not make it uncolored.
@@ -549,4 +659,85 @@ async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), Stor
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_schemas::Kind;
+
+    fn key(id: &str) -> NodeKey {
+        NodeKey::event("t", Kind::Frame, id)
+    }
+
+    /// `facts[i]` = (own id, whether it may be direct, link targets); `spared` and `present`
+    /// are target ids.
+    fn direct(facts: &[(&str, bool, &[&str])], spared: &[&str], present: &[&str]) -> Vec<bool> {
+        let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::new();
+        for (i, (own, candidate, _)) in facts.iter().enumerate() {
+            candidates
+                .entry(key(own))
+                .and_modify(|c| *c = None)
+                .or_insert(candidate.then_some(i));
+        }
+        let targets: Vec<Vec<NodeKey>> = facts
+            .iter()
+            .map(|(_, _, t)| t.iter().map(|id| key(id)).collect())
+            .collect();
+        let spared: Vec<(NodeKey, SparedLink<'_>)> = spared
+            .iter()
+            .map(|id| (key(id), ("t", NodeKind::Event(Kind::Frame), *id)))
+            .collect();
+        direct_facts(
+            facts.len(),
+            &candidates,
+            &targets,
+            |k| !present.iter().any(|p| key(p) == *k),
+            &spared,
+        )
+    }
+
+    #[test]
+    fn new_events_naming_only_spared_targets_or_each_other_are_direct() {
+        let got = direct(
+            &[("a", true, &["x"]), ("b", true, &["a", "y"])],
+            &["x", "y"],
+            &[],
+        );
+        assert_eq!(got, [true, true]);
+    }
+
+    #[test]
+    fn a_fact_that_is_not_direct_knocks_out_what_it_names_and_what_names_that() {
+        // u (no request id) names a; b names a; c names b: the knock-out runs down the chain.
+        let got = direct(
+            &[
+                ("u", false, &["a"]),
+                ("a", true, &[]),
+                ("b", true, &["a"]),
+                ("c", true, &["b"]),
+                ("d", true, &["x"]),
+            ],
+            &["x"],
+            &[],
+        );
+        assert_eq!(got, [false, false, false, false, true]);
+    }
+
+    #[test]
+    fn a_target_in_memory_or_needed_keeps_the_fact_in_the_graph() {
+        // "m" is neither spared nor a candidate (a node in memory, or needed by the pass).
+        let got = direct(&[("a", true, &["m"]), ("b", true, &[])], &[], &[]);
+        assert_eq!(got, [false, true]);
+    }
+
+    #[test]
+    fn an_id_two_facts_have_or_the_load_brought_in_is_not_direct() {
+        let got = direct(
+            &[("a", true, &[]), ("a", true, &[]), ("b", true, &[])],
+            &[],
+            &["b"],
+        );
+        assert_eq!(got, [false, false, false]);
+    }
 }
