@@ -145,25 +145,27 @@ fn csv_field(s: &str) -> String {
 /// One hit as a CSV line under [`CSV_HEADER`] (RFC 4180 quoting, formula-injection safe).
 pub fn csv_line(h: &Hit) -> String {
     h.typed(|_, t| {
-        [
-            &weft_schemas::time::micros_to_rfc3339(h.ts),
+        let ts = weft_schemas::time::micros_to_rfc3339(h.ts);
+        let conflict = h.conflict.to_string();
+        let cols: [&str; 13] = [
+            &ts,
             &h.kind,
             &h.id,
             &h.content_hash,
             &h.request_id,
-            t.event_type,
-            t.principal,
-            t.capability_id,
-            t.decision,
-            t.outcome,
-            t.token_id,
-            t.decision_id,
-            &h.conflict.to_string(),
-        ]
-        .iter()
-        .map(|s| csv_field(s))
-        .collect::<Vec<_>>()
-        .join(",")
+            &t.event_type,
+            &t.principal,
+            &t.capability_id,
+            &t.decision,
+            &t.outcome,
+            &t.token_id,
+            &t.decision_id,
+            &conflict,
+        ];
+        cols.iter()
+            .map(|s| csv_field(s))
+            .collect::<Vec<_>>()
+            .join(",")
     })
 }
 

@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use weft_schemas::links;
 use weft_schemas::wire::{self, SchemaIds};
 use weft_schemas::{identity, time, Topics};
+use weft_store::typed_columns;
 
 /// A record as read from Kafka, borrowed from the consumer's message.
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +44,16 @@ pub struct Rejection {
 
 /// Decode, validate and enrich one record.
 pub fn decode(rec: &Record<'_>, topics: &Topics, ids: &SchemaIds) -> Result<Fact, Rejection> {
+    decode_parsed(rec, topics, ids).map(|(fact, _)| fact)
+}
+
+/// [`decode`], with the parsed payload for a caller that inspects it once (the fact keeps
+/// only its typed columns).
+pub fn decode_parsed(
+    rec: &Record<'_>,
+    topics: &Topics,
+    ids: &SchemaIds,
+) -> Result<(Fact, Value), Rejection> {
     let value = rec.value.unwrap_or_default();
     let (envelope, content_type) = wire::decode(rec.headers, value, topics.kind_of(rec.topic), ids)
         .map_err(|e| Rejection {
@@ -80,16 +91,18 @@ pub fn decode(rec: &Record<'_>, topics: &Topics, ids: &SchemaIds) -> Result<Fact
             message: e.to_string(),
         })?,
     };
-    Ok(Fact {
+    let typed = typed_columns(envelope.kind, &payload, &links).into_owned();
+    let fact = Fact {
         envelope,
-        payload,
+        typed,
         id,
         content_hash,
         ts_micros,
         emitted_micros,
         links,
         content_type,
-    })
+    };
+    Ok((fact, payload))
 }
 
 #[cfg(test)]

@@ -187,28 +187,30 @@ fn typed_columns_per_kind() {
     let t = typed_columns(Kind::TraceEvent, &te, &l);
     assert_eq!(
         (
-            t.decision_id,
-            t.frame_id,
-            t.handle_id,
-            t.flow_id,
-            t.token_id
+            &*t.decision_id,
+            &*t.frame_id,
+            &*t.handle_id,
+            &*t.flow_id,
+            &*t.token_id
         ),
         ("pd", "fr", "h", "fl", "tok")
     );
     assert_eq!(t.handle_refs, ["h1", "h2"]);
-    assert!(t.links.contains(&("decision_id", "policy_decision", "pd")));
+    assert!(t
+        .links
+        .contains(&("decision_id", "policy_decision", "pd".into())));
     // Feedback's decision_id is the routing decision: a link, not the column.
     let fb = json!({"decision_id": "erd", "candidate_id": "c1"});
     let l = links::extract(Kind::ExecutionFeedback, &fb);
     let t = typed_columns(Kind::ExecutionFeedback, &fb, &l);
-    assert_eq!((t.decision_id, t.candidate_id), ("", "c1"));
+    assert_eq!((&*t.decision_id, &*t.candidate_id), ("", "c1"));
     assert_eq!(t.links.len(), 1);
     let erd = json!({"candidate": {"candidate_id": "c2"}, "frame_id": "fr"});
     let t = typed_columns(Kind::ExecutionRoutingDecision, &erd, &[]);
-    assert_eq!((t.candidate_id, t.frame_id), ("c2", ""));
+    assert_eq!((&*t.candidate_id, &*t.frame_id), ("c2", ""));
     let h = json!({"handle_id": "h", "frame_id": "fr"});
     let t = typed_columns(Kind::Handle, &h, &[]);
-    assert_eq!((t.handle_id, t.frame_id), ("h", ""));
+    assert_eq!((&*t.handle_id, &*t.frame_id), ("h", ""));
 }
 
 /// `differences` names each column that differs, whichever it is.

@@ -336,8 +336,9 @@ async fn publish(
     sim_cfg: &SimConfig,
 ) -> anyhow::Result<Published> {
     let mut pconfig = stack.publisher.clone();
-    pconfig.spool_dir =
+    let spool_dir =
         std::env::temp_dir().join(format!("weft-bench-ingest-spool-{}", std::process::id()));
+    pconfig.spool_dir = spool_dir.clone();
     pconfig.topics = Topics {
         prefix: topics.prefix.clone(),
         ..pconfig.topics
@@ -386,7 +387,14 @@ async fn publish(
     .await?;
     let publish_wall = t0.elapsed().as_secs_f64();
     if !drained {
-        bail!("the publisher could not deliver its spool within 300 s");
+        bail!(
+            "the publisher could not deliver its spool within 300 s (kept in {})",
+            spool_dir.display()
+        );
+    }
+    // Drained: nothing in it is needed any more.
+    if let Err(e) = std::fs::remove_dir_all(&spool_dir) {
+        eprintln!("could not remove the spool {}: {e}", spool_dir.display());
     }
     eprintln!(
         "published {envelopes} envelopes ({distinct} distinct, {kafka} acked by Kafka, {spooled} via the spool) in {publish_wall:.1} s"

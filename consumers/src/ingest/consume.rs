@@ -277,11 +277,13 @@ impl Ingestor {
                 ),
             })
         } else {
-            decode::decode(&r, &self.cfg.topics, &self.ids)
+            decode::decode_parsed(&r, &self.cfg.topics, &self.ids)
         };
-        if let Ok(fact) = &decoded {
-            self.note_nonconforming(fact);
-        }
+        // The parsed payload is looked at here once, and dropped.
+        let decoded = decoded.map(|(fact, payload)| {
+            self.note_nonconforming(&fact, &payload);
+            fact
+        });
         let decoded = decoded.map_err(|reason| {
             Box::new(DeadLetter {
                 key: m.key().map(<[u8]>::to_vec),
@@ -304,9 +306,9 @@ impl Ingestor {
 
     /// Count (and log, once per key) the fact's top-level payload keys neither defined by its
     /// kind nor of the `x_<org>_<field>` shape. The spec allows them, so the fact is stored.
-    fn note_nonconforming(&self, fact: &Fact) {
+    fn note_nonconforming(&self, fact: &Fact, payload: &serde_json::Value) {
         let kind = fact.envelope.kind;
-        let odd = weft_schemas::extensions::nonconforming_keys(kind, &fact.payload);
+        let odd = weft_schemas::extensions::nonconforming_keys(kind, payload);
         if odd.is_empty() {
             return;
         }
