@@ -522,6 +522,8 @@ async fn weft_ingest(
         insert_wall_s: metrics.insert_seconds.get_sample_sum(),
         projector_passes: metrics.narrative.projector_seconds.get_sample_count(),
         projector_wall_s: metrics.narrative.projector_seconds.get_sample_sum(),
+        narrative_direct: metrics.narrative.direct.get(),
+        narrative_loaded: metrics.narrative.loaded.get(),
     };
     Ok(WeftRun {
         role,

@@ -36,6 +36,9 @@ pub struct Spans {
     pub insert_wall_s: f64,
     pub projector_passes: u64,
     pub projector_wall_s: f64,
+    /// Events placed without entering the narrative graph, and nodes loaded back into it.
+    pub narrative_direct: u64,
+    pub narrative_loaded: u64,
 }
 
 /// Per-event CPU of each ingest step, measured offline on one thread.
@@ -166,8 +169,14 @@ pub(super) fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
     let s = &r.weft_spans;
     writeln!(
         w,
-        "weft spans: {} facts inserts of {:.0} rows avg, {:.2} s inside inserts (partitions concurrent); {} projector passes, {:.2} s",
-        s.flushes_with_facts, s.avg_batch_rows, s.insert_wall_s, s.projector_passes, s.projector_wall_s
+        "weft spans: {} facts inserts of {:.0} rows avg, {:.2} s inside inserts (partitions concurrent); {} projector passes, {:.2} s ({} events placed directly, {} nodes loaded)",
+        s.flushes_with_facts,
+        s.avg_batch_rows,
+        s.insert_wall_s,
+        s.projector_passes,
+        s.projector_wall_s,
+        s.narrative_direct,
+        s.narrative_loaded
     )?;
     writeln!(w, "\nconsumer CPU by thread (ingest phase):")?;
     let total: f64 = r.weft.consumer_cpu_s.unwrap_or(0.0);

@@ -41,7 +41,7 @@ pub async fn load(
     while !pending.is_empty() {
         stats.rounds += 1;
         stats.looked_up += pending.len();
-        let found = fetch(store, graph, &pending).await?;
+        let found = fetch(store, graph, &pending, true).await?;
         // Every pending node first, so links among them are not taken for new peers.
         let idx: Vec<_> = pending
             .iter()
@@ -87,29 +87,8 @@ pub async fn stored(
     graph: &mut Graph,
     keys: Vec<NodeKey>,
 ) -> Result<Vec<NodeKey>, StoreError> {
-    let wanted: HashSet<NodeKey> = keys.into_iter().collect();
-    let mut by_tenant: HashMap<&str, Vec<String>> = HashMap::new();
-    for k in &wanted {
-        by_tenant
-            .entry(&k.tenant)
-            .or_default()
-            .push(k.id.to_string());
-    }
-    let mut found = Vec::new();
-    for (tenant, ids) in by_tenant {
-        for chunk in chunks_by_bytes(ids, MAX_PARAM_BYTES) {
-            for r in query_nodes(store, tenant, &chunk).await? {
-                let Some(kind) = NodeKind::parse(&r.kind) else {
-                    continue;
-                };
-                let key = graph.node_key(&r.tenant, kind, &r.id);
-                if wanted.contains(&key) {
-                    found.push(key);
-                }
-            }
-        }
-    }
-    Ok(found)
+    let found = fetch(store, graph, &dedup(keys), false).await?;
+    Ok(found.nodes.into_keys().collect())
 }
 
 fn dedup(keys: Vec<NodeKey>) -> Vec<NodeKey> {
@@ -126,7 +105,13 @@ struct Found {
     links: HashMap<NodeKey, Vec<(NodeKey, Via)>>,
 }
 
-async fn fetch(store: &Store, graph: &mut Graph, keys: &[NodeKey]) -> Result<Found, StoreError> {
+/// The node rows of `keys`, and their links from both ends when `links`.
+async fn fetch(
+    store: &Store,
+    graph: &mut Graph,
+    keys: &[NodeKey],
+    links: bool,
+) -> Result<Found, StoreError> {
     let wanted: HashSet<&NodeKey> = keys.iter().collect();
     let mut by_tenant: HashMap<&str, Vec<String>> = HashMap::new();
     for k in keys {
@@ -151,6 +136,9 @@ async fn fetch(store: &Store, graph: &mut Graph, keys: &[NodeKey]) -> Result<Fou
                 if wanted.contains(&key) {
                     found.nodes.insert(key, r);
                 }
+            }
+            if !links {
+                continue;
             }
             for r in query_links(store, tenant, &chunk).await? {
                 let (Some(fk), Some(tk), Some(via)) = (
