@@ -170,7 +170,7 @@ async fn kill_and_replay(sim_seed: &str, kill_seed: u64, max_nodes: usize) {
     .unwrap();
     let mut rng = Lcg(kill_seed);
     let mut projector = Projector::load(store.clone(), max_nodes).await.unwrap();
-    let (mut kills, mut loaded, mut evicted) = (0, 0, 0);
+    let (mut kills, mut loaded, mut evicted, mut direct) = (0, 0, 0, 0);
     // After a kill between a pass's narrative rows and its node rows, play the sequence that
     // once lost narratives on a fresh machine: the restarted process completes a pass that
     // feeds only part of the killed one (after a restart the flush timer cuts batches
@@ -205,6 +205,7 @@ async fn kill_and_replay(sim_seed: &str, kill_seed: u64, max_nodes: usize) {
         let stats = projector.apply(&batches).await.unwrap();
         loaded += stats.loaded;
         evicted += stats.evicted;
+        direct += stats.direct;
         let Some(at) = step.kill else { continue };
         let version: u64 = store
             .client()
@@ -215,6 +216,11 @@ async fn kill_and_replay(sim_seed: &str, kill_seed: u64, max_nodes: usize) {
         unwrite(&store, version, at).await;
         kills += 1;
         projector = Projector::load(store.clone(), max_nodes).await.unwrap();
+        // Every other restart lets the id filters finish their background rebuild, so
+        // passes after it may place facts directly (before it, every id is looked up).
+        if kills % 2 == 0 {
+            common::facts::wait_for_id_filters(&projector).await;
+        }
         if matches!(at, KillAfter::Narratives) && script.is_empty() {
             // Popped from the end: tiny pass + restart, then a large pass.
             script = vec![Step::sized(200, None), Step::tiny_then(KillAfter::Progress)];
@@ -227,7 +233,13 @@ async fn kill_and_replay(sim_seed: &str, kill_seed: u64, max_nodes: usize) {
             "the budget of {max_nodes} nodes should evict and reload often: {evicted} evicted, {loaded} loaded"
         );
     }
-    eprintln!("seed {sim_seed}: {kills} kills played, {evicted} nodes evicted, {loaded} loaded");
+    assert!(
+        direct > 0,
+        "no fact was placed directly: the kills never met that path"
+    );
+    eprintln!(
+        "seed {sim_seed}: {kills} kills played, {evicted} nodes evicted, {loaded} loaded, {direct} placed directly"
+    );
     // Compares once (no waiting: every write has landed) and names the first difference.
     p.wait_for_narratives(&truth_membership(&truth), std::time::Duration::ZERO)
         .await;

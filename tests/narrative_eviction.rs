@@ -165,18 +165,6 @@ impl Harness {
         assert_eq!(nodes, want, "weft_narrative_nodes differs from the rebuild");
     }
 
-    /// Wait (at most 60 s) until the projector's id filters are rebuilt in the background.
-    async fn wait_for_id_filters(&self) {
-        let started = std::time::Instant::now();
-        while !self.projector.id_filter_ready() {
-            assert!(
-                started.elapsed().as_secs() < 60,
-                "the id filters never loaded"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-
     fn narrative_of(&self, m: &Membership, kind: &str, id: &str) -> Option<String> {
         let member = (kind.to_owned(), id.to_owned());
         m.iter()
@@ -212,7 +200,7 @@ async fn a_late_event_whose_anchor_was_evicted_long_ago_lands_in_the_anchors_nar
     h.assert_exact().await;
     // The id filter is rebuilt in the background; once it is, a late event still finds an
     // anchor stored before the restart (a filter missing it would skip the lookup).
-    h.wait_for_id_filters().await;
+    common::facts::wait_for_id_filters(&h.projector).await;
     h.feed(&filler("b", 300), 20).await;
     h.feed(&[frame("f-late", &["h-late"])], 1).await;
     let m = h.p.membership().await;
@@ -353,7 +341,7 @@ async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
             .unwrap();
     }
     h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
-    h.wait_for_id_filters().await;
+    common::facts::wait_for_id_filters(&h.projector).await;
     // One pass: a trace event of req-1 citing f-1, and a frame without a request id citing
     // h-1 (its load brings f-1 in as h-1's neighbor).
     let te = env(
@@ -382,7 +370,7 @@ async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
     let mut h = Harness::new("it_evict_direct", 30).await;
-    h.wait_for_id_filters().await;
+    common::facts::wait_for_id_filters(&h.projector).await;
     let first = h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
     assert_eq!(
         first.direct, 1,
@@ -418,7 +406,7 @@ async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_named_only_by_anchors_is_probed_and_placed_directly() {
     let mut h = Harness::new("it_evict_probe", 30).await;
-    h.wait_for_id_filters().await;
+    common::facts::wait_for_id_filters(&h.projector).await;
     h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
     let own = env(
         Kind::Handle,

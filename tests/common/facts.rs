@@ -2,6 +2,7 @@
 //! narrative projector directly against the real ClickHouse.
 
 use weft_consumers::decode::{decode, Fact, Record};
+use weft_consumers::narrative::projector::Projector;
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{Envelope, Topics};
 
@@ -23,4 +24,17 @@ pub fn fact(env: &Envelope, partition: i32, offset: i64) -> Fact {
         timestamp_ms: Some(1_700_000_000_000),
     };
     decode(&rec, &topics, &ids).unwrap_or_else(|r| panic!("{}", r.message))
+}
+
+/// Wait (at most 60 s) until the projector's id filters are rebuilt in the background (until
+/// then every id a pass names is looked up, and no fact is placed directly).
+pub async fn wait_for_id_filters(projector: &Projector) {
+    let started = std::time::Instant::now();
+    while !projector.id_filter_ready() {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "the id filters never loaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
