@@ -31,21 +31,31 @@ fn env(kind: Kind, request_id: Option<&str>, payload: Value) -> Envelope {
 }
 
 fn trace(id: &str, req: &str, handle: &str) -> Envelope {
+    trace_of(id, req, handle, "capability_executed")
+}
+
+/// [`trace`] with another event type (other content under the same identity).
+fn trace_of(id: &str, req: &str, handle: &str, event_type: &str) -> Envelope {
     env(
         Kind::TraceEvent,
         Some(req),
-        json!({"event_id": id, "event_type": "capability_executed",
+        json!({"event_id": id, "event_type": event_type,
                "timestamp": "2026-03-08T06:00:05Z", "handle_id": handle}),
     )
 }
 
 fn handle(id: &str, flow: Option<&str>) -> Envelope {
+    handle_in(id, flow, None)
+}
+
+/// [`handle`] carrying a request id of its own.
+fn handle_in(id: &str, flow: Option<&str>, req: Option<&str>) -> Envelope {
     let mut p = json!({"handle_id": id, "capability_id": "org.test.cap",
                        "artifact_type": "application/json", "created_at": "2026-03-08T06:00:05Z"});
     if let Some(f) = flow {
         p["metadata"] = json!({ "flow_id": f });
     }
-    env(Kind::Handle, None, p)
+    env(Kind::Handle, req, p)
 }
 
 fn frame(id: &str, refs: &[&str]) -> Envelope {
@@ -94,6 +104,14 @@ impl Harness {
             projector,
             fed: Vec::new(),
         }
+    }
+
+    /// [`Harness::new`], once the id filters' background rebuild has ended (so passes may
+    /// place facts directly).
+    async fn warm(tag: &str, max_nodes: usize) -> Self {
+        let h = Self::new(tag, max_nodes).await;
+        common::facts::wait_for_id_filters(&h.projector).await;
+        h
     }
 
     /// Feed `events` in passes of `per_pass`; returns the summed stats.
@@ -165,6 +183,18 @@ impl Harness {
         assert_eq!(nodes, want, "weft_narrative_nodes differs from the rebuild");
     }
 
+    /// Each `(kind, id)` is stored in `narrative`.
+    async fn assert_placed(&self, want: &[(&str, &str, &str)]) {
+        let m = self.p.membership().await;
+        for (kind, id, narrative) in want {
+            assert_eq!(
+                self.narrative_of(&m, kind, id).as_deref(),
+                Some(*narrative),
+                "{kind} {id}"
+            );
+        }
+    }
+
     fn narrative_of(&self, m: &Membership, kind: &str, id: &str) -> Option<String> {
         let member = (kind.to_owned(), id.to_owned());
         m.iter()
@@ -192,22 +222,14 @@ async fn a_late_event_whose_anchor_was_evicted_long_ago_lands_in_the_anchors_nar
         late.loaded >= 1,
         "the anchor came back from ClickHouse: {late:?}"
     );
-    let m = h.p.membership().await;
-    assert_eq!(
-        h.narrative_of(&m, "handle", "h-late").as_deref(),
-        Some("req-anchor")
-    );
+    h.assert_placed(&[("handle", "h-late", "req-anchor")]).await;
     h.assert_exact().await;
     // The id filter is rebuilt in the background; once it is, a late event still finds an
     // anchor stored before the restart (a filter missing it would skip the lookup).
     common::facts::wait_for_id_filters(&h.projector).await;
     h.feed(&filler("b", 300), 20).await;
     h.feed(&[frame("f-late", &["h-late"])], 1).await;
-    let m = h.p.membership().await;
-    assert_eq!(
-        h.narrative_of(&m, "frame", "f-late").as_deref(),
-        Some("req-anchor")
-    );
+    h.assert_placed(&[("frame", "f-late", "req-anchor")]).await;
     h.assert_exact().await;
 }
 
@@ -353,14 +375,12 @@ async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
     h.feed(&[te, frame("f-2", &["h-1"])], 2).await;
     // The replay of the killed pass.
     h.feed(&[frame("f-1", &["h-1"])], 1).await;
-    let m = h.p.membership().await;
-    for (kind, id) in [("frame", "f-1"), ("handle", "h-1"), ("frame", "f-2")] {
-        assert_eq!(
-            h.narrative_of(&m, kind, id).as_deref(),
-            Some("req-1"),
-            "{kind} {id}"
-        );
-    }
+    h.assert_placed(&[
+        ("frame", "f-1", "req-1"),
+        ("handle", "h-1", "req-1"),
+        ("frame", "f-2", "req-1"),
+    ])
+    .await;
     h.assert_exact().await;
 }
 
@@ -369,8 +389,7 @@ async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
 /// id (other content) is not new, so it goes through the graph and keeps its first color.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
-    let mut h = Harness::new("it_evict_direct", 30).await;
-    common::facts::wait_for_id_filters(&h.projector).await;
+    let mut h = Harness::warm("it_evict_direct", 30).await;
     let first = h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
     assert_eq!(
         first.direct, 1,
@@ -378,25 +397,13 @@ async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
     );
     assert_eq!(h.projector.graph_len(), 0);
     // The same identity, other content, another request.
-    let again = env(
-        Kind::TraceEvent,
-        Some("req-2"),
-        json!({"event_id": "te-1", "event_type": "capability_denied",
-               "timestamp": "2026-03-08T06:00:05Z", "handle_id": "h-1"}),
-    );
+    let again = trace_of("te-1", "req-2", "h-1", "capability_denied");
     let second = h.feed(&[again], 1).await;
     assert_eq!(second.direct, 0, "a stored id is looked up: {second:?}");
     // The handle comes late and without a request: the direct anchor's link brings it in.
     h.feed(&[handle("h-1", None)], 1).await;
-    let m = h.p.membership().await;
-    assert_eq!(
-        h.narrative_of(&m, "trace_event", "te-1").as_deref(),
-        Some("req-1")
-    );
-    assert_eq!(
-        h.narrative_of(&m, "handle", "h-1").as_deref(),
-        Some("req-1")
-    );
+    h.assert_placed(&[("trace_event", "te-1", "req-1"), ("handle", "h-1", "req-1")])
+        .await;
     h.assert_exact().await;
 }
 
@@ -405,25 +412,11 @@ async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
 /// and it is placed directly in its own request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_named_only_by_anchors_is_probed_and_placed_directly() {
-    let mut h = Harness::new("it_evict_probe", 30).await;
-    common::facts::wait_for_id_filters(&h.projector).await;
+    let mut h = Harness::warm("it_evict_probe", 30).await;
     h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
-    let own = env(
-        Kind::Handle,
-        Some("req-h"),
-        json!({"handle_id": "h-1", "capability_id": "org.test.cap",
-               "artifact_type": "application/json", "created_at": "2026-03-08T06:00:05Z"}),
-    );
-    let s = h.feed(&[own], 1).await;
+    let s = h.feed(&[handle_in("h-1", None, Some("req-h"))], 1).await;
     assert_eq!((s.direct, s.loaded), (1, 0), "{s:?}");
-    let m = h.p.membership().await;
-    assert_eq!(
-        h.narrative_of(&m, "handle", "h-1").as_deref(),
-        Some("req-h")
-    );
-    assert_eq!(
-        h.narrative_of(&m, "trace_event", "te-1").as_deref(),
-        Some("req-1")
-    );
+    h.assert_placed(&[("handle", "h-1", "req-h"), ("trace_event", "te-1", "req-1")])
+        .await;
     h.assert_exact().await;
 }

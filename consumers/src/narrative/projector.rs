@@ -259,14 +259,15 @@ impl Projector {
         let mut link_rows = Vec::new();
         let mut from_rows = Vec::new();
         let mut narrative_rows = Vec::new();
-        let mut direct_nodes = Vec::new();
+        // Node rows: the direct facts' first, then those of the graph's nodes.
+        let mut nodes: Vec<NodeRow> = Vec::new();
         for (f, direct) in facts.into_iter().zip(direct) {
             let env = &f.envelope;
             link_rows.extend(f.links.iter().map(|l| link_row(f, l)));
             if direct {
                 let request_id = env.request_id.clone().unwrap_or_default();
                 narrative_rows.push(narrative_row(f, &request_id, version));
-                direct_nodes.push(NodeRow {
+                nodes.push(NodeRow {
                     tenant: env.tenant.clone(),
                     kind: env.kind.as_str().to_owned(),
                     id: f.id.clone(),
@@ -319,9 +320,9 @@ impl Projector {
         insert::<LinkRow>(&self.store, "weft_links", &link_rows).await?;
         insert::<LinkRow>(&self.store, "weft_links_from", &from_rows).await?;
         insert::<NarrativeRow>(&self.store, "weft_narratives", &narrative_rows).await?;
-        let n_direct = direct_nodes.len();
-        direct_nodes.extend(node_rows.into_values());
-        insert::<NodeRow>(&self.store, "weft_narrative_nodes", &direct_nodes).await?;
+        let n_direct = nodes.len();
+        nodes.extend(node_rows.into_values());
+        insert::<NodeRow>(&self.store, "weft_narrative_nodes", &nodes).await?;
         let progress: Vec<ProgressRow> = batches
             .iter()
             .map(|b| ProgressRow {
@@ -382,9 +383,9 @@ impl Projector {
         let mut needed: HashSet<NodeKey> = HashSet::new();
         let mut sparable: Vec<(NodeKey, SparedLink<'f>)> = Vec::new();
         // The facts that may be placed directly, by own id (None: an id two facts have),
-        // and every fact's link targets.
+        // and every link target with the index of the fact that names it.
         let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::new();
-        let mut targets: Vec<Vec<NodeKey>> = Vec::with_capacity(facts.len());
+        let mut targets: Vec<(usize, NodeKey)> = Vec::with_capacity(facts.len() * 2);
         for (i, f) in facts.iter().enumerate() {
             let env = &f.envelope;
             let open = env.request_id.as_deref().is_none_or(str::is_empty);
@@ -403,10 +404,9 @@ impl Projector {
                 .and_modify(|c| *c = None)
                 .or_insert(candidate.then_some(i));
             needed.insert(own);
-            let mut mine = Vec::with_capacity(f.links.len());
             for l in &f.links {
                 let k = self.graph.node_key(&env.tenant, l.to_kind, &l.to_id);
-                mine.push(k.clone());
+                targets.push((i, k.clone()));
                 if open {
                     self.open.insert(&k);
                     needed.insert(k);
@@ -416,7 +416,6 @@ impl Projector {
                     needed.insert(k);
                 }
             }
-            targets.push(mine);
         }
         sparable.retain(|(k, _)| !needed.contains(k));
         for (k, _) in &sparable {
@@ -596,7 +595,7 @@ fn narrative_row(f: &Fact, narrative: &str, version: u64) -> NarrativeRow {
 fn direct_facts(
     n: usize,
     candidates: &HashMap<NodeKey, Option<usize>>,
-    targets: &[Vec<NodeKey>],
+    targets: &[(usize, NodeKey)],
     absent: impl Fn(&NodeKey) -> bool,
     spared: &[(NodeKey, SparedLink<'_>)],
 ) -> Vec<bool> {
@@ -611,20 +610,18 @@ fn direct_facts(
     let mut changed = true;
     while changed {
         changed = false;
-        for (j, keys) in targets.iter().enumerate() {
-            for k in keys {
-                let named = direct_own(k);
-                if let Some(i) = named {
-                    if direct[i] && !direct[j] {
-                        direct[i] = false;
-                        changed = true;
-                    }
-                }
-                let fine = spared.contains(k) || named.is_some_and(|i| direct[i]);
-                if direct[j] && !fine {
-                    direct[j] = false;
+        for (j, k) in targets {
+            let named = direct_own(k);
+            if let Some(i) = named {
+                if direct[i] && !direct[*j] {
+                    direct[i] = false;
                     changed = true;
                 }
+            }
+            let fine = spared.contains(k) || named.is_some_and(|i| direct[i]);
+            if direct[*j] && !fine {
+                direct[*j] = false;
+                changed = true;
             }
         }
     }
@@ -680,9 +677,10 @@ mod tests {
                 .and_modify(|c| *c = None)
                 .or_insert(candidate.then_some(i));
         }
-        let targets: Vec<Vec<NodeKey>> = facts
+        let targets: Vec<(usize, NodeKey)> = facts
             .iter()
-            .map(|(_, _, t)| t.iter().map(|id| key(id)).collect())
+            .enumerate()
+            .flat_map(|(i, (_, _, t))| t.iter().map(move |id| (i, key(id))))
             .collect();
         let spared: Vec<(NodeKey, SparedLink<'_>)> = spared
             .iter()
