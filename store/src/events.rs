@@ -60,7 +60,7 @@ pub struct Fact {
     /// The decoded envelope: kind, tenant, request id, producer fields and raw payload.
     pub envelope: Envelope,
     /// The payload's typed columns ([`typed_columns`]), owned: the parsed payload itself is
-    /// dropped once decoded (it took ~6 KB per 350-byte payload while a batch waited).
+    /// dropped once decoded (keeping it cost 130 MB of peak memory with 50k-record batches).
     pub typed: TypedColumns<'static>,
     /// The natural identity (see `weft_schemas::identity`).
     pub id: String,
