@@ -22,12 +22,14 @@ pub mod ddl;
 pub mod events;
 pub mod ids;
 pub mod narrative;
+pub mod native;
 pub mod router;
 pub mod search;
 mod store;
 pub mod telemetry;
 
 pub use events::{typed_columns, EventRow, Fact, TypedColumns};
+pub use native::insert_native;
 pub use store::{
     check_columns, insert, ClickHouseConfig, Compression, MigrateReport, Store, StoreError,
 };

@@ -98,6 +98,15 @@ pub enum StoreError {
         /// Its missing columns, comma-separated.
         missing: String,
     },
+    /// Rows could not be encoded for an insert (a row type whose column list disagrees with
+    /// its fields: a bug, not bad input).
+    #[error("encoding rows for {table}: {detail}")]
+    Encode {
+        /// The table the rows were for.
+        table: String,
+        /// What disagreed.
+        detail: String,
+    },
     /// The configured database name is not 1..=64 characters of `[A-Za-z0-9_]`.
     #[error("database name `{0}` must be 1..=64 characters of [A-Za-z0-9_]")]
     BadDatabase(String),

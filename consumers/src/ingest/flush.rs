@@ -15,7 +15,7 @@ use crate::facts;
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::{ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
-use weft_store::{insert, EventRow, Store, StoreError};
+use weft_store::{insert_native, EventRow, Store, StoreError};
 
 /// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
 /// decodes the next batch while it runs, and waits for it before starting another.
@@ -198,7 +198,7 @@ impl Flusher {
         loop {
             let started = Instant::now();
             let batch = pending.as_deref().unwrap_or(rows);
-            match insert::<EventRow<'static>>(&self.store, "weft_events", batch).await {
+            match insert_native(&self.store, "weft_events", batch).await {
                 Ok(()) => {
                     self.metrics
                         .insert_seconds

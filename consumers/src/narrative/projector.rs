@@ -21,7 +21,7 @@ use super::loader;
 use super::shard::NarrativeShard;
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
-use weft_store::{check_columns, insert, Fact, Store, StoreError};
+use weft_store::{check_columns, insert, insert_native, Fact, Store, StoreError};
 
 /// The tables the projector writes, and only it.
 const NARRATIVE_TABLES: &[&str] = &[
@@ -186,7 +186,7 @@ impl Projector {
         }
         keep_colors(&store, &mut restored).await?;
         let n_unfinished = restored.len();
-        insert::<NodeRow>(&store, "weft_narrative_nodes", &restored).await?;
+        insert_native(&store, "weft_narrative_nodes", &restored).await?;
         let progress = progress
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
@@ -317,12 +317,12 @@ impl Projector {
                 .entry(c.node)
                 .or_insert_with(|| self.node_row(c.node, &c.new, version));
         }
-        insert::<LinkRow>(&self.store, "weft_links", &link_rows).await?;
-        insert::<LinkRow>(&self.store, "weft_links_from", &from_rows).await?;
-        insert::<NarrativeRow>(&self.store, "weft_narratives", &narrative_rows).await?;
+        insert_native(&self.store, "weft_links", &link_rows).await?;
+        insert_native(&self.store, "weft_links_from", &from_rows).await?;
+        insert_native(&self.store, "weft_narratives", &narrative_rows).await?;
         let n_direct = nodes.len();
         nodes.extend(node_rows.into_values());
-        insert::<NodeRow>(&self.store, "weft_narrative_nodes", &nodes).await?;
+        insert_native(&self.store, "weft_narrative_nodes", &nodes).await?;
         let progress: Vec<ProgressRow> = batches
             .iter()
             .map(|b| ProgressRow {

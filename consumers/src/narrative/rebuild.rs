@@ -17,7 +17,7 @@ use super::graph::{Graph, NodeIdx, NodeKey};
 use super::projector::VersionClock;
 use super::shard::NarrativeShard;
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
-use weft_store::{insert, Store, StoreError};
+use weft_store::{insert, insert_native, Store, StoreError};
 
 const CHUNK: usize = 50_000;
 
@@ -156,8 +156,8 @@ async fn read_links(
         }
         if link_rows.len() >= CHUNK {
             stats.links += link_rows.len();
-            insert::<LinkRow>(store, "weft_links", &link_rows).await?;
-            insert::<LinkRow>(store, "weft_links_from", &from_rows).await?;
+            insert_native(store, "weft_links", &link_rows).await?;
+            insert_native(store, "weft_links_from", &from_rows).await?;
             link_rows.clear();
             from_rows.clear();
         }
@@ -166,8 +166,8 @@ async fn read_links(
         stats.facts += 1;
     }
     stats.links += link_rows.len();
-    insert::<LinkRow>(store, "weft_links", &link_rows).await?;
-    insert::<LinkRow>(store, "weft_links_from", &from_rows).await?;
+    insert_native(store, "weft_links", &link_rows).await?;
+    insert_native(store, "weft_links_from", &from_rows).await?;
     Ok(progress)
 }
 
@@ -203,11 +203,11 @@ async fn write_narratives(store: &Store, graph: &Graph, version: u64) -> Result<
             is_deleted: 0,
         });
         if rows.len() >= CHUNK {
-            insert::<NarrativeRow>(store, "weft_narratives", &rows).await?;
+            insert_native(store, "weft_narratives", &rows).await?;
             rows.clear();
         }
     }
-    insert::<NarrativeRow>(store, "weft_narratives", &rows).await?;
+    insert_native(store, "weft_narratives", &rows).await?;
     Ok(narratives.len())
 }
 
@@ -232,9 +232,9 @@ async fn write_nodes(store: &Store, graph: &Graph, version: u64) -> Result<(), S
             version,
         });
         if nodes.len() >= CHUNK {
-            insert::<NodeRow>(store, "weft_narrative_nodes", &nodes).await?;
+            insert_native(store, "weft_narrative_nodes", &nodes).await?;
             nodes.clear();
         }
     }
-    insert::<NodeRow>(store, "weft_narrative_nodes", &nodes).await
+    insert_native(store, "weft_narrative_nodes", &nodes).await
 }

@@ -1,0 +1,576 @@
+//! Inserts in ClickHouse's Native format, for the tables written once per event.
+//!
+//! **Why.** RowBinary is parsed row by row: ClickHouse deserializes each value of each row
+//! into its column. Native is columnar: each column arrives whole and is appended at once.
+//! The same 20,000-row batches of `weft_events` (1M events from `weft bench ingest`, sent
+//! over HTTP in turn on one server) cost ClickHouse 106 ms of CPU each as RowBinary and 68 ms
+//! as Native (docs/BENCHMARKS.md, session 13). The client's work is the same: one pass over
+//! the rows per column instead of one pass over the columns per row.
+//!
+//! **Why not the `clickhouse` crate's own Native writer.** It has no `DateTime64` value and it
+//! sends every string of 128 bytes or more (every payload) as a body chunk of its own. This
+//! encoder writes one block per insert into one buffer, with the handful of wire types weft's
+//! tables use: strings, fixed-width little-endian values, and arrays of strings or of string
+//! tuples. Low-cardinality columns go as `String`; ClickHouse converts them on insert
+//! (`input_format_native_allow_types_conversion`, on by default).
+//!
+//! **One insert, one block, one part.** A block is inserted whole or not at all, as a
+//! RowBinary insert of the same rows was: exactly-once ingest relies on it.
+//!
+//! A row type lists its columns once, in [`NativeRows::write`], in the order of its
+//! `clickhouse::Row` field list; [`insert_native`] checks the two agree before sending.
+
+use std::borrow::Cow;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use clickhouse::Row;
+
+use crate::events::EventRow;
+use crate::narrative::{LinkRow, NarrativeRow, NodeRow};
+use crate::{Store, StoreError};
+
+/// The column type weft sends for its `DateTime64(6, 'UTC')` columns (micros since the epoch).
+const MICROS: &str = "DateTime64(6, 'UTC')";
+
+/// Bytes handed to the HTTP body at a time (the client compresses each chunk on its own when
+/// compression is on).
+const CHUNK: usize = 1 << 20;
+
+/// Rows that can be written as one Native block.
+pub trait NativeRows: Row + Sized {
+    /// Write every column of `rows`, in the order of `Self::COLUMN_NAMES`.
+    fn write(block: &mut Block<'_, Self>);
+}
+
+/// One Native block being written: its header, then its columns in turn.
+pub struct Block<'r, R> {
+    rows: &'r [R],
+    buf: BytesMut,
+    /// The columns written so far, checked against `R::COLUMN_NAMES` when the block ends.
+    names: Vec<&'static str>,
+}
+
+impl<'r, R: NativeRows> Block<'r, R> {
+    fn new(rows: &'r [R], capacity: usize) -> Self {
+        let mut buf = BytesMut::with_capacity(capacity);
+        put_varuint(&mut buf, R::COLUMN_NAMES.len() as u64);
+        put_varuint(&mut buf, rows.len() as u64);
+        Self {
+            rows,
+            buf,
+            names: Vec::with_capacity(R::COLUMN_NAMES.len()),
+        }
+    }
+
+    fn header(&mut self, name: &'static str, ty: &str) {
+        self.names.push(name);
+        put_str(&mut self.buf, name);
+        put_str(&mut self.buf, ty);
+    }
+
+    /// A `String` column (also for `LowCardinality(String)` and `FixedString(N)` columns:
+    /// ClickHouse converts, and rejects a value of the wrong length for a fixed string).
+    pub fn str(&mut self, name: &'static str, value: impl Fn(&R) -> &str) {
+        self.header(name, "String");
+        for r in self.rows {
+            put_str(&mut self.buf, value(r));
+        }
+    }
+
+    /// A `FixedString(N)` column.
+    pub fn fixed<const N: usize>(&mut self, name: &'static str, value: impl Fn(&R) -> &[u8; N]) {
+        self.header(name, &format!("FixedString({N})"));
+        for r in self.rows {
+            self.buf.put_slice(value(r));
+        }
+    }
+
+    /// A `UInt8` column.
+    pub fn u8(&mut self, name: &'static str, value: impl Fn(&R) -> u8) {
+        self.header(name, "UInt8");
+        for r in self.rows {
+            self.buf.put_u8(value(r));
+        }
+    }
+
+    /// A `UInt32` column.
+    pub fn u32(&mut self, name: &'static str, value: impl Fn(&R) -> u32) {
+        self.header(name, "UInt32");
+        for r in self.rows {
+            self.buf.put_u32_le(value(r));
+        }
+    }
+
+    /// A `UInt64` column.
+    pub fn u64(&mut self, name: &'static str, value: impl Fn(&R) -> u64) {
+        self.header(name, "UInt64");
+        for r in self.rows {
+            self.buf.put_u64_le(value(r));
+        }
+    }
+
+    /// A `DateTime64(6, 'UTC')` column, from micros since the epoch.
+    pub fn micros(&mut self, name: &'static str, value: impl Fn(&R) -> i64) {
+        self.header(name, MICROS);
+        for r in self.rows {
+            self.buf.put_i64_le(value(r));
+        }
+    }
+
+    /// An `Array(String)` column: the running end offset of each row's array, then every
+    /// element.
+    pub fn str_array(&mut self, name: &'static str, value: impl Fn(&R) -> &[Cow<'static, str>]) {
+        self.header(name, "Array(String)");
+        self.offsets(|r| value(r).len());
+        for r in self.rows {
+            for s in value(r) {
+                put_str(&mut self.buf, s);
+            }
+        }
+    }
+
+    /// An `Array(Tuple(String, String, String))` column: the end offsets, then each element
+    /// of the tuples as a column of its own.
+    pub fn triple_array(
+        &mut self,
+        name: &'static str,
+        value: impl Fn(&R) -> &[(&'static str, &'static str, Cow<'static, str>)],
+    ) {
+        self.header(name, "Array(Tuple(String, String, String))");
+        self.offsets(|r| value(r).len());
+        for r in self.rows {
+            for (a, _, _) in value(r) {
+                put_str(&mut self.buf, a);
+            }
+        }
+        for r in self.rows {
+            for (_, b, _) in value(r) {
+                put_str(&mut self.buf, b);
+            }
+        }
+        for r in self.rows {
+            for (_, _, c) in value(r) {
+                put_str(&mut self.buf, c);
+            }
+        }
+    }
+
+    fn offsets(&mut self, len: impl Fn(&R) -> usize) {
+        let mut end = 0u64;
+        for r in self.rows {
+            end += len(r) as u64;
+            self.buf.put_u64_le(end);
+        }
+    }
+
+    /// The block's bytes, once its columns are those of `R`'s field list.
+    fn finish(self) -> Result<Bytes, String> {
+        if self.names != R::COLUMN_NAMES {
+            return Err(format!(
+                "wrote columns {:?}, the row type has {:?}",
+                self.names,
+                R::COLUMN_NAMES
+            ));
+        }
+        Ok(self.buf.freeze())
+    }
+}
+
+/// Encode `rows` as one Native block.
+pub fn encode<R: NativeRows>(rows: &[R], capacity: usize) -> Result<Bytes, String> {
+    let mut block = Block::new(rows, capacity);
+    R::write(&mut block);
+    block.finish()
+}
+
+/// Insert `rows` into `table` as one Native block, in one statement (no-op when empty).
+pub async fn insert_native<R: NativeRows>(
+    store: &Store,
+    table: &str,
+    rows: &[R],
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut body = encode(rows, 256 * rows.len()).map_err(|detail| StoreError::Encode {
+        table: table.to_owned(),
+        detail,
+    })?;
+    let mut ins = store
+        .client()
+        .insert_formatted_with(format!("INSERT INTO {table} FORMAT Native"));
+    while !body.is_empty() {
+        let chunk = body.split_to(body.len().min(CHUNK));
+        ins.send(chunk).await.map_err(store.err())?;
+    }
+    ins.end().await.map_err(store.err())
+}
+
+fn put_varuint(buf: &mut BytesMut, mut v: u64) {
+    while v >= 0x80 {
+        buf.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.put_u8(v as u8);
+}
+
+fn put_str(buf: &mut BytesMut, s: &str) {
+    put_varuint(buf, s.len() as u64);
+    buf.put_slice(s.as_bytes());
+}
+
+impl NativeRows for EventRow<'_> {
+    fn write(b: &mut Block<'_, Self>) {
+        b.str("tenant", |r| r.tenant);
+        b.str("kind", |r| r.kind);
+        b.str("id", |r| r.id);
+        b.fixed("content_hash", |r| &r.content_hash);
+        b.micros("ts", |r| r.ts);
+        b.str("request_id", |r| r.request_id);
+        b.str("producer_id", |r| r.producer_id);
+        b.u64("seq", |r| r.seq);
+        b.micros("emitted_at", |r| r.emitted_at);
+        b.micros("ingested_at", |r| r.ingested_at);
+        b.str("event_type", |r| r.event_type);
+        b.str("principal", |r| r.principal);
+        b.str("capability_id", |r| r.capability_id);
+        b.str("decision", |r| r.decision);
+        b.str("outcome", |r| r.outcome);
+        b.str("token_id", |r| r.token_id);
+        b.str("decision_id", |r| r.decision_id);
+        b.str("frame_id", |r| r.frame_id);
+        b.str("handle_id", |r| r.handle_id);
+        b.str_array("handle_refs", |r| r.handle_refs);
+        b.str("candidate_id", |r| r.candidate_id);
+        b.str("flow_id", |r| r.flow_id);
+        b.triple_array("links", |r| r.links);
+        b.u8("conflict", |r| r.conflict);
+        b.str("topic", |r| r.topic);
+        b.u32("partition", |r| r.partition);
+        b.u64("offset", |r| r.offset);
+        b.str("content_type", |r| r.content_type);
+        b.str("payload", |r| r.payload);
+    }
+}
+
+impl NativeRows for NarrativeRow {
+    fn write(b: &mut Block<'_, Self>) {
+        b.str("tenant", |r| &r.tenant);
+        b.str("narrative_id", |r| &r.narrative_id);
+        b.str("kind", |r| &r.kind);
+        b.str("id", |r| &r.id);
+        b.fixed("content_hash", |r| &r.content_hash);
+        b.micros("ts", |r| r.ts);
+        b.str("request_id", |r| &r.request_id);
+        b.str("payload", |r| &r.payload);
+        b.u64("version", |r| r.version);
+        b.u8("is_deleted", |r| r.is_deleted);
+    }
+}
+
+impl NativeRows for NodeRow {
+    fn write(b: &mut Block<'_, Self>) {
+        b.str("tenant", |r| &r.tenant);
+        b.str("kind", |r| &r.kind);
+        b.str("id", |r| &r.id);
+        b.str("narrative_id", |r| &r.narrative_id);
+        b.str("request_id", |r| &r.request_id);
+        b.micros("ts", |r| r.ts);
+        b.u64("version", |r| r.version);
+    }
+}
+
+impl NativeRows for LinkRow {
+    fn write(b: &mut Block<'_, Self>) {
+        b.str("tenant", |r| &r.tenant);
+        b.str("to_kind", |r| &r.to_kind);
+        b.str("to_id", |r| &r.to_id);
+        b.str("from_kind", |r| &r.from_kind);
+        b.str("from_id", |r| &r.from_id);
+        b.str("via", |r| &r.via);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ddl;
+    use serde::Serialize;
+
+    fn varuint(b: &mut &[u8]) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let byte = b[0];
+            *b = &b[1..];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return v;
+            }
+            shift += 7;
+        }
+    }
+
+    fn string(b: &mut &[u8]) -> String {
+        let n = varuint(b) as usize;
+        let s = String::from_utf8(b[..n].to_vec()).unwrap();
+        *b = &b[n..];
+        s
+    }
+
+    fn take<const N: usize>(b: &mut &[u8]) -> [u8; N] {
+        let v: [u8; N] = b[..N].try_into().unwrap();
+        *b = &b[N..];
+        v
+    }
+
+    fn node(id: &str, ts: i64) -> NodeRow {
+        NodeRow {
+            tenant: "acme".into(),
+            kind: "frame".into(),
+            id: id.into(),
+            narrative_id: "req-1".into(),
+            request_id: String::new(),
+            ts,
+            version: 7,
+        }
+    }
+
+    #[test]
+    fn a_block_is_laid_out_column_by_column() {
+        let rows = [node("f-1", 1_000_000), node("f-22", -5)];
+        let bytes = encode(&rows, 0).unwrap();
+        let mut b = &bytes[..];
+        assert_eq!((varuint(&mut b), varuint(&mut b)), (7, 2), "columns, rows");
+        for (name, values) in [
+            ("tenant", ["acme", "acme"]),
+            ("kind", ["frame", "frame"]),
+            ("id", ["f-1", "f-22"]),
+            ("narrative_id", ["req-1", "req-1"]),
+            ("request_id", ["", ""]),
+        ] {
+            assert_eq!(
+                (string(&mut b), string(&mut b)),
+                (name.into(), "String".into())
+            );
+            assert_eq!([string(&mut b), string(&mut b)], values.map(String::from));
+        }
+        assert_eq!(
+            (string(&mut b), string(&mut b)),
+            ("ts".into(), MICROS.into())
+        );
+        assert_eq!(i64::from_le_bytes(take(&mut b)), 1_000_000);
+        assert_eq!(i64::from_le_bytes(take(&mut b)), -5);
+        assert_eq!(
+            (string(&mut b), string(&mut b)),
+            ("version".into(), "UInt64".into())
+        );
+        assert_eq!(u64::from_le_bytes(take(&mut b)), 7);
+        assert_eq!(u64::from_le_bytes(take(&mut b)), 7);
+        assert!(b.is_empty(), "{} bytes left over", b.len());
+    }
+
+    fn event<'a>(
+        refs: &'a [Cow<'static, str>],
+        links: &'a [(&'static str, &'static str, Cow<'static, str>)],
+    ) -> EventRow<'a> {
+        EventRow {
+            tenant: "acme",
+            kind: "frame",
+            id: "f-1",
+            content_hash: [0xab; 32],
+            ts: 1,
+            request_id: "req-1",
+            producer_id: "p",
+            seq: 2,
+            emitted_at: 3,
+            ingested_at: 4,
+            event_type: "",
+            principal: "",
+            capability_id: "cap",
+            decision: "",
+            outcome: "",
+            token_id: "",
+            decision_id: "",
+            frame_id: "f-1",
+            handle_id: "",
+            handle_refs: refs,
+            candidate_id: "",
+            flow_id: "",
+            links,
+            conflict: 0,
+            topic: "t",
+            partition: 5,
+            offset: 6,
+            content_type: "application/json",
+            payload: "{}",
+        }
+    }
+
+    #[test]
+    fn arrays_send_end_offsets_then_their_elements() {
+        let refs = [Cow::Borrowed("h-1"), Cow::Borrowed("h-2")];
+        let links = [("handle_refs", "handle", Cow::Borrowed("h-1"))];
+        let rows = [
+            event(&refs, &links),
+            event(&[], &[]),
+            event(&refs[1..], &links),
+        ];
+        let bytes = encode(&rows, 0).unwrap();
+        let mut b = &bytes[..];
+        varuint(&mut b);
+        varuint(&mut b);
+        // Skip to handle_refs: every column before it is read as its header says.
+        loop {
+            let (name, ty) = (string(&mut b), string(&mut b));
+            if name == "handle_refs" {
+                assert_eq!(ty, "Array(String)");
+                break;
+            }
+            for _ in &rows {
+                match ty.as_str() {
+                    "String" => drop(string(&mut b)),
+                    "FixedString(32)" => drop(take::<32>(&mut b)),
+                    _ => drop(take::<8>(&mut b)),
+                }
+            }
+        }
+        let ends: Vec<u64> = (0..3).map(|_| u64::from_le_bytes(take(&mut b))).collect();
+        assert_eq!(ends, [2, 2, 3]);
+        let elems: Vec<String> = (0..3).map(|_| string(&mut b)).collect();
+        assert_eq!(elems, ["h-1", "h-2", "h-2"]);
+        assert_eq!(string(&mut b), "candidate_id");
+        assert_eq!(string(&mut b), "String");
+        (0..3).for_each(|_| drop(string(&mut b)));
+        assert_eq!(string(&mut b), "flow_id");
+        string(&mut b);
+        (0..3).for_each(|_| drop(string(&mut b)));
+        assert_eq!(
+            (string(&mut b), string(&mut b)),
+            (
+                "links".into(),
+                "Array(Tuple(String, String, String))".into()
+            )
+        );
+        let ends: Vec<u64> = (0..3).map(|_| u64::from_le_bytes(take(&mut b))).collect();
+        assert_eq!(ends, [1, 1, 2]);
+        let parts: Vec<String> = (0..6).map(|_| string(&mut b)).collect();
+        assert_eq!(
+            parts,
+            [
+                "handle_refs",
+                "handle_refs",
+                "handle",
+                "handle",
+                "h-1",
+                "h-1"
+            ],
+            "each tuple element as a column of its own"
+        );
+    }
+
+    /// Every column a Native row type sends exists in its table, in the table's order of
+    /// the row type's fields, with a type ClickHouse converts to the column's.
+    #[test]
+    fn every_native_row_matches_its_table() {
+        let tables = ddl::tables(
+            weft_schemas::migrations::all()
+                .iter()
+                .flat_map(|m| m.statements()),
+        );
+        let refs = [Cow::Borrowed("h")];
+        let links = [("v", "k", Cow::Borrowed("i"))];
+        let link = LinkRow {
+            tenant: "a".into(),
+            to_kind: "b".into(),
+            to_id: "c".into(),
+            from_kind: "d".into(),
+            from_id: "e".into(),
+            via: "f".into(),
+        };
+        let member = NarrativeRow {
+            tenant: "a".into(),
+            narrative_id: "n".into(),
+            kind: "k".into(),
+            id: "i".into(),
+            content_hash: [0; 32],
+            ts: 0,
+            request_id: String::new(),
+            payload: "{}".into(),
+            version: 1,
+            is_deleted: 0,
+        };
+        let blocks = [
+            ("weft_events", encode(&[event(&refs, &links)], 0).unwrap()),
+            ("weft_narratives", encode(&[member], 0).unwrap()),
+            ("weft_narrative_nodes", encode(&[node("x", 0)], 0).unwrap()),
+            (
+                "weft_links",
+                encode(std::slice::from_ref(&link), 0).unwrap(),
+            ),
+            ("weft_links_from", encode(&[link], 0).unwrap()),
+        ];
+        for (table, bytes) in blocks {
+            let cols = &tables[table];
+            let mut b = &bytes[..];
+            let n = varuint(&mut b);
+            assert_eq!(varuint(&mut b), 1);
+            for _ in 0..n {
+                let (name, sent) = (string(&mut b), string(&mut b));
+                let col = cols
+                    .iter()
+                    .find(|c| c.name == name)
+                    .unwrap_or_else(|| panic!("{table} has no column {name}"));
+                let ty = col.definition.split(" CODEC").next().unwrap();
+                let bare = ty
+                    .strip_prefix("LowCardinality(")
+                    .and_then(|t| t.strip_suffix(')'))
+                    .unwrap_or(ty);
+                let squeeze = |t: &str| t.replace(' ', "");
+                assert_eq!(squeeze(&sent), squeeze(bare), "{table}.{name} is {ty}");
+                // Past this column's data: one value, as its type says.
+                match sent.as_str() {
+                    "String" => drop(string(&mut b)),
+                    "FixedString(32)" => drop(take::<32>(&mut b)),
+                    "UInt8" => drop(take::<1>(&mut b)),
+                    "UInt32" => drop(take::<4>(&mut b)),
+                    "Array(String)" => {
+                        assert_eq!(u64::from_le_bytes(take(&mut b)), 1);
+                        string(&mut b);
+                    }
+                    "Array(Tuple(String, String, String))" => {
+                        assert_eq!(u64::from_le_bytes(take(&mut b)), 1);
+                        (0..3).for_each(|_| drop(string(&mut b)));
+                    }
+                    _ => drop(take::<8>(&mut b)),
+                }
+            }
+            assert!(b.is_empty(), "{table}: {} bytes left over", b.len());
+        }
+    }
+
+    #[derive(Row, Serialize)]
+    struct Pair {
+        a: String,
+        b: u64,
+    }
+
+    impl NativeRows for Pair {
+        fn write(b: &mut Block<'_, Self>) {
+            b.u64("b", |r| r.b);
+            b.str("a", |r| &r.a);
+        }
+    }
+
+    #[test]
+    fn columns_out_of_the_row_types_order_are_refused() {
+        let err = encode(
+            &[Pair {
+                a: "x".into(),
+                b: 1,
+            }],
+            0,
+        )
+        .unwrap_err();
+        assert!(err.contains(r#"["b", "a"]"#), "{err}");
+    }
+}
