@@ -7,12 +7,15 @@ use std::borrow::Cow;
 
 use serde_json::{json, Value};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow};
-use weft_store::{insert_native, ClickHouseConfig, EventRow, Store};
+use weft_store::{insert_native, ClickHouseConfig, Compression, EventRow, Store};
 
-async fn store() -> Store {
+/// A fresh database; `compression` as a remote ClickHouse would get it (`auto` sends loopback
+/// bodies uncompressed).
+async fn store(compression: Compression) -> Store {
     let store = Store::new(ClickHouseConfig {
         url: common::clickhouse_url(),
         database: common::unique("weft_it_native"),
+        compression,
         ..ClickHouseConfig::default()
     })
     .unwrap();
@@ -74,7 +77,13 @@ fn event<'a>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_column_reads_back_as_written() {
-    let store = store().await;
+    for compression in [Compression::None, Compression::Lz4] {
+        events_read_back(compression).await;
+    }
+}
+
+async fn events_read_back(compression: Compression) {
+    let store = store(compression).await;
     let refs = [Cow::Borrowed("h-1"), Cow::Owned("h-☃".to_owned())];
     let links = [
         ("handle_refs", "handle", Cow::Borrowed("h-1")),
@@ -118,13 +127,13 @@ async fn every_event_column_reads_back_as_written() {
             "ts_us": -1, "em_us": 1_764_806_400_123_456_i64, "in_us": 1_764_806_401_000_000_i64,
             "hash": "C3".repeat(32),
         });
-        assert_eq!(row, &want);
+        assert_eq!(row, &want, "compression {compression:?}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn narrative_rows_read_back_as_written() {
-    let store = store().await;
+    let store = store(Compression::Auto).await;
     let member = NarrativeRow {
         tenant: "acme".into(),
         narrative_id: "adhoc:frame:f-1".into(),
