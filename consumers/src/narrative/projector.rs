@@ -9,7 +9,7 @@
 //! (ReplacingMergeTree rows keyed by what they describe, versions from a monotonic clock), so
 //! replaying facts after a crash is harmless, and progress is written last.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use tracing::{info, instrument};
@@ -301,7 +301,7 @@ impl Projector {
             }
         }
         let changes = self.graph.settle(&seeds);
-        let mut node_rows: HashMap<NodeIdx, NodeRow> = HashMap::new();
+        let mut node_rows: HashMap<NodeIdx, NodeRow> = HashMap::default();
         for (n, f) in &fed {
             let Some(narrative) = self.graph.assigned(*n).cloned() else {
                 continue;
@@ -380,11 +380,11 @@ impl Projector {
     /// each colors itself, and they touch no uncolored node. Their rows are written as any
     /// other's, so a later event that names one loads it.
     async fn load_named<'f>(&mut self, facts: &[&'f Fact]) -> Result<Named<'f>, StoreError> {
-        let mut needed: HashSet<NodeKey> = HashSet::new();
+        let mut needed: HashSet<NodeKey> = HashSet::default();
         let mut sparable: Vec<(NodeKey, SparedLink<'f>)> = Vec::new();
         // The facts that may be placed directly, by own id (None: an id two facts have),
         // and every link target with the index of the fact that names it.
-        let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::new();
+        let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::default();
         let mut targets: Vec<(usize, NodeKey)> = Vec::with_capacity(facts.len() * 2);
         for (i, f) in facts.iter().enumerate() {
             let env = &f.envelope;
@@ -428,11 +428,7 @@ impl Projector {
         let mut maybe: Vec<NodeKey> = needed
             .into_iter()
             .filter(|k| self.graph.needs_load(k))
-            .filter(|k| {
-                let maybe = self.seen.may_contain(k);
-                self.seen.insert(k);
-                maybe
-            })
+            .filter(|k| self.seen.check_and_insert(k))
             .collect();
         // The own id of an event with a request id that no event without one may name
         // (still outside the open set) matters only through a stored node row: links to it
@@ -494,7 +490,7 @@ impl Projector {
         version: u64,
         out: &mut Vec<NarrativeRow>,
     ) -> Result<usize, StoreError> {
-        let mut by_tenant: HashMap<Arc<str>, Moves> = HashMap::new();
+        let mut by_tenant: HashMap<Arc<str>, Moves> = HashMap::default();
         for c in changes {
             let Some(old) = &c.old else { continue };
             let key = self.graph.key(c.node);
@@ -632,14 +628,14 @@ fn direct_facts(
 /// colored (reused with other content): its node keeps that color, as memory and a rebuild
 /// give it, so the restored node row must not make it uncolored.
 async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), StoreError> {
-    let mut by_tenant: HashMap<String, Vec<String>> = HashMap::new();
+    let mut by_tenant: HashMap<String, Vec<String>> = HashMap::default();
     for r in restored.iter().filter(|r| r.request_id.is_empty()) {
         by_tenant
             .entry(r.tenant.clone())
             .or_default()
             .push(r.id.clone());
     }
-    let mut colors: HashMap<(String, String, String), String> = HashMap::new();
+    let mut colors: HashMap<(String, String, String), String> = HashMap::default();
     for (tenant, ids) in by_tenant {
         for chunk in chunks_by_bytes(ids, MAX_PARAM_BYTES) {
             for n in loader::query_nodes(store, &tenant, &chunk).await? {
@@ -670,7 +666,7 @@ mod tests {
     /// `facts[i]` = (own id, whether it may be direct, link targets); `spared` and `present`
     /// are target ids.
     fn direct(facts: &[(&str, bool, &[&str])], spared: &[&str], present: &[&str]) -> Vec<bool> {
-        let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::new();
+        let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::default();
         for (i, (own, candidate, _)) in facts.iter().enumerate() {
             candidates
                 .entry(key(own))
