@@ -44,6 +44,9 @@ pub const DEFAULT_EXPECTED_ITEMS: usize = 50_000_000;
 /// and their links' targets are a minority of the stream.
 pub const DEFAULT_OPEN_ITEMS: usize = 10_000_000;
 
+/// The pause after a failed rebuild read; it doubles after each failure, up to 30 s.
+const FIRST_PAUSE: Duration = Duration::from_millis(500);
+
 /// Which ids a filter holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdSet {
@@ -130,7 +133,7 @@ impl IdFilter {
         let span = tracing::info_span!("narrative_id_filter", set = set.name(), %shard);
         let task = tokio::spawn(
             async move {
-                let mut pause = Duration::from_millis(500);
+                let mut pause = FIRST_PAUSE;
                 loop {
                     let started = Instant::now();
                     match fill(&store, &b, &set.hash_sql(shard)).await {
@@ -140,8 +143,15 @@ impl IdFilter {
                             info!(hashes = n, secs, "narrative id filter loaded");
                             return;
                         }
+                        // A read cut short by the process stopping fails once, then the
+                        // task is aborted: only a failure that repeats is a warning.
+                        Err(e) if pause == FIRST_PAUSE => {
+                            info!(error = %e, ?pause, "narrative id filter: read failed; retrying");
+                            tokio::time::sleep(pause).await;
+                            pause *= 2;
+                        }
                         Err(e) => {
-                            warn!(error = %e, ?pause, "narrative id filter: read failed; retrying");
+                            warn!(error = %e, ?pause, "narrative id filter: read failed again; retrying");
                             tokio::time::sleep(pause).await;
                             pause = (pause * 2).min(Duration::from_secs(30));
                         }
