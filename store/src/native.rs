@@ -73,8 +73,7 @@ impl<'r, R: NativeRows> Block<'r, R> {
         put_str(&mut self.buf, ty);
     }
 
-    /// A `String` column (also for `LowCardinality(String)` and `FixedString(N)` columns:
-    /// ClickHouse converts, and rejects a value of the wrong length for a fixed string).
+    /// A `String` column (also for `LowCardinality(String)` columns: ClickHouse converts).
     pub fn str(&mut self, name: &'static str, value: impl Fn(&R) -> &str) {
         self.header(name, "String");
         for r in self.rows {
@@ -141,21 +140,15 @@ impl<'r, R: NativeRows> Block<'r, R> {
         name: &'static str,
         value: impl Fn(&R) -> &[(&'static str, &'static str, Cow<'static, str>)],
     ) {
+        type Triple = (&'static str, &'static str, Cow<'static, str>);
         self.header(name, "Array(Tuple(String, String, String))");
         self.offsets(|r| value(r).len());
-        for r in self.rows {
-            for (a, _, _) in value(r) {
-                put_str(&mut self.buf, a);
-            }
-        }
-        for r in self.rows {
-            for (_, b, _) in value(r) {
-                put_str(&mut self.buf, b);
-            }
-        }
-        for r in self.rows {
-            for (_, _, c) in value(r) {
-                put_str(&mut self.buf, c);
+        let elements: [fn(&Triple) -> &str; 3] = [|t| t.0, |t| t.1, |t| &t.2];
+        for element in elements {
+            for r in self.rows {
+                for t in value(r) {
+                    put_str(&mut self.buf, element(t));
+                }
             }
         }
     }
@@ -194,7 +187,8 @@ pub fn encode<R: NativeRows>(rows: &[R]) -> Result<Bytes, String> {
     block.finish()
 }
 
-/// Insert `rows` into `table` as one Native block, in one statement (no-op when empty).
+/// Insert `rows` into `table` (one of weft's own table names: it is formatted into the
+/// statement) as one Native block, in one statement (no-op when empty).
 pub async fn insert_native<R: NativeRows>(
     store: &Store,
     table: &str,
