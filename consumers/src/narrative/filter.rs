@@ -143,15 +143,14 @@ impl IdFilter {
                             info!(hashes = n, secs, "narrative id filter loaded");
                             return;
                         }
-                        // A read cut short by the process stopping fails once, then the
-                        // task is aborted: only a failure that repeats is a warning.
-                        Err(e) if pause == FIRST_PAUSE => {
-                            info!(error = %e, ?pause, "narrative id filter: read failed; retrying");
-                            tokio::time::sleep(pause).await;
-                            pause *= 2;
-                        }
                         Err(e) => {
-                            warn!(error = %e, ?pause, "narrative id filter: read failed again; retrying");
+                            // A read cut short by the process stopping fails once, then the
+                            // task is aborted: only a failure that repeats is a warning.
+                            if pause == FIRST_PAUSE {
+                                info!(error = %e, ?pause, "narrative id filter: read failed; retrying");
+                            } else {
+                                warn!(error = %e, ?pause, "narrative id filter: read failed again; retrying");
+                            }
                             tokio::time::sleep(pause).await;
                             pause = (pause * 2).min(Duration::from_secs(30));
                         }
