@@ -19,6 +19,7 @@ const KEY: &str = "limits-key-0123456789abcdef";
 struct Gateway {
     child: Child,
     url: String,
+    _spool: tempfile::TempDir,
 }
 
 impl Drop for Gateway {
@@ -31,7 +32,7 @@ impl Drop for Gateway {
 impl Gateway {
     fn start(max_body: usize) -> Self {
         let prefix = common::unique("gwlim") + ".";
-        let spool = std::env::temp_dir().join(common::unique("gwlim-spool"));
+        let spool = tempfile::tempdir().unwrap();
         let mut child = common::weft()
             .env("WEFT_KAFKA_BROKERS", common::brokers())
             .env("RUST_LOG", "warn")
@@ -43,7 +44,7 @@ impl Gateway {
             .arg("--topic-prefix")
             .arg(&prefix)
             .arg("--spool-dir")
-            .arg(&spool)
+            .arg(spool.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -56,7 +57,11 @@ impl Gateway {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_owned();
-        Self { child, url }
+        Self {
+            child,
+            url,
+            _spool: spool,
+        }
     }
 
     /// Peak resident set size of the gateway process so far, in bytes.

@@ -16,8 +16,10 @@ use weft_router::model::Snapshot;
 const KEY: &str = "k-resilience-0123456789";
 const OTHER_KEY: &str = "k-resilience-globex-0123";
 
-fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
+/// The router, its base URL, and its spool folder (removed when dropped).
+fn start_router(tag: &str, extra: &[&str]) -> (Proc, String, tempfile::TempDir) {
     let name = common::unique(tag);
+    let spool = tempfile::tempdir().unwrap();
     let port = free_port();
     let dead_ch = format!("http://127.0.0.1:{}", free_port());
     let addr = format!("127.0.0.1:{port}");
@@ -29,7 +31,7 @@ fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
         .args(["router", "--listen", &addr, "--refresh-ms", "200"])
         .args(["--topic-prefix", &format!("{name}.")])
         .arg("--spool-dir")
-        .arg(std::env::temp_dir().join(&name).join("spool"))
+        .arg(spool.path())
         .args(extra)
         .stdout(Stdio::null())
         .spawn()
@@ -38,7 +40,7 @@ fn start_router(tag: &str, extra: &[&str]) -> (Proc, String) {
         common::pipeline::wait_for_port(&addr, Duration::from_secs(30)),
         "router did not listen"
     );
-    (Proc(child), format!("http://{addr}"))
+    (Proc(child), format!("http://{addr}"), spool)
 }
 
 /// Wait until `/metrics` counts at least one failed refresh; the metrics text then.
@@ -102,7 +104,7 @@ fn codes(v: &Value) -> Vec<String> {
 async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down() {
     // No snapshot: priors, and the answer says so.
     // The default policy (squarecb) serves without any data.
-    let (_p, base) = start_router("router_res_priors", &[]);
+    let (_p, base, _spool) = start_router("router_res_priors", &[]);
     let metrics = wait_for_failed_refresh(&base).await;
     let (status, v) = route(&base, &request()).await;
     assert_eq!(status, 200, "{v}");
@@ -130,11 +132,10 @@ async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down()
             .or_default()
             .observe(i % 10 != 0, Some(100.0), 0.0, None);
     }
-    let file = std::env::temp_dir()
-        .join(common::unique("router_snap"))
-        .with_extension("json");
+    let snap_dir = tempfile::tempdir().unwrap();
+    let file = snap_dir.path().join("snapshot.json");
     std::fs::write(&file, serde_json::to_string(&snap).unwrap()).unwrap();
-    let (_p2, base2) = start_router(
+    let (_p2, base2, _spool2) = start_router(
         "router_res_snap",
         &["--policy", "greedy", "--snapshot", file.to_str().unwrap()],
     );

@@ -37,8 +37,8 @@ fn simulate(dir: &Path, tag: &str, seed: &str) -> (String, String, GroundTruth) 
 
 #[test]
 fn simulate_cli_is_reproducible_and_splits_the_held_back_tail() {
-    let dir = std::env::temp_dir().join(common::unique("weft_simulate_cli"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     let (a, a_late, truth) = simulate(&dir, "a", "5");
     let (b, b_late, _) = simulate(&dir, "b", "5");
     assert_eq!((&a, &a_late), (&b, &b_late), "same flags, same bytes");
@@ -56,5 +56,4 @@ fn simulate_cli_is_reproducible_and_splits_the_held_back_tail() {
         let env: weft_schemas::Envelope = serde_json::from_str(line).unwrap();
         env.validate().unwrap();
     }
-    std::fs::remove_dir_all(&dir).ok();
 }

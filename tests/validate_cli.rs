@@ -80,8 +80,8 @@ fn rejects_every_negative_with_its_reason_and_exit_1() {
 
 #[test]
 fn jsonl_envelopes_and_unusable_input() {
-    let dir = std::env::temp_dir().join(common::unique("validate"));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let good = dir.join("mixed.jsonl");
     std::fs::write(
         &good,

@@ -15,6 +15,16 @@ STACK="bash deploy/local/stack.sh"
 t0=$EPOCHREALTIME
 step() { printf '\n==> %s (t+%.0fs)\n' "$*" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{print b-a}')"; }
 
+# The debug build, the stack's data and the tests' temp folders need disk space; CI machines
+# share their disk, so a shortage is named here rather than by a failing compiler or cp.
+# A fresh run keeps no incremental build state (it would only be written, never reused).
+if [ "${CI:-}" = true ]; then export CARGO_INCREMENTAL=0; fi
+need_gib=12
+free_gib=$(df -Pk "$REPO" | awk 'NR==2 { printf "%d", $4 / 1048576 }')
+if [ "$free_gib" -lt "$need_gib" ]; then
+  echo "[disk] warning: $free_gib GiB free under $REPO; a full run needs about $need_gib GiB" >&2
+fi
+
 started_here=0
 if ! $STACK status >/dev/null 2>&1; then
   started_here=1

@@ -62,6 +62,15 @@ pub fn check(out: Output, what: &str) -> Output {
     out
 }
 
+/// The temp folder goes with the pipeline; a failing test keeps it, for its logs and files.
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 impl Pipeline {
     /// Fresh names, a temp folder, and a migrated database.
     pub fn new(tag: &str) -> Self {
