@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::pipeline::{distinct_facts, truth_membership, Pipeline};
+use common::pipeline::{distinct_facts, free_port, truth_membership, Pipeline};
 
 fn stack(args: &[&str]) {
     let st = Command::new("bash")
@@ -35,6 +35,26 @@ impl Drop for ClickHouseBack {
 /// The narrative graph's budget in the SIGKILL test: far below the test's events, so passes
 /// evict and load components all the time and kills land inside loads too.
 const SMALL_GRAPH: &[&str] = &["--narrative-max-nodes", "2000"];
+
+/// What the narrative passes of the killed processes did, summed from each one's `/metrics`
+/// read just before its kill (a lower bound: passes after the read are not counted).
+#[derive(Debug, Default)]
+struct Paths {
+    projected: u64,
+    direct: u64,
+    loaded: u64,
+    evicted: u64,
+}
+
+impl Paths {
+    async fn add(&mut self, addr: &str) {
+        let m = |name| common::metric(addr, name);
+        self.projected += m("weft_narrative_projected_total").await.unwrap_or(0);
+        self.direct += m("weft_narrative_direct_total").await.unwrap_or(0);
+        self.loaded += m("weft_narrative_loaded_nodes_total").await.unwrap_or(0);
+        self.evicted += m("weft_narrative_evicted_nodes_total").await.unwrap_or(0);
+    }
+}
 
 /// Facts and narratives exact after 11 SIGKILLs, with a narrative graph that holds a small
 /// part of them. Runs on tansu's sqlite engine: its memory engine skips records when a
@@ -68,7 +88,9 @@ async fn fault_ingest_survives_repeated_sigkill() {
     // plus a pseudo-random jitter, so the kills land mid-batch at different stages.
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut kills = 0;
-    let mut ingest = p.ingest_args(None, &[], SMALL_GRAPH);
+    let mut paths = Paths::default();
+    let mut addr = format!("127.0.0.1:{}", free_port());
+    let mut ingest = p.ingest_args(Some(&addr), &[], SMALL_GRAPH);
     let started = Instant::now();
     for k in 1..=11u64 {
         seed = seed
@@ -93,9 +115,11 @@ async fn fault_ingest_survives_repeated_sigkill() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        paths.add(&addr).await;
         ingest.sigkill();
         kills += 1;
-        ingest = p.ingest_args(None, &[], SMALL_GRAPH);
+        addr = format!("127.0.0.1:{}", free_port());
+        ingest = p.ingest_args(Some(&addr), &[], SMALL_GRAPH);
     }
     assert!(kills >= 10);
     p.wait_for_facts(want, Duration::from_secs(900)).await;
@@ -118,8 +142,20 @@ async fn fault_ingest_survives_repeated_sigkill() {
         "the broker skipped offsets on resume:\n{}",
         p.ingest_log()
     );
+    // The kills must have hit both placements and the cache: events placed directly and
+    // through the graph, components evicted and loaded back (else this test would not
+    // cover them).
+    paths.add(&addr).await;
+    assert!(
+        paths.direct > 0 && paths.projected > paths.direct,
+        "both placements taken: {paths:?}"
+    );
+    assert!(
+        paths.evicted > 0 && paths.loaded > 0,
+        "evicted and loaded: {paths:?}"
+    );
     eprintln!(
-        "{events} events, {kills} SIGKILLs, exact in {:.0}s",
+        "{events} events, {kills} SIGKILLs, exact in {:.0}s; {paths:?}",
         started.elapsed().as_secs_f64()
     );
     drop(ingest);
