@@ -18,6 +18,9 @@
 //! pause, no seek, no refetch (which tansu's memory engine would answer from the next batch),
 //! no record dropped.
 //!
+//! `tests/ingest_alignment.rs` drains one backlog both ways with a small graph: read as
+//! fetched, it loaded 18 times more nodes back (debug build; 3.7 times in a release build).
+//!
 //! Only the single-process roles read this way: they assign every partition themselves. The
 //! facts role shares partitions with a group, whose assignment changes under it, and stores
 //! facts only, which need no alignment.
