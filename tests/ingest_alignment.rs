@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::pipeline::{check, free_port, truth_membership, Pipeline};
+use common::pipeline::{free_port, truth_membership, Pipeline};
 
 /// Events in the backlog: the effect needs a backlog of several fetches per partition
 /// (measured in release builds: 150k events loaded 1.7x fewer nodes aligned, 300k 3.7x).
@@ -53,19 +53,17 @@ async fn aligned_reading_loads_fewer_components_back_and_both_are_exact() {
     fetched.prefix = aligned.prefix.clone();
 
     // Published at a steady rate, so the records' timestamps span the flows' order.
-    let out = aligned
-        .weft()
-        .args(["simulate", "--events", EVENTS, "--seed", "3"])
-        .args(["--no-request-id", "0.5", "--publish", "--rate", "30000"])
-        .arg("--out")
-        .arg(aligned.path("events.jsonl"))
-        .arg("--truth")
-        .arg(aligned.path("truth.json"))
-        .output()
-        .unwrap();
-    check(out, "weft simulate --publish");
-    let truth: weft_sim::GroundTruth =
-        serde_json::from_slice(&std::fs::read(aligned.path("truth.json")).unwrap()).unwrap();
+    let truth = aligned.simulate(&[
+        "--events",
+        EVENTS,
+        "--seed",
+        "3",
+        "--no-request-id",
+        "0.5",
+        "--publish",
+        "--rate",
+        "30000",
+    ]);
     let want = truth.totals.distinct_events;
     let membership = truth_membership(&truth);
 
