@@ -19,7 +19,8 @@
 //! no record dropped.
 //!
 //! `tests/ingest_alignment.rs` drains one backlog both ways with a small graph: read as
-//! fetched, it loaded 12 to 18 times more nodes back (debug builds; 3.7 times in a release build).
+//! fetched, it loaded 12 to 18 times more nodes back (debug builds; 3.7 times in a release
+//! build).
 //!
 //! Only the single-process roles read this way: they assign every partition themselves. The
 //! facts role shares partitions with a group, whose assignment changes under it, and stores
