@@ -141,8 +141,13 @@ impl Harness {
 
     /// What a rebuild gives: every fact in one graph, settled once.
     fn rebuilt(&self) -> Membership {
+        Self::rebuilt_from(self.fed.iter())
+    }
+
+    /// [`Harness::rebuilt`] reading the facts in the order given.
+    fn rebuilt_from<'a>(facts: impl Iterator<Item = &'a Fact>) -> Membership {
         let mut g = Graph::new();
-        for f in &self.fed {
+        for f in facts {
             let env = &f.envelope;
             let key = g.node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
             g.add_event(key, env.request_id.as_deref().unwrap_or(""), 0, &f.links);
@@ -385,10 +390,10 @@ async fn an_event_known_only_by_its_links_is_not_passed_over_after_a_restart() {
 }
 
 /// An event placed directly (a new id with a request id, naming nothing in memory) is an
-/// anchor a later load finds like any other; an identity stored again with another request
-/// id (other content) is not new, so it goes through the graph and keeps its first color.
+/// anchor a later load finds like any other; an identity stored again with a larger request
+/// id (other content) is not new, so it goes through the graph and keeps its color.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
+async fn a_reused_identity_keeps_its_smaller_request_after_a_direct_placement() {
     let mut h = Harness::warm("it_evict_direct", 30).await;
     let first = h.feed(&[trace("te-1", "req-1", "h-1")], 1).await;
     assert_eq!(
@@ -405,6 +410,61 @@ async fn a_reused_identity_keeps_its_first_request_after_a_direct_placement() {
     h.assert_placed(&[("trace_event", "te-1", "req-1"), ("handle", "h-1", "req-1")])
         .await;
     h.assert_exact().await;
+}
+
+/// An identity stored again with a smaller request id takes it, and so does everything
+/// anchored to it: what its stored version links to (a colored event's own links are not
+/// indexed by source) and what links to it, long evicted and after a restart. A rebuild gives
+/// the same in either order of the facts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_anchored_to_it() {
+    let mut h = Harness::warm("it_evict_recolor", 30).await;
+    // te-1 (req-b) names h-1; f-1 cites h-1. h-2 (req-d) is cited by f-2.
+    h.feed(
+        &[
+            trace("te-1", "req-b", "h-1"),
+            handle("h-1", None),
+            frame("f-1", &["h-1"]),
+            handle_in("h-2", None, Some("req-d")),
+            frame("f-2", &["h-2"]),
+        ],
+        5,
+    )
+    .await;
+    h.assert_placed(&[("frame", "f-1", "req-b"), ("frame", "f-2", "req-d")])
+        .await;
+    let churn = h.feed(&filler("r", 300), 20).await;
+    assert!(churn.evicted > 500, "{churn:?}");
+    h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
+    common::facts::wait_for_id_filters(&h.projector).await;
+    // Second versions, naming nothing: only their stored links reach the components.
+    let te_again = env(
+        Kind::TraceEvent,
+        Some("req-a"),
+        json!({"event_id": "te-1", "event_type": "capability_denied",
+               "timestamp": "2026-03-08T06:00:06Z"}),
+    );
+    let h_again = env(
+        Kind::Handle,
+        Some("req-c"),
+        json!({"handle_id": "h-2", "capability_id": "org.test.cap",
+               "artifact_type": "text/plain", "created_at": "2026-03-08T06:00:06Z"}),
+    );
+    let again = h.feed(&[te_again, h_again], 2).await;
+    assert!(
+        again.loaded >= 5,
+        "both and their components came back: {again:?}"
+    );
+    h.assert_placed(&[
+        ("trace_event", "te-1", "req-a"),
+        ("handle", "h-1", "req-a"),
+        ("frame", "f-1", "req-a"),
+        ("handle", "h-2", "req-c"),
+        ("frame", "f-2", "req-c"),
+    ])
+    .await;
+    h.assert_exact().await;
+    assert_eq!(Harness::rebuilt_from(h.fed.iter().rev()), h.rebuilt());
 }
 
 /// An id named before only by events with a request id has no node row: the event that

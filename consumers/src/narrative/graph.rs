@@ -194,6 +194,16 @@ impl Graph {
         self.nodes[n as usize].color.is_some()
     }
 
+    /// `true` when [`Graph::add_event`] with `request_id` would change the color of the
+    /// colored node `key`: the identity is stored again with a smaller request id.
+    pub fn would_recolor(&self, key: &NodeKey, request_id: &str) -> bool {
+        !request_id.is_empty()
+            && self
+                .lookup(key)
+                .and_then(|n| self.nodes[n as usize].color.as_deref())
+                .is_some_and(|c| request_id < c)
+    }
+
     fn intern(&mut self, key: NodeKey, complete: bool) -> NodeIdx {
         if let Some(i) = self.index.get(&key) {
             self.nodes[*i as usize].touched = self.pass;
@@ -235,6 +245,11 @@ impl Graph {
     /// Record an arrived event with its request id (empty = none), its time and its
     /// outgoing links. Every id it names must be in memory or new (see [`Graph`]). Returns
     /// its index; call [`Graph::settle`] with [`Graph::seeds`] afterwards.
+    ///
+    /// An identity stored again with another request id (other content) is colored by the
+    /// smallest of its request ids, whatever their order. A smaller one recolors the node,
+    /// so every uncolored component around it must be in memory first
+    /// ([`Graph::would_recolor`], `loader::around`).
     pub fn add_event(
         &mut self,
         key: NodeKey,
@@ -247,7 +262,7 @@ impl Graph {
         let node = &mut self.nodes[me as usize];
         node.present = true;
         node.ts = ts;
-        if !request_id.is_empty() && node.color.is_none() {
+        if !request_id.is_empty() && node.color.as_deref().is_none_or(|c| request_id < c) {
             node.color = Some(request_id.into());
         }
         for l in links {
@@ -611,6 +626,40 @@ mod tests {
         let map: HashMap<_, _> = want.into_iter().collect();
         assert_eq!(map["b-fr"], "req-2", "its own trace event is nearer");
         assert_eq!(map["a-h"], "req-1");
+    }
+
+    #[test]
+    fn an_identity_with_two_request_ids_takes_the_smaller_in_every_order() {
+        // One trace event stored twice (other content) in req-b and in req-a, and a handle
+        // without a request that only it names: both end in req-a, whatever the order.
+        let te = |req: &'static str| {
+            (
+                Kind::TraceEvent,
+                "te",
+                req,
+                vec![link(Via::HandleId, Kind::Handle, "h")],
+            )
+        };
+        let h = (Kind::Handle, "h", "", vec![]);
+        let want = vec![
+            ("h".to_owned(), "req-a".to_owned()),
+            ("te".into(), "req-a".into()),
+        ];
+        for events in [
+            vec![te("req-b"), h.clone(), te("req-a")],
+            vec![te("req-a"), h.clone(), te("req-b")],
+            vec![h.clone(), te("req-b"), te("req-a")],
+            vec![te("req-b"), te("req-a"), h],
+        ] {
+            assert_eq!(run(&events), want, "{events:?}");
+        }
+        let mut g = Graph::new();
+        let key = NodeKey::event("t", Kind::TraceEvent, "te");
+        assert!(!g.would_recolor(&key, "req-a"), "not in memory");
+        g.add_event(key.clone(), "req-b", 0, &[]);
+        assert!(g.would_recolor(&key, "req-a"));
+        assert!(!g.would_recolor(&key, "req-c"));
+        assert!(!g.would_recolor(&key, ""));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use tracing::{debug, instrument};
-use weft_schemas::links::{NodeKind, Via};
+use weft_schemas::links::{self, NodeKind, Via};
 
 use super::graph::{Graph, NodeKey, Stored};
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
@@ -165,9 +165,9 @@ async fn fetch(
     Ok(found)
 }
 
-/// The stored node rows of `ids` of `tenant` (any kind), one per node, with the request id
-/// of the oldest row that has one still unmerged (after a merge, the newest row's: node rows
-/// carry the node's color, so the two agree unless an identity came with two request ids).
+/// The stored node rows of `ids` of `tenant` (any kind), one per node, with the smallest
+/// request id of its rows: node rows carry the node's color, which only ever gets smaller
+/// (`Graph::add_event`), so that is the color whether or not older rows are merged away.
 pub(super) async fn query_nodes(
     store: &Store,
     tenant: &str,
@@ -177,7 +177,7 @@ pub(super) async fn query_nodes(
         .client()
         .query(
             "SELECT tenant, kind, id, argMax(narrative_id, version) AS narrative_id, \
-                    argMinIf(request_id, version, request_id != '') AS request_id, \
+                    minIf(request_id, request_id != '') AS request_id, \
                     argMax(ts, version) AS ts, \
                     max(version) AS version \
              FROM weft_narrative_nodes WHERE tenant = {t:String} AND id IN {ids:Array(String)} \
@@ -211,4 +211,61 @@ async fn query_links(
         .fetch_all()
         .await
         .map_err(store.err())
+}
+
+/// Every node next to the stored event `key`, which is in memory: the events linking to it
+/// (`weft_links`) and what its stored versions link to, read from their member rows in its
+/// current narrative (a colored event's own links are not indexed by source). Asked before `key` takes a
+/// smaller request id ([`Graph::would_recolor`]): loading these brings every uncolored
+/// component around it, so that the recolored node's settle reaches all of them.
+#[instrument(skip_all)]
+pub(super) async fn around(
+    store: &Store,
+    graph: &mut Graph,
+    key: &NodeKey,
+) -> Result<Vec<NodeKey>, StoreError> {
+    let NodeKind::Event(kind) = key.kind else {
+        return Ok(Vec::new());
+    };
+    let narrative = graph
+        .lookup(key)
+        .and_then(|n| graph.assigned(n))
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let c = store.client();
+    let incoming = c
+        .query(
+            "SELECT DISTINCT from_kind, from_id FROM weft_links \
+             WHERE tenant = {t:String} AND to_id = {id:String} AND to_kind = {k:String}",
+        )
+        .param("t", &*key.tenant)
+        .param("id", &*key.id)
+        .param("k", kind.as_str())
+        .fetch_all::<(String, String)>();
+    let versions = c
+        .query(
+            "SELECT DISTINCT payload FROM weft_narratives \
+             WHERE tenant = {t:String} AND narrative_id = {n:String} \
+               AND kind = {k:String} AND id = {id:String}",
+        )
+        .param("t", &*key.tenant)
+        .param("n", &narrative)
+        .param("k", kind.as_str())
+        .param("id", &*key.id)
+        .fetch_all::<String>();
+    let (incoming, versions) = tokio::try_join!(incoming, versions).map_err(store.err())?;
+    let mut out: Vec<NodeKey> = incoming
+        .into_iter()
+        .filter_map(|(k, id)| Some(graph.node_key(&key.tenant, NodeKind::parse(&k)?, &id)))
+        .collect();
+    for payload in versions {
+        // Stored by the projector from a validated fact; one that does not parse names nothing.
+        let Ok(value) = serde_json::from_str(&payload) else {
+            continue;
+        };
+        for l in links::extract(kind, &value) {
+            out.push(graph.node_key(&key.tenant, l.to_kind, &l.to_id));
+        }
+    }
+    Ok(out)
 }

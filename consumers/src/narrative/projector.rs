@@ -170,7 +170,7 @@ impl Projector {
         let mut placed = c
             .query(&format!(
                 "SELECT tenant, kind, id, argMaxIf(narrative_id, version, is_deleted = 0) AS narrative_id, \
-                        argMinIf(request_id, version, request_id != '') AS request_id, \
+                        minIf(request_id, request_id != '') AS request_id, \
                         argMax(ts, version) AS ts, \
                         max(version) AS version \
                  FROM weft_narratives WHERE version > {{completed:UInt64}}{} \
@@ -386,12 +386,17 @@ impl Projector {
         // and every link target with the index of the fact that names it.
         let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::default();
         let mut targets: Vec<(usize, NodeKey)> = Vec::with_capacity(facts.len() * 2);
+        // Own ids with the request id they come with, to find recolored identities.
+        let mut colored: Vec<(NodeKey, &str)> = Vec::with_capacity(facts.len());
         for (i, f) in facts.iter().enumerate() {
             let env = &f.envelope;
             let open = env.request_id.as_deref().is_none_or(str::is_empty);
             let own = self
                 .graph
                 .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
+            if let Some(r) = env.request_id.as_deref().filter(|_| !open) {
+                colored.push((own.clone(), r));
+            }
             // Whether the id is new is known after the load: the seen filter's positives are
             // looked up, and the loader brings what it looks up into memory.
             let candidate =
@@ -439,9 +444,23 @@ impl Projector {
             .partition(|k| matches!(candidates.get(k), Some(Some(_))) && !self.open.may_contain(k));
         maybe = full;
         maybe.extend(loader::stored(&self.store, &mut self.graph, probe).await?);
-        let loaded = loader::load(&self.store, &mut self.graph, maybe)
+        let mut loaded = loader::load(&self.store, &mut self.graph, maybe)
             .await?
             .loaded;
+        // An identity stored again with a smaller request id takes it (`Graph::add_event`):
+        // every uncolored component around it must be in memory before it settles.
+        let mut around = Vec::new();
+        for (own, r) in &colored {
+            if self.graph.would_recolor(own, r) {
+                around.extend(loader::around(&self.store, &mut self.graph, own).await?);
+            }
+        }
+        around.retain(|k| self.graph.needs_load(k));
+        if !around.is_empty() {
+            loaded += loader::load(&self.store, &mut self.graph, around)
+                .await?
+                .loaded;
+        }
         // A spared target the load brought in (a neighbor of a loaded component) must have
         // every link in memory, this pass's too.
         sparable.retain(|(k, _)| self.graph.lookup(k).is_none());
@@ -624,12 +643,13 @@ fn direct_facts(
     direct
 }
 
-/// A member the killed pass stored without a request id may be an identity an earlier pass
-/// colored (reused with other content): its node keeps that color, as memory and a rebuild
-/// give it, so the restored node row must not make it uncolored.
+/// A restored node's color is the smallest request id of all its versions, as memory and a
+/// rebuild give it (`Graph::add_event`): the killed pass's rows hold the versions it placed,
+/// the stored node rows the color of the earlier ones (a member the killed pass stored
+/// without a request id may be an identity an earlier pass colored).
 async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), StoreError> {
     let mut by_tenant: HashMap<String, Vec<String>> = HashMap::default();
-    for r in restored.iter().filter(|r| r.request_id.is_empty()) {
+    for r in restored.iter() {
         by_tenant
             .entry(r.tenant.clone())
             .or_default()
@@ -645,10 +665,12 @@ async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), Stor
             }
         }
     }
-    for r in restored.iter_mut().filter(|r| r.request_id.is_empty()) {
+    for r in restored.iter_mut() {
         let key = (r.tenant.clone(), r.kind.clone(), r.id.clone());
         if let Some(c) = colors.remove(&key) {
-            r.request_id = c;
+            if r.request_id.is_empty() || c < r.request_id {
+                r.request_id = c;
+            }
         }
     }
     Ok(())
