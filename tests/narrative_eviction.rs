@@ -419,7 +419,8 @@ async fn a_reused_identity_keeps_its_smaller_request_after_a_direct_placement() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_anchored_to_it() {
     let mut h = Harness::warm("it_evict_recolor", 30).await;
-    // te-1 (req-b) names h-1; f-1 cites h-1. h-2 (req-d) is cited by f-2.
+    // te-1 (req-b) names h-1; f-1 cites h-1. h-2 (req-d) is cited by f-2. h-3 (req-f) is
+    // named by nothing yet.
     h.feed(
         &[
             trace("te-1", "req-b", "h-1"),
@@ -427,8 +428,9 @@ async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_ancho
             frame("f-1", &["h-1"]),
             handle_in("h-2", None, Some("req-d")),
             frame("f-2", &["h-2"]),
+            handle_in("h-3", None, Some("req-f")),
         ],
-        5,
+        6,
     )
     .await;
     h.assert_placed(&[("frame", "f-1", "req-b"), ("frame", "f-2", "req-d")])
@@ -450,7 +452,16 @@ async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_ancho
         json!({"handle_id": "h-2", "capability_id": "org.test.cap",
                "artifact_type": "text/plain", "created_at": "2026-03-08T06:00:06Z"}),
     );
-    let again = h.feed(&[te_again, h_again], 2).await;
+    // h-3 again (req-e), and in the same pass a new frame without a request citing it.
+    let h3_again = env(
+        Kind::Handle,
+        Some("req-e"),
+        json!({"handle_id": "h-3", "capability_id": "org.test.cap",
+               "artifact_type": "text/plain", "created_at": "2026-03-08T06:00:06Z"}),
+    );
+    let again = h
+        .feed(&[te_again, h_again, h3_again, frame("f-3", &["h-3"])], 4)
+        .await;
     assert!(
         again.loaded >= 5,
         "both and their components came back: {again:?}"
@@ -461,6 +472,8 @@ async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_ancho
         ("frame", "f-1", "req-a"),
         ("handle", "h-2", "req-c"),
         ("frame", "f-2", "req-c"),
+        ("handle", "h-3", "req-e"),
+        ("frame", "f-3", "req-e"),
     ])
     .await;
     h.assert_exact().await;

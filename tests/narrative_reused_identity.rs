@@ -97,9 +97,13 @@ async fn run(tag: &str, first: Vec<String>, second: Vec<String>) -> (Membership,
     p.wait_for_facts(first.len() as u64, Duration::from_secs(120))
         .await;
     p.publish(&b);
-    p.wait_for_facts((first.len() + second.len()) as u64, Duration::from_secs(120))
+    p.wait_for_facts(
+        (first.len() + second.len()) as u64,
+        Duration::from_secs(120),
+    )
+    .await;
+    p.wait_for_narratives(&want(), Duration::from_secs(60))
         .await;
-    p.wait_for_narratives(&want(), Duration::from_secs(60)).await;
     let live = p.membership().await;
     assert_eq!(ingest.terminate().code(), Some(0));
     check(p.weft().arg("rebuild").output().unwrap(), "weft rebuild");

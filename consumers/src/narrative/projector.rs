@@ -10,6 +10,7 @@
 //! replaying facts after a crash is harmless, and progress is written last.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use tracing::{info, instrument};
@@ -386,17 +387,18 @@ impl Projector {
         // and every link target with the index of the fact that names it.
         let mut candidates: HashMap<NodeKey, Option<usize>> = HashMap::default();
         let mut targets: Vec<(usize, NodeKey)> = Vec::with_capacity(facts.len() * 2);
-        // Own ids with the request id they come with, to find recolored identities.
-        let mut colored: Vec<(NodeKey, &str)> = Vec::with_capacity(facts.len());
+        // Own ids with the request id they come with, of the facts whose identity may be
+        // stored already (not a candidate: in memory or named by an event without one; or
+        // twice in this pass), and below the candidates the seen filter may hold. Only these
+        // can take a smaller request id (`Graph::would_recolor`).
+        let request_of = |j: usize| facts[j].envelope.request_id.as_deref().unwrap_or("");
+        let mut reused: Vec<(NodeKey, &str)> = Vec::new();
         for (i, f) in facts.iter().enumerate() {
             let env = &f.envelope;
             let open = env.request_id.as_deref().is_none_or(str::is_empty);
             let own = self
                 .graph
                 .node_key(&env.tenant, NodeKind::Event(env.kind), &f.id);
-            if let Some(r) = env.request_id.as_deref().filter(|_| !open) {
-                colored.push((own.clone(), r));
-            }
             // Whether the id is new is known after the load: the seen filter's positives are
             // looked up, and the loader brings what it looks up into memory.
             let candidate =
@@ -404,10 +406,22 @@ impl Projector {
             if open {
                 self.open.insert(&own);
             }
-            candidates
-                .entry(own.clone())
-                .and_modify(|c| *c = None)
-                .or_insert(candidate.then_some(i));
+            match candidates.entry(own.clone()) {
+                Entry::Occupied(mut e) => {
+                    if let Some(j) = e.get_mut().take() {
+                        reused.push((own.clone(), request_of(j)));
+                    }
+                    if !open {
+                        reused.push((own.clone(), request_of(i)));
+                    }
+                }
+                Entry::Vacant(e) => {
+                    e.insert(candidate.then_some(i));
+                    if !open && !candidate {
+                        reused.push((own.clone(), request_of(i)));
+                    }
+                }
+            }
             needed.insert(own);
             for l in &f.links {
                 let k = self.graph.node_key(&env.tenant, l.to_kind, &l.to_id);
@@ -435,6 +449,12 @@ impl Projector {
             .filter(|k| self.graph.needs_load(k))
             .filter(|k| self.seen.check_and_insert(k))
             .collect();
+        // A candidate the seen filter may hold may be a stored identity (see `reused`).
+        for k in &maybe {
+            if let Some(Some(i)) = candidates.get(k) {
+                reused.push((k.clone(), request_of(*i)));
+            }
+        }
         // The own id of an event with a request id that no event without one may name
         // (still outside the open set) matters only through a stored node row: links to it
         // come from events with a request id, which change no assignment. So it is probed
@@ -450,7 +470,7 @@ impl Projector {
         // An identity stored again with a smaller request id takes it (`Graph::add_event`):
         // every uncolored component around it must be in memory before it settles.
         let mut around = Vec::new();
-        for (own, r) in &colored {
+        for (own, r) in &reused {
             if self.graph.would_recolor(own, r) {
                 around.extend(loader::around(&self.store, &mut self.graph, own).await?);
             }
