@@ -215,9 +215,9 @@ async fn query_links(
 
 /// Every node next to the stored event `key`, which is in memory: the events linking to it
 /// (`weft_links`) and what its stored versions link to, read from their member rows in its
-/// current narrative (a colored event's own links are not indexed by source). Asked before `key` takes a
-/// smaller request id ([`Graph::would_recolor`]): loading these brings every uncolored
-/// component around it, so that the recolored node's settle reaches all of them.
+/// current narrative (a colored event's own links are not indexed by source). Asked before
+/// `key` takes a smaller request id ([`Graph::would_recolor`]): loading these brings every
+/// uncolored component around it, so that the recolored node's settle reaches all of them.
 #[instrument(skip_all)]
 pub(super) async fn around(
     store: &Store,
