@@ -19,22 +19,12 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::facts::{unwrite, KillAfter};
 use common::pipeline::{truth_membership, Pipeline};
 use weft_consumers::decode::Fact;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
 use weft_schemas::{Envelope, Topics};
 use weft_store::{ClickHouseConfig, Store};
-
-/// Where a pass dies: after which of its inserts (`Links`: after `weft_links` and
-/// `weft_links_from`, which carry no version; `Progress`: after all of them, before the next
-/// pass).
-#[derive(Debug, Clone, Copy)]
-enum KillAfter {
-    Links,
-    Narratives,
-    Nodes,
-    Progress,
-}
 
 /// The facts of one simulated topic partition, in offset order.
 struct Log {
@@ -75,29 +65,6 @@ impl Lcg {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         (self.0 >> 33) % n.max(1)
-    }
-}
-
-/// Play a kill of the pass that just wrote `version`: remove what it had not written yet.
-async fn unwrite(store: &Store, version: u64, at: KillAfter) {
-    let tables: &[&str] = match at {
-        KillAfter::Links => &[
-            "weft_narratives",
-            "weft_narrative_nodes",
-            "weft_projector_progress",
-        ],
-        KillAfter::Narratives => &["weft_narrative_nodes", "weft_projector_progress"],
-        KillAfter::Nodes => &["weft_projector_progress"],
-        KillAfter::Progress => &[],
-    };
-    for t in tables {
-        store
-            .client()
-            .query(&format!("DELETE FROM {t} WHERE version = {{v:UInt64}}"))
-            .param("v", version)
-            .execute()
-            .await
-            .unwrap();
     }
 }
 

@@ -10,7 +10,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::facts::fact;
+use common::facts::{fact, unwrite, KillAfter};
 use common::pipeline::{Membership, Pipeline};
 use serde_json::{json, Value};
 use weft_consumers::decode::Fact;
@@ -137,6 +137,19 @@ impl Harness {
             total.largest_component = total.largest_component.max(s.largest_component);
         }
         total
+    }
+
+    /// Apply the last `n` facts fed again, as one pass: the replay of a killed pass by a
+    /// restarted process.
+    async fn replay(&mut self, n: usize) {
+        let first = self.fed.len() - n;
+        let batch = ProjectBatch {
+            topic: "t",
+            partition: 0,
+            facts: self.fed[first..].iter().collect(),
+            last_offset: self.fed.len() as i64 - 1,
+        };
+        self.projector.apply(&[batch]).await.unwrap();
     }
 
     /// What a rebuild gives: every fact in one graph, settled once.
@@ -478,6 +491,50 @@ async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_ancho
     .await;
     h.assert_exact().await;
     assert_eq!(Harness::rebuilt_from(h.fed.iter().rev()), h.rebuilt());
+}
+
+/// A pass that recolors an identity, killed after any of its writes (see
+/// `tests/narrative_crash_points.rs`) and replayed by a restarted projector, ends as the
+/// rebuild says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recolor_killed_after_any_write_is_finished_by_the_replay() {
+    for at in [KillAfter::Links, KillAfter::Narratives, KillAfter::Nodes] {
+        let mut h = Harness::warm("it_evict_recolor_kill", 30).await;
+        h.feed(
+            &[
+                trace("te-1", "req-b", "h-1"),
+                handle("h-1", None),
+                frame("f-1", &["h-1"]),
+            ],
+            3,
+        )
+        .await;
+        h.feed(&filler("k", 100), 20).await;
+        let again = env(
+            Kind::TraceEvent,
+            Some("req-a"),
+            json!({"event_id": "te-1", "event_type": "capability_denied",
+                   "timestamp": "2026-03-08T06:00:06Z"}),
+        );
+        h.feed(&[again], 1).await;
+        let version: u64 = h
+            .store
+            .client()
+            .query("SELECT max(version) FROM weft_projector_progress")
+            .fetch_one()
+            .await
+            .unwrap();
+        unwrite(&h.store, version, at).await;
+        h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
+        h.replay(1).await;
+        h.assert_placed(&[
+            ("trace_event", "te-1", "req-a"),
+            ("handle", "h-1", "req-a"),
+            ("frame", "f-1", "req-a"),
+        ])
+        .await;
+        h.assert_exact().await;
+    }
 }
 
 /// An id named before only by events with a request id has no node row: the event that

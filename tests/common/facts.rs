@@ -5,6 +5,7 @@ use weft_consumers::decode::{decode, Fact, Record};
 use weft_consumers::narrative::projector::Projector;
 use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::{Envelope, Topics};
+use weft_store::Store;
 
 /// The fact ingest would decode from `env` read at `offset` of `partition`.
 pub fn fact(env: &Envelope, partition: i32, offset: i64) -> Fact {
@@ -36,5 +37,39 @@ pub async fn wait_for_id_filters(projector: &Projector) {
             "the id filters never loaded"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Where a pass dies: after which of its inserts (`Links`: after `weft_links` and
+/// `weft_links_from`, which carry no version; `Progress`: after all of them, before the next
+/// pass).
+#[derive(Debug, Clone, Copy)]
+pub enum KillAfter {
+    Links,
+    Narratives,
+    Nodes,
+    Progress,
+}
+
+/// Play a kill of the pass that just wrote `version`: remove what it had not written yet.
+pub async fn unwrite(store: &Store, version: u64, at: KillAfter) {
+    let tables: &[&str] = match at {
+        KillAfter::Links => &[
+            "weft_narratives",
+            "weft_narrative_nodes",
+            "weft_projector_progress",
+        ],
+        KillAfter::Narratives => &["weft_narrative_nodes", "weft_projector_progress"],
+        KillAfter::Nodes => &["weft_projector_progress"],
+        KillAfter::Progress => &[],
+    };
+    for t in tables {
+        store
+            .client()
+            .query(&format!("DELETE FROM {t} WHERE version = {{v:UInt64}}"))
+            .param("v", version)
+            .execute()
+            .await
+            .unwrap();
     }
 }
