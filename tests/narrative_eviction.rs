@@ -58,6 +58,26 @@ fn handle_in(id: &str, flow: Option<&str>, req: Option<&str>) -> Envelope {
     env(Kind::Handle, req, p)
 }
 
+/// A trace event stored again: other content, `req`, and no link.
+fn trace_again(id: &str, req: &str) -> Envelope {
+    env(
+        Kind::TraceEvent,
+        Some(req),
+        json!({"event_id": id, "event_type": "capability_denied",
+               "timestamp": "2026-03-08T06:00:06Z"}),
+    )
+}
+
+/// A handle stored again: other content, `req`, and no link.
+fn handle_again(id: &str, req: &str) -> Envelope {
+    env(
+        Kind::Handle,
+        Some(req),
+        json!({"handle_id": id, "capability_id": "org.test.cap",
+               "artifact_type": "text/plain", "created_at": "2026-03-08T06:00:06Z"}),
+    )
+}
+
 fn frame(id: &str, refs: &[&str]) -> Envelope {
     env(
         Kind::Frame,
@@ -453,27 +473,17 @@ async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_ancho
     h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
     common::facts::wait_for_id_filters(&h.projector).await;
     // Second versions, naming nothing: only their stored links reach the components.
-    let te_again = env(
-        Kind::TraceEvent,
-        Some("req-a"),
-        json!({"event_id": "te-1", "event_type": "capability_denied",
-               "timestamp": "2026-03-08T06:00:06Z"}),
-    );
-    let h_again = env(
-        Kind::Handle,
-        Some("req-c"),
-        json!({"handle_id": "h-2", "capability_id": "org.test.cap",
-               "artifact_type": "text/plain", "created_at": "2026-03-08T06:00:06Z"}),
-    );
-    // h-3 again (req-e), and in the same pass a new frame without a request citing it.
-    let h3_again = env(
-        Kind::Handle,
-        Some("req-e"),
-        json!({"handle_id": "h-3", "capability_id": "org.test.cap",
-               "artifact_type": "text/plain", "created_at": "2026-03-08T06:00:06Z"}),
-    );
+    // h-3 comes again with, in the same pass, a new frame without a request citing it.
     let again = h
-        .feed(&[te_again, h_again, h3_again, frame("f-3", &["h-3"])], 4)
+        .feed(
+            &[
+                trace_again("te-1", "req-a"),
+                handle_again("h-2", "req-c"),
+                handle_again("h-3", "req-e"),
+                frame("f-3", &["h-3"]),
+            ],
+            4,
+        )
         .await;
     assert!(
         again.loaded >= 5,
@@ -510,13 +520,7 @@ async fn a_recolor_killed_after_any_write_is_finished_by_the_replay() {
         )
         .await;
         h.feed(&filler("k", 100), 20).await;
-        let again = env(
-            Kind::TraceEvent,
-            Some("req-a"),
-            json!({"event_id": "te-1", "event_type": "capability_denied",
-                   "timestamp": "2026-03-08T06:00:06Z"}),
-        );
-        h.feed(&[again], 1).await;
+        h.feed(&[trace_again("te-1", "req-a")], 1).await;
         let version: u64 = h
             .store
             .client()
