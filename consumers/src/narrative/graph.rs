@@ -197,11 +197,9 @@ impl Graph {
     /// `true` when [`Graph::add_event`] with `request_id` would change the color of the
     /// colored node `key`: the identity is stored again with a smaller request id.
     pub fn would_recolor(&self, key: &NodeKey, request_id: &str) -> bool {
-        !request_id.is_empty()
-            && self
-                .lookup(key)
-                .and_then(|n| self.nodes[n as usize].color.as_deref())
-                .is_some_and(|c| request_id < c)
+        self.lookup(key)
+            .and_then(|n| self.nodes[n as usize].color.as_deref())
+            .is_some_and(|c| takes_color(Some(c), request_id))
     }
 
     fn intern(&mut self, key: NodeKey, complete: bool) -> NodeIdx {
@@ -247,8 +245,8 @@ impl Graph {
     /// its index; call [`Graph::settle`] with [`Graph::seeds`] afterwards.
     ///
     /// An identity stored again with another request id (other content) is colored by the
-    /// smallest of its request ids, whatever their order. A smaller one recolors the node,
-    /// so every uncolored component around it must be in memory first
+    /// smallest of its request ids ([`takes_color`]). A smaller one recolors the node, so
+    /// every uncolored component around it must be in memory first
     /// ([`Graph::would_recolor`], `loader::around`).
     pub fn add_event(
         &mut self,
@@ -262,7 +260,7 @@ impl Graph {
         let node = &mut self.nodes[me as usize];
         node.present = true;
         node.ts = ts;
-        if !request_id.is_empty() && node.color.as_deref().is_none_or(|c| request_id < c) {
+        if takes_color(node.color.as_deref(), request_id) {
             node.color = Some(request_id.into());
         }
         for l in links {
@@ -534,6 +532,15 @@ impl Graph {
     }
 }
 
+/// The color rule: request id `new` (empty = none) colors a node whose color is `current`
+/// when it has none or `new` is smaller. A color therefore only ever gets smaller, and an
+/// identity stored with several request ids takes the smallest, whatever their order, as
+/// `weft rebuild` (which reads the facts in no particular order) does too. The loader and
+/// the unfinished-pass restore read stored colors with `minIf` for the same reason.
+pub fn takes_color(current: Option<&str>, new: &str) -> bool {
+    !new.is_empty() && current.is_none_or(|c| new < c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +667,8 @@ mod tests {
         assert!(g.would_recolor(&key, "req-a"));
         assert!(!g.would_recolor(&key, "req-c"));
         assert!(!g.would_recolor(&key, ""));
+        assert!(takes_color(None, "req-b") && takes_color(Some("req-b"), "req-a"));
+        assert!(!takes_color(None, "") && !takes_color(Some("req-a"), "req-a"));
     }
 
     #[test]

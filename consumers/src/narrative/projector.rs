@@ -17,7 +17,7 @@ use tracing::{info, instrument};
 use weft_schemas::links::{Link, NodeKind};
 
 use super::filter::{IdFilter, IdSet, DEFAULT_EXPECTED_ITEMS, DEFAULT_OPEN_ITEMS};
-use super::graph::{Change, Graph, NodeIdx, NodeKey};
+use super::graph::{takes_color, Change, Graph, NodeIdx, NodeKey};
 use super::loader;
 use super::shard::NarrativeShard;
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
@@ -664,7 +664,7 @@ fn direct_facts(
 }
 
 /// A restored node's color is the smallest request id of all its versions, as memory and a
-/// rebuild give it (`Graph::add_event`): the killed pass's rows hold the versions it placed,
+/// rebuild give it ([`takes_color`]): the killed pass's rows hold the versions it placed,
 /// the stored node rows the color of the earlier ones (a member the killed pass stored
 /// without a request id may be an identity an earlier pass colored).
 async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), StoreError> {
@@ -688,7 +688,7 @@ async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), Stor
     for r in restored.iter_mut() {
         let key = (r.tenant.clone(), r.kind.clone(), r.id.clone());
         if let Some(c) = colors.remove(&key) {
-            if r.request_id.is_empty() || c < r.request_id {
+            if takes_color(Some(r.request_id.as_str()).filter(|s| !s.is_empty()), &c) {
                 r.request_id = c;
             }
         }
