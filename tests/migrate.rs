@@ -57,6 +57,27 @@ async fn migrate_twice_is_a_no_op_the_second_time() {
         .await
         .unwrap();
     assert!(tables.contains(&"weft_events".to_owned()), "{tables:?}");
+    // Migration 0014: wide merges where ingest writes the most (less CPU per event), the
+    // default where a narrative lookup reads a granule per part (docs/BENCHMARKS.md).
+    for (table, wide) in [
+        ("weft_events", true),
+        ("weft_narratives", true),
+        ("weft_narrative_nodes", false),
+        ("weft_links", false),
+    ] {
+        let engine: String = client
+            .query("SELECT engine_full FROM system.tables WHERE database = ? AND name = ?")
+            .bind(&db)
+            .bind(table)
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.contains("merge_selector_base = 10"),
+            wide,
+            "{table}: {engine}"
+        );
+    }
     client
         .query(&format!("DROP DATABASE `{db}`"))
         .execute()
