@@ -25,7 +25,7 @@ q "DROP TABLE IF EXISTS mx.src_$T"
 q "CREATE TABLE mx.src_$T ENGINE = MergeTree ORDER BY n AS SELECT rowNumberInAllBlocks() AS n, * FROM $DB.$T"
 N=$(q "SELECT count() FROM mx.src_$T")
 for V in "$@"; do
-  name=${V%%:*} setting=${V#*:} copy="${T}_${V%%:*}"
+  name=${V%%:*} setting=${V#*:} copy="${T}_$name"
   q "DROP TABLE IF EXISTS mx.$copy"
   q "CREATE TABLE mx.$copy AS $DB.$T"
   [ "$setting" = default ] || q "ALTER TABLE mx.$copy MODIFY SETTING $setting"
