@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn the_example_config_parses() {
         let s: Settings = toml::from_str(include_str!("../deploy/weft.example.toml")).unwrap();
-        assert_eq!(s.ingest.batch_max_rows, 20_000);
+        assert_eq!(s.ingest.batch_max_rows, 50_000);
         assert_eq!(s.publisher.topics.prefix, "weaver.");
     }
 

@@ -18,6 +18,16 @@ use crate::config::{GlobalArgs, LogFormat, Settings};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's settings, read when it starts (the `MALLOC_CONF` environment variable still
+/// overrides them). By default jemalloc keeps freed pages for 10 s before it gives them back,
+/// so while ingest drains a backlog the resident set also held the batches of the last ten
+/// seconds, freed but not returned. A background thread returning them after a quarter of a
+/// second is what lets 50k-record batches fit the 1 GiB budget (docs/BENCHMARKS.md, "Batch
+/// size and the allocator").
+#[cfg(target_os = "linux")]
+#[export_name = "malloc_conf"]
+static MALLOC_CONF: &[u8; 59] = b"background_thread:true,dirty_decay_ms:250,muzzy_decay_ms:0\0";
+
 /// weft: the event-sourced audit and feedback pipeline for Weaver agent stacks.
 ///
 /// Events (TraceEvent, PolicyDecision, Frame, Handle, CapabilityToken, RoutingDecision,

@@ -45,9 +45,10 @@ pub struct IngestArgs {
     /// Topic name prefix (default `weaver.`).
     #[arg(long, env = "WEFT_TOPIC_PREFIX", value_name = "PREFIX")]
     pub topic_prefix: Option<String>,
-    /// Flush when this many records are buffered over all partitions (default 20000):
+    /// Flush when this many records are buffered over all partitions (default 50000):
     /// one flush is one facts insert and one narrative pass, so larger is cheaper in CPU
-    /// but holds more in memory (two decoded batches while a backlog drains).
+    /// (fewer, larger parts for ClickHouse to write and merge) but holds more in memory
+    /// (two decoded batches while a backlog drains).
     #[arg(long, value_name = "N")]
     pub batch_max_rows: Option<usize>,
     /// Flush batches at least this often, in milliseconds (default 1000).

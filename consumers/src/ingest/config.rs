@@ -59,7 +59,8 @@ pub struct IngestConfig {
     pub replication_factor: i32,
     /// Flush when this many records are buffered (over all partitions). Two batches are in
     /// memory while ingest drains a backlog (one written while the next is read), decoded:
-    /// the default 20,000 keeps them to about 250 MB in all with ~1 KB payloads.
+    /// with the default 50,000 the whole process peaked at 934 MB draining a 2M-event
+    /// backlog (~350 B payloads), against 836 MB at 20,000, for 14% less CPU per event.
     pub batch_max_rows: usize,
     /// ... or this many payload bytes.
     pub batch_max_bytes: usize,
@@ -117,7 +118,7 @@ impl Default for IngestConfig {
             role: Role::All,
             partitions: 4,
             replication_factor: 1,
-            batch_max_rows: 20_000,
+            batch_max_rows: 50_000,
             batch_max_bytes: 64 << 20,
             flush_interval_ms: 1_000,
             dedup_window_secs: 7 * 24 * 3600,
