@@ -134,7 +134,7 @@ async fn events_read_back(compression: Compression) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn narrative_rows_read_back_as_written() {
     let store = store(Compression::Auto).await;
-    let member = NarrativeRow {
+    let member: NarrativeRow = NarrativeRow {
         tenant: "acme".into(),
         narrative_id: "adhoc:frame:f-1".into(),
         kind: "frame".into(),
@@ -146,7 +146,7 @@ async fn narrative_rows_read_back_as_written() {
         version: u64::MAX - 1,
         is_deleted: 1,
     };
-    let node = NodeRow {
+    let node: NodeRow = NodeRow {
         tenant: "acme".into(),
         kind: "frame".into(),
         id: "f-1".into(),
@@ -155,7 +155,7 @@ async fn narrative_rows_read_back_as_written() {
         ts: -7,
         version: 3,
     };
-    let link = LinkRow {
+    let link: LinkRow = LinkRow {
         tenant: "acme".into(),
         to_kind: "handle".into(),
         to_id: "h-1".into(),

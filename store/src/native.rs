@@ -264,53 +264,55 @@ impl NativeRows for EventRow<'_> {
     }
 }
 
-impl NativeRows for NarrativeRow {
+impl<S: AsRef<str>> NativeRows for NarrativeRow<S> {
     fn write(b: &mut Block<'_, Self>) {
-        b.str("tenant", |r| &r.tenant);
-        b.str("narrative_id", |r| &r.narrative_id);
-        b.str("kind", |r| &r.kind);
-        b.str("id", |r| &r.id);
+        b.str("tenant", |r| r.tenant.as_ref());
+        b.str("narrative_id", |r| r.narrative_id.as_ref());
+        b.str("kind", |r| r.kind.as_ref());
+        b.str("id", |r| r.id.as_ref());
         b.fixed("content_hash", |r| &r.content_hash);
         b.micros("ts", |r| r.ts);
-        b.str("request_id", |r| &r.request_id);
-        b.str("payload", |r| &r.payload);
+        b.str("request_id", |r| r.request_id.as_ref());
+        b.str("payload", |r| r.payload.as_ref());
         b.u64("version", |r| r.version);
         b.u8("is_deleted", |r| r.is_deleted);
     }
 
     fn size_hint(&self) -> usize {
-        self.payload.len() + self.narrative_id.len() + self.id.len() + 128
+        let len = |s: &S| s.as_ref().len();
+        len(&self.payload) + len(&self.narrative_id) + len(&self.id) + 128
     }
 }
 
-impl NativeRows for NodeRow {
+impl<S: AsRef<str>> NativeRows for NodeRow<S> {
     fn write(b: &mut Block<'_, Self>) {
-        b.str("tenant", |r| &r.tenant);
-        b.str("kind", |r| &r.kind);
-        b.str("id", |r| &r.id);
-        b.str("narrative_id", |r| &r.narrative_id);
-        b.str("request_id", |r| &r.request_id);
+        b.str("tenant", |r| r.tenant.as_ref());
+        b.str("kind", |r| r.kind.as_ref());
+        b.str("id", |r| r.id.as_ref());
+        b.str("narrative_id", |r| r.narrative_id.as_ref());
+        b.str("request_id", |r| r.request_id.as_ref());
         b.micros("ts", |r| r.ts);
         b.u64("version", |r| r.version);
     }
 
     fn size_hint(&self) -> usize {
-        self.id.len() + self.narrative_id.len() + self.request_id.len() + 96
+        let len = |s: &S| s.as_ref().len();
+        len(&self.id) + len(&self.narrative_id) + len(&self.request_id) + 96
     }
 }
 
-impl NativeRows for LinkRow {
+impl<S: AsRef<str>> NativeRows for LinkRow<S> {
     fn write(b: &mut Block<'_, Self>) {
-        b.str("tenant", |r| &r.tenant);
-        b.str("to_kind", |r| &r.to_kind);
-        b.str("to_id", |r| &r.to_id);
-        b.str("from_kind", |r| &r.from_kind);
-        b.str("from_id", |r| &r.from_id);
-        b.str("via", |r| &r.via);
+        b.str("tenant", |r| r.tenant.as_ref());
+        b.str("to_kind", |r| r.to_kind.as_ref());
+        b.str("to_id", |r| r.to_id.as_ref());
+        b.str("from_kind", |r| r.from_kind.as_ref());
+        b.str("from_id", |r| r.from_id.as_ref());
+        b.str("via", |r| r.via.as_ref());
     }
 
     fn size_hint(&self) -> usize {
-        self.to_id.len() + self.from_id.len() + 96
+        self.to_id.as_ref().len() + self.from_id.as_ref().len() + 96
     }
 }
 
@@ -502,7 +504,7 @@ mod tests {
         );
         let refs = [Cow::Borrowed("h")];
         let links = [("v", "k", Cow::Borrowed("i"))];
-        let link = LinkRow {
+        let link: LinkRow = LinkRow {
             tenant: "a".into(),
             to_kind: "b".into(),
             to_id: "c".into(),
@@ -510,7 +512,7 @@ mod tests {
             from_id: "e".into(),
             via: "f".into(),
         };
-        let member = NarrativeRow {
+        let member: NarrativeRow = NarrativeRow {
             tenant: "a".into(),
             narrative_id: "n".into(),
             kind: "k".into(),

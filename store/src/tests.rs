@@ -145,9 +145,9 @@ fn every_row_struct_matches_its_table() {
     };
     use crate::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
     use crate::telemetry::{BatchRow, DeadLetterRow, LagRow};
-    check("weft_narratives", NarrativeRow::COLUMN_NAMES);
-    check("weft_narrative_nodes", NodeRow::COLUMN_NAMES);
-    check("weft_links", LinkRow::COLUMN_NAMES);
+    check("weft_narratives", <NarrativeRow>::COLUMN_NAMES);
+    check("weft_narrative_nodes", <NodeRow>::COLUMN_NAMES);
+    check("weft_links", <LinkRow>::COLUMN_NAMES);
     check("weft_projector_progress", ProgressRow::COLUMN_NAMES);
     check("weft_ingest_batches", BatchRow::COLUMN_NAMES);
     check("weft_dead_letters", DeadLetterRow::COLUMN_NAMES);

@@ -10,6 +10,7 @@
 //! replaying facts after a crash is harmless, and progress is written last.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
@@ -261,19 +262,19 @@ impl Projector {
         let mut from_rows = Vec::new();
         let mut narrative_rows = Vec::new();
         // Node rows: the direct facts' first, then those of the graph's nodes.
-        let mut nodes: Vec<NodeRow> = Vec::new();
+        let mut nodes: Vec<NodeRow<Cow<str>>> = Vec::new();
         for (f, direct) in facts.into_iter().zip(direct) {
             let env = &f.envelope;
             link_rows.extend(f.links.iter().map(|l| link_row(f, l)));
             if direct {
-                let request_id = env.request_id.clone().unwrap_or_default();
-                narrative_rows.push(narrative_row(f, &request_id, version));
+                let request_id = env.request_id.as_deref().unwrap_or_default();
+                narrative_rows.push(narrative_row(f, Cow::Borrowed(request_id), version));
                 nodes.push(NodeRow {
-                    tenant: env.tenant.clone(),
-                    kind: env.kind.as_str().to_owned(),
-                    id: f.id.clone(),
-                    narrative_id: request_id.clone(),
-                    request_id,
+                    tenant: Cow::Borrowed(&env.tenant),
+                    kind: Cow::Borrowed(env.kind.as_str()),
+                    id: Cow::Borrowed(&f.id),
+                    narrative_id: Cow::Borrowed(request_id),
+                    request_id: Cow::Borrowed(request_id),
                     ts: f.ts_micros,
                     version,
                 });
@@ -302,12 +303,12 @@ impl Projector {
             }
         }
         let changes = self.graph.settle(&seeds);
-        let mut node_rows: HashMap<NodeIdx, NodeRow> = HashMap::default();
+        let mut node_rows: HashMap<NodeIdx, NodeRow<Cow<str>>> = HashMap::default();
         for (n, f) in &fed {
             let Some(narrative) = self.graph.assigned(*n).cloned() else {
                 continue;
             };
-            narrative_rows.push(narrative_row(f, &narrative, version));
+            narrative_rows.push(narrative_row(f, Cow::Owned(narrative.to_string()), version));
             node_rows.insert(*n, self.node_row(*n, &narrative, version));
         }
         let moved = self
@@ -504,18 +505,19 @@ impl Projector {
     /// The node row of `n`. Its request id is the node's own color, as the graph holds it
     /// (an identity stored with and without one is colored), so a later load sees the node
     /// as memory did, and as `weft rebuild` writes it.
-    fn node_row(&self, n: NodeIdx, narrative: &str, version: u64) -> NodeRow {
+    fn node_row(&self, n: NodeIdx, narrative: &str, version: u64) -> NodeRow<Cow<'static, str>> {
         let key = self.graph.key(n);
         NodeRow {
-            tenant: key.tenant.to_string(),
-            kind: key.kind.as_str().to_owned(),
-            id: key.id.to_string(),
-            narrative_id: narrative.to_owned(),
-            request_id: self
-                .graph
-                .request_id(n)
-                .map(|r| r.to_string())
-                .unwrap_or_default(),
+            tenant: Cow::Owned(key.tenant.to_string()),
+            kind: Cow::Borrowed(key.kind.as_str()),
+            id: Cow::Owned(key.id.to_string()),
+            narrative_id: Cow::Owned(narrative.to_owned()),
+            request_id: Cow::Owned(
+                self.graph
+                    .request_id(n)
+                    .map(|r| r.to_string())
+                    .unwrap_or_default(),
+            ),
             ts: self.graph.ts(n),
             version,
         }
@@ -527,7 +529,7 @@ impl Projector {
         &self,
         changes: &[Change],
         version: u64,
-        out: &mut Vec<NarrativeRow>,
+        out: &mut Vec<NarrativeRow<Cow<'_, str>>>,
     ) -> Result<usize, StoreError> {
         let mut by_tenant: HashMap<Arc<str>, Moves> = HashMap::default();
         for c in changes {
@@ -576,13 +578,14 @@ impl Projector {
                     continue;
                 }
                 moved += 1;
+                let r = r.into_cow();
                 out.push(NarrativeRow {
                     version,
                     is_deleted: 1,
                     ..r.clone()
                 });
                 out.push(NarrativeRow {
-                    narrative_id: new.to_string(),
+                    narrative_id: Cow::Owned(new.to_string()),
                     version,
                     ..r
                 });
@@ -592,31 +595,35 @@ impl Projector {
     }
 }
 
-/// The row of `f`'s link `l`, for `weft_links` (and `weft_links_from`).
-fn link_row(f: &Fact, l: &Link) -> LinkRow {
+/// The row of `f`'s link `l`, for `weft_links` (and `weft_links_from`), borrowed from `f`.
+fn link_row<'f>(f: &'f Fact, l: &'f Link) -> LinkRow<Cow<'f, str>> {
     let env = &f.envelope;
     LinkRow {
-        tenant: env.tenant.clone(),
-        to_kind: l.to_kind.as_str().to_owned(),
-        to_id: l.to_id.clone(),
-        from_kind: env.kind.as_str().to_owned(),
-        from_id: f.id.clone(),
-        via: l.via.as_str().to_owned(),
+        tenant: Cow::Borrowed(&env.tenant),
+        to_kind: Cow::Borrowed(l.to_kind.as_str()),
+        to_id: Cow::Borrowed(&l.to_id),
+        from_kind: Cow::Borrowed(env.kind.as_str()),
+        from_id: Cow::Borrowed(&f.id),
+        via: Cow::Borrowed(l.via.as_str()),
     }
 }
 
-/// The member row of `f` in `narrative`.
-fn narrative_row(f: &Fact, narrative: &str, version: u64) -> NarrativeRow {
+/// The member row of `f` in `narrative`, borrowed from `f` (its payload too).
+fn narrative_row<'f>(
+    f: &'f Fact,
+    narrative: Cow<'f, str>,
+    version: u64,
+) -> NarrativeRow<Cow<'f, str>> {
     let env = &f.envelope;
     NarrativeRow {
-        tenant: env.tenant.clone(),
-        narrative_id: narrative.to_owned(),
-        kind: env.kind.as_str().to_owned(),
-        id: f.id.clone(),
+        tenant: Cow::Borrowed(&env.tenant),
+        narrative_id: narrative,
+        kind: Cow::Borrowed(env.kind.as_str()),
+        id: Cow::Borrowed(&f.id),
         content_hash: f.content_hash,
         ts: f.ts_micros,
-        request_id: env.request_id.clone().unwrap_or_default(),
-        payload: env.payload.get().to_owned(),
+        request_id: Cow::Borrowed(env.request_id.as_deref().unwrap_or_default()),
+        payload: Cow::Borrowed(env.payload.get()),
         version,
         is_deleted: 0,
     }
