@@ -20,7 +20,7 @@ pub(super) struct PartitionState {
     /// Highest offset projected onto narratives.
     pub(super) projected: i64,
     pub(super) dedup: DedupCache,
-    pub(super) facts: Vec<(i64, Fact)>,
+    pub(super) facts: Vec<(i64, Box<Fact>)>,
     pub(super) dead: Vec<DeadLetter>,
     pub(super) bytes: usize,
     pub(super) last_offset: i64,
@@ -143,7 +143,7 @@ pub(super) struct Decided {
 pub(super) struct FlushPart {
     pub(super) topic: String,
     pub(super) partition: i32,
-    pub(super) facts: Vec<(i64, Fact)>,
+    pub(super) facts: Vec<(i64, Box<Fact>)>,
     /// Per fact: `None` for a copy of a stored event (dropped by the dedup cache, or at or
     /// below the stored offset), else `Some(conflict)`.
     pub(super) keep: Vec<Option<bool>>,
@@ -309,7 +309,7 @@ pub(super) mod tests {
             stored,
             projected,
             dedup: DedupCache::new(crate::facts::tests::limits(Duration::from_secs(3600), 1000)),
-            facts,
+            facts: facts.into_iter().map(|(o, f)| (o, Box::new(f))).collect(),
             dead: Vec::new(),
             bytes: 100,
             last_offset,

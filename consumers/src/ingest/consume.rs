@@ -372,7 +372,7 @@ impl Ingestor {
                 let n = fact.envelope.payload.get().len();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
-                st.facts.push((rec.offset, fact));
+                st.facts.push((rec.offset, Box::new(fact)));
             }
             Some(Err(dead)) if need_fact => {
                 let n = dead.value.len();

@@ -310,7 +310,7 @@ impl Flusher {
 /// order per partition. Per partition with rows, a [`Span`]: where its rows sit in the insert,
 /// and the highest offset among them.
 pub(super) fn fact_rows(parts: &[FlushPart], ingested_at: i64) -> (Vec<EventRow<'_>>, Vec<Span>) {
-    let mut rows = Vec::new();
+    let mut rows = Vec::with_capacity(parts.iter().map(|p| p.facts.len()).sum());
     let mut spans: Vec<Span> = Vec::new();
     for p in parts {
         let start = rows.len();
@@ -346,7 +346,7 @@ pub(super) fn project_batches(parts: &[FlushPart]) -> Vec<ProjectBatch<'_>> {
                 .facts
                 .iter()
                 .filter(|(o, _)| *o > p.projected)
-                .map(|(_, f)| f)
+                .map(|(_, f)| &**f)
                 .collect(),
             last_offset: p.last_offset,
         })
@@ -386,7 +386,7 @@ mod tests {
         FlushPart {
             topic: "t".into(),
             partition,
-            facts,
+            facts: facts.into_iter().map(|(o, f)| (o, Box::new(f))).collect(),
             keep,
             dead: Vec::new(),
             bytes: 0,
