@@ -260,12 +260,11 @@ impl Projector {
         let mut fed: Vec<(NodeIdx, &Fact)> = Vec::new();
         // Sized for the pass up front: grown by doubling, these vectors of a 50k-record pass
         // were copied again at each step, into freshly faulted pages.
-        let n = facts.len();
         let mut link_rows = Vec::with_capacity(facts.iter().map(|f| f.links.len()).sum());
         let mut from_rows = Vec::new();
-        let mut narrative_rows = Vec::with_capacity(n);
+        let mut narrative_rows = Vec::with_capacity(facts.len());
         // Node rows: the direct facts' first, then those of the graph's nodes.
-        let mut nodes: Vec<NodeRow<Cow<str>>> = Vec::with_capacity(n);
+        let mut nodes: Vec<NodeRow<Cow<str>>> = Vec::with_capacity(facts.len());
         for (f, direct) in facts.into_iter().zip(direct) {
             let env = &f.envelope;
             link_rows.extend(f.links.iter().map(|l| link_row(f, l)));
