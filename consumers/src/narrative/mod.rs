@@ -1,6 +1,7 @@
 //! Per-request narratives: which events belong together, as a projection of the facts.
 //! Their rows and the read side are `weft_store::narrative`.
 
+mod direct;
 pub mod filter;
 pub mod graph;
 pub mod loader;
