@@ -52,8 +52,14 @@ impl Topics {
     }
 
     /// The kind a topic carries, if it is one of ours.
+    /// Compares in place: ingest asks once per record, and building each kind's name to
+    /// compare was 1.5% of ingest's CPU in a profile.
     pub fn kind_of(&self, topic: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| self.topic(*k) == topic)
+        let suffix = topic.strip_prefix(self.prefix.as_str());
+        Kind::ALL.into_iter().find(|k| match self.overrides.get(k) {
+            Some(name) => name == topic,
+            None => suffix == Some(k.topic_suffix()),
+        })
     }
 
     /// Every event topic (not the dead-letter one), in [`Kind::ALL`] order.
