@@ -3,7 +3,8 @@
 
 mod common;
 
-use std::borrow::Cow;
+use weft_schemas::links::{Link, NodeKind, Via};
+use weft_schemas::Kind;
 
 use serde_json::{json, Value};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow};
@@ -37,11 +38,7 @@ async fn json_rows(store: &Store, sql: &str) -> Vec<Value> {
         .collect()
 }
 
-fn event<'a>(
-    id: &'a str,
-    refs: &'a [Cow<'static, str>],
-    links: &'a [(&'static str, &'static str, Cow<'static, str>)],
-) -> EventRow<'a> {
+fn event<'a>(id: &'a str, refs: &'a [Box<str>], links: &'a [Link]) -> EventRow<'a> {
     EventRow {
         tenant: "acme",
         kind: "frame",
@@ -84,10 +81,15 @@ async fn every_event_column_reads_back_as_written() {
 
 async fn events_read_back(compression: Compression) {
     let store = store(compression).await;
-    let refs = [Cow::Borrowed("h-1"), Cow::Owned("h-☃".to_owned())];
+    let refs: [Box<str>; 2] = ["h-1".into(), "h-☃".into()];
+    let link = |via, kind, id: &str| Link {
+        via,
+        to_kind: NodeKind::Event(kind),
+        to_id: id.into(),
+    };
     let links = [
-        ("handle_refs", "handle", Cow::Borrowed("h-1")),
-        ("decision_id", "policy_decision", Cow::Borrowed("pd-1")),
+        link(Via::HandleRefs, Kind::Handle, "h-1"),
+        link(Via::DecisionId, Kind::PolicyDecision, "pd-1"),
     ];
     let rows = [event("f-1", &refs, &links), event("f-2", &[], &[])];
     insert_native(&store, "weft_events", &rows).await.unwrap();

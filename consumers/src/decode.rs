@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use weft_schemas::links;
 use weft_schemas::wire::{self, SchemaIds};
 use weft_schemas::{identity, time, Topics};
-use weft_store::typed_columns;
+use weft_store::{typed_columns, StoredColumns};
 
 /// A record as read from Kafka, borrowed from the consumer's message.
 #[derive(Debug, Clone, Copy)]
@@ -91,7 +91,7 @@ pub fn decode_parsed(
             message: e.to_string(),
         })?,
     };
-    let typed = typed_columns(envelope.kind, &payload, &links).into_owned();
+    let typed = StoredColumns::new(&typed_columns(envelope.kind, &payload, &links));
     let fact = Fact {
         envelope,
         typed,

@@ -59,9 +59,10 @@ pub const INGEST_COLUMNS: &[&str] = &[
 pub struct Fact {
     /// The decoded envelope: kind, tenant, request id, producer fields and raw payload.
     pub envelope: Envelope,
-    /// The payload's typed columns ([`typed_columns`]), owned: the parsed payload itself is
-    /// dropped once decoded (keeping it cost 130 MB of peak memory with 50k-record batches).
-    pub typed: TypedColumns<'static>,
+    /// The payload's typed columns ([`typed_columns`]), packed ([`StoredColumns`]): the
+    /// parsed payload itself is dropped once decoded (keeping it cost 130 MB of peak memory
+    /// with 50k-record batches). Their `links` are [`Fact::links`].
+    pub typed: StoredColumns,
     /// The natural identity (see `weft_schemas::identity`).
     pub id: String,
     /// SHA-256 of the payload's RFC 8785 canonical form.
@@ -81,7 +82,7 @@ pub struct Fact {
 /// Field names are column names; the default is every column empty.
 ///
 /// Borrowed from the parsed payload as [`typed_columns`] gives them; a [`Fact`] holds them
-/// owned ([`TypedColumns::into_owned`]), so the parsed payload is dropped once decoded.
+/// packed ([`StoredColumns`]), so the parsed payload is dropped once decoded.
 #[derive(Debug, Clone, Default, PartialEq, Row, Serialize)]
 pub struct TypedColumns<'a> {
     /// Payload `event_type`, empty when absent.
@@ -179,28 +180,22 @@ pub fn typed_columns<'a>(kind: Kind, p: &'a Value, links: &'a [Link]) -> TypedCo
 }
 
 impl TypedColumns<'_> {
-    /// The same columns, owning their strings.
-    pub fn into_owned(self) -> TypedColumns<'static> {
-        let own = |c: Cow<'_, str>| Cow::Owned(c.into_owned());
-        TypedColumns {
-            event_type: own(self.event_type),
-            principal: own(self.principal),
-            capability_id: own(self.capability_id),
-            decision: own(self.decision),
-            outcome: own(self.outcome),
-            token_id: own(self.token_id),
-            decision_id: own(self.decision_id),
-            frame_id: own(self.frame_id),
-            handle_id: own(self.handle_id),
-            handle_refs: self.handle_refs.into_iter().map(own).collect(),
-            candidate_id: own(self.candidate_id),
-            flow_id: own(self.flow_id),
-            links: self
-                .links
-                .into_iter()
-                .map(|(via, kind, id)| (via, kind, own(id)))
-                .collect(),
-        }
+    /// The string columns [`StoredColumns`] packs, in its order.
+    fn packed(&self) -> [&str; PACKED] {
+        [
+            &self.event_type,
+            &self.principal,
+            &self.capability_id,
+            &self.decision,
+            &self.outcome,
+            &self.token_id,
+            &self.decision_id,
+            &self.frame_id,
+            &self.handle_id,
+            &self.candidate_id,
+            &self.flow_id,
+        ]
+        .map(|c| c.as_ref())
     }
 
     /// The columns whose value in `stored` (the columns as read back, one JSON object keyed
@@ -213,6 +208,54 @@ impl TypedColumns<'_> {
             .copied()
             .filter(|c| want.get(c) != stored.get(c))
             .collect()
+    }
+}
+
+/// The string columns of [`TypedColumns`] but `handle_refs` and `links`, in field order.
+const PACKED: usize = 11;
+
+/// [`TypedColumns`] as a [`Fact`] holds them while it waits for its flush: the eleven string
+/// columns end to end in one allocation, the handle refs apart (most events have none), and
+/// the links not at all ([`Fact::links`] has them). A fact held them as `TypedColumns`
+/// before: each non-empty string its own allocation, eleven `Cow`s inline and every link
+/// twice, a third of a decoded fact's ~1,600 bytes (docs/BENCHMARKS.md, session 17).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredColumns {
+    text: Box<str>,
+    /// Where each packed column ends in `text`. A record's value is at most 2 GiB (Kafka
+    /// sizes are `i32`), so a `u32` holds any offset into what it was decoded from.
+    ends: [u32; PACKED],
+    handle_refs: Box<[Box<str>]>,
+}
+
+impl StoredColumns {
+    /// Pack `t` (its `links` excepted).
+    pub fn new(t: &TypedColumns<'_>) -> Self {
+        let columns = t.packed();
+        let mut text = String::with_capacity(columns.iter().map(|c| c.len()).sum());
+        let mut ends = [0u32; PACKED];
+        for (end, c) in ends.iter_mut().zip(columns) {
+            text.push_str(c);
+            *end = text.len() as u32;
+        }
+        Self {
+            text: text.into_boxed_str(),
+            ends,
+            handle_refs: t.handle_refs.iter().map(|r| r.as_ref().into()).collect(),
+        }
+    }
+
+    /// The `i`-th packed column.
+    fn at(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.text
+            .get(start..self.ends[i] as usize)
+            .unwrap_or_default()
+    }
+
+    /// Payload `handle_refs`.
+    pub fn handle_refs(&self) -> &[Box<str>] {
+        &self.handle_refs
     }
 }
 
@@ -260,13 +303,14 @@ pub struct EventRow<'a> {
     /// See [`TypedColumns::handle_id`].
     pub handle_id: &'a str,
     /// See [`TypedColumns::handle_refs`].
-    pub handle_refs: &'a [Cow<'static, str>],
+    pub handle_refs: &'a [Box<str>],
     /// See [`TypedColumns::candidate_id`].
     pub candidate_id: &'a str,
     /// See [`TypedColumns::flow_id`].
     pub flow_id: &'a str,
-    /// See [`TypedColumns::links`].
-    pub links: &'a [(&'static str, &'static str, Cow<'static, str>)],
+    /// See [`TypedColumns::links`]; serialized as its (via, target kind, target id) tuples.
+    #[serde(serialize_with = "link_tuples")]
+    pub links: &'a [Link],
     /// 1 when this identity was seen before with different content.
     pub conflict: u8,
     /// Source topic, for exactly-once progress.
@@ -281,6 +325,15 @@ pub struct EventRow<'a> {
     pub payload: &'a str,
 }
 
+/// Links as the `links` column holds them: (via, target kind, target id).
+fn link_tuples<S: serde::Serializer>(links: &&[Link], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(
+        links
+            .iter()
+            .map(|l| (l.via.as_str(), l.to_kind.as_str(), l.to_id.as_str())),
+    )
+}
+
 impl<'a> EventRow<'a> {
     /// Build the row for a fact read at `topic/partition/offset`.
     pub fn new(
@@ -292,22 +345,8 @@ impl<'a> EventRow<'a> {
         conflict: bool,
     ) -> Self {
         let kind = f.envelope.kind;
-        // Exhaustive: a column added to TypedColumns must be added to the row too.
-        let TypedColumns {
-            event_type,
-            principal,
-            capability_id,
-            decision,
-            outcome,
-            token_id,
-            decision_id,
-            frame_id,
-            handle_id,
-            handle_refs,
-            candidate_id,
-            flow_id,
-            links,
-        } = &f.typed;
+        let [event_type, principal, capability_id, decision, outcome, token_id, decision_id, frame_id, handle_id, candidate_id, flow_id] =
+            std::array::from_fn(|i| f.typed.at(i));
         EventRow {
             tenant: &f.envelope.tenant,
             kind: kind.as_str(),
@@ -319,19 +358,19 @@ impl<'a> EventRow<'a> {
             seq: f.envelope.seq.unwrap_or(0),
             emitted_at: f.emitted_micros,
             ingested_at,
-            event_type: event_type.as_ref(),
-            principal: principal.as_ref(),
-            capability_id: capability_id.as_ref(),
-            decision: decision.as_ref(),
-            outcome: outcome.as_ref(),
-            token_id: token_id.as_ref(),
-            decision_id: decision_id.as_ref(),
-            frame_id: frame_id.as_ref(),
-            handle_id: handle_id.as_ref(),
-            handle_refs,
-            candidate_id: candidate_id.as_ref(),
-            flow_id: flow_id.as_ref(),
-            links,
+            event_type,
+            principal,
+            capability_id,
+            decision,
+            outcome,
+            token_id,
+            decision_id,
+            frame_id,
+            handle_id,
+            handle_refs: f.typed.handle_refs(),
+            candidate_id,
+            flow_id,
+            links: &f.links,
             conflict: u8::from(conflict),
             topic,
             partition: partition as u32,

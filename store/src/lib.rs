@@ -28,7 +28,7 @@ pub mod search;
 mod store;
 pub mod telemetry;
 
-pub use events::{typed_columns, EventRow, Fact, TypedColumns};
+pub use events::{typed_columns, EventRow, Fact, StoredColumns, TypedColumns};
 pub use native::insert_native;
 pub use store::{
     check_columns, insert, ClickHouseConfig, Compression, MigrateReport, Store, StoreError,

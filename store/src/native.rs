@@ -20,10 +20,9 @@
 //! A row type lists its columns once, in [`NativeRows::write`], in the order of its
 //! `clickhouse::Row` field list; [`insert_native`] checks the two agree before sending.
 
-use std::borrow::Cow;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use clickhouse::Row;
+use weft_schemas::links::Link;
 
 use crate::events::EventRow;
 use crate::narrative::{LinkRow, NarrativeRow, NodeRow};
@@ -123,7 +122,7 @@ impl<'r, R: NativeRows> Block<'r, R> {
 
     /// An `Array(String)` column: the running end offset of each row's array, then every
     /// element.
-    pub fn str_array(&mut self, name: &'static str, value: impl Fn(&R) -> &[Cow<'static, str>]) {
+    pub fn str_array(&mut self, name: &'static str, value: impl Fn(&R) -> &[Box<str>]) {
         self.header(name, "Array(String)");
         self.offsets(|r| value(r).len());
         for r in self.rows {
@@ -133,21 +132,17 @@ impl<'r, R: NativeRows> Block<'r, R> {
         }
     }
 
-    /// An `Array(Tuple(String, String, String))` column: the end offsets, then each element
-    /// of the tuples as a column of its own.
-    pub fn triple_array(
-        &mut self,
-        name: &'static str,
-        value: impl Fn(&R) -> &[(&'static str, &'static str, Cow<'static, str>)],
-    ) {
-        type Triple = (&'static str, &'static str, Cow<'static, str>);
+    /// An `Array(Tuple(String, String, String))` column of links (via, target kind, target
+    /// id): the end offsets, then each element of the tuples as a column of its own.
+    pub fn link_array(&mut self, name: &'static str, value: impl Fn(&R) -> &[Link]) {
         self.header(name, "Array(Tuple(String, String, String))");
         self.offsets(|r| value(r).len());
-        let elements: [fn(&Triple) -> &str; 3] = [|t| t.0, |t| t.1, |t| &t.2];
+        let elements: [fn(&Link) -> &str; 3] =
+            [|l| l.via.as_str(), |l| l.to_kind.as_str(), |l| &l.to_id];
         for element in elements {
             for r in self.rows {
-                for t in value(r) {
-                    put_str(&mut self.buf, element(t));
+                for l in value(r) {
+                    put_str(&mut self.buf, element(l));
                 }
             }
         }
@@ -248,7 +243,7 @@ impl NativeRows for EventRow<'_> {
         b.str_array("handle_refs", |r| r.handle_refs);
         b.str("candidate_id", |r| r.candidate_id);
         b.str("flow_id", |r| r.flow_id);
-        b.triple_array("links", |r| r.links);
+        b.link_array("links", |r| r.links);
         b.u8("conflict", |r| r.conflict);
         b.str("topic", |r| r.topic);
         b.u32("partition", |r| r.partition);
@@ -259,7 +254,7 @@ impl NativeRows for EventRow<'_> {
 
     fn size_hint(&self) -> usize {
         let refs: usize = self.handle_refs.iter().map(|s| s.len() + 1).sum();
-        let links: usize = self.links.iter().map(|l| l.2.len() + 48).sum();
+        let links: usize = self.links.iter().map(|l| l.to_id.len() + 48).sum();
         self.payload.len() + 3 * self.id.len() + refs + links + 512
     }
 }
@@ -321,6 +316,8 @@ mod tests {
     use super::*;
     use crate::ddl;
     use serde::Serialize;
+    use weft_schemas::links::{NodeKind, Via};
+    use weft_schemas::Kind;
 
     fn varuint(b: &mut &[u8]) -> u64 {
         let (mut v, mut shift) = (0u64, 0);
@@ -394,10 +391,15 @@ mod tests {
         assert!(b.is_empty(), "{} bytes left over", b.len());
     }
 
-    fn event<'a>(
-        refs: &'a [Cow<'static, str>],
-        links: &'a [(&'static str, &'static str, Cow<'static, str>)],
-    ) -> EventRow<'a> {
+    fn link(via: Via, kind: Kind, id: &str) -> Link {
+        Link {
+            via,
+            to_kind: NodeKind::Event(kind),
+            to_id: id.into(),
+        }
+    }
+
+    fn event<'a>(refs: &'a [Box<str>], links: &'a [Link]) -> EventRow<'a> {
         EventRow {
             tenant: "acme",
             kind: "frame",
@@ -433,8 +435,8 @@ mod tests {
 
     #[test]
     fn arrays_send_end_offsets_then_their_elements() {
-        let refs = [Cow::Borrowed("h-1"), Cow::Borrowed("h-2")];
-        let links = [("handle_refs", "handle", Cow::Borrowed("h-1"))];
+        let refs: [Box<str>; 2] = ["h-1".into(), "h-2".into()];
+        let links = [link(Via::HandleRefs, Kind::Handle, "h-1")];
         let rows = [
             event(&refs, &links),
             event(&[], &[]),
@@ -502,8 +504,8 @@ mod tests {
                 .iter()
                 .flat_map(|m| m.statements()),
         );
-        let refs = [Cow::Borrowed("h")];
-        let links = [("v", "k", Cow::Borrowed("i"))];
+        let refs: [Box<str>; 1] = ["h".into()];
+        let links = [link(Via::DecisionId, Kind::PolicyDecision, "i")];
         let link: LinkRow = LinkRow {
             tenant: "a".into(),
             to_kind: "b".into(),

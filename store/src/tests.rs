@@ -1,15 +1,18 @@
 //! The crate's contract with the migrations: every column of `weft_events` has exactly one
 //! source and a place in the rows; the chain's hash of a known row is pinned.
 
+use std::borrow::Cow;
+
 use clickhouse::Row;
 use serde_json::json;
 use weft_schemas::links;
-use weft_schemas::Kind;
+use weft_schemas::{Envelope, Kind};
 
 use crate::chain::{ChainRow, ROWS_SQL};
 use crate::ddl::{self, Tables};
 use crate::events::{EventRow, TypedColumns, ENVELOPE_COLUMNS, INGEST_COLUMNS};
 use crate::typed_columns;
+use crate::{Fact, StoredColumns};
 
 fn default_tables() -> Tables {
     ddl::tables(
@@ -211,6 +214,71 @@ fn typed_columns_per_kind() {
     let h = json!({"handle_id": "h", "frame_id": "fr"});
     let t = typed_columns(Kind::Handle, &h, &[]);
     assert_eq!((&*t.handle_id, &*t.frame_id), ("h", ""));
+}
+
+/// A fact keeps its typed columns packed (`StoredColumns`): each column of the row it
+/// writes is read back from its own place, with its own value, whichever columns are empty.
+#[test]
+fn each_row_column_reads_its_own_packed_value() {
+    let names = |row: &EventRow<'_>| serde_json::to_value(row).unwrap();
+    let links = links::extract(
+        Kind::TraceEvent,
+        &json!({"decision_id": "pd", "frame_id": "fr"}),
+    );
+    for empty in std::iter::once(None).chain(TypedColumns::COLUMN_NAMES.iter().map(Some)) {
+        let value = |col: &'static str| -> Cow<'static, str> {
+            if empty == Some(&col) {
+                "".into()
+            } else {
+                format!("{col}-value").into()
+            }
+        };
+        let typed = TypedColumns {
+            event_type: value("event_type"),
+            principal: value("principal"),
+            capability_id: value("capability_id"),
+            decision: value("decision"),
+            outcome: value("outcome"),
+            token_id: value("token_id"),
+            decision_id: value("decision_id"),
+            frame_id: value("frame_id"),
+            handle_id: value("handle_id"),
+            handle_refs: vec![value("handle_refs"), "second".into()],
+            candidate_id: value("candidate_id"),
+            flow_id: value("flow_id"),
+            links: Vec::new(),
+        };
+        let fact = Fact {
+            envelope: Envelope {
+                kind: Kind::TraceEvent,
+                request_id: None,
+                tenant: "t".into(),
+                producer_id: None,
+                seq: None,
+                emitted_at: None,
+                payload: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            },
+            typed: StoredColumns::new(&typed),
+            id: "id".into(),
+            content_hash: [0; 32],
+            ts_micros: 0,
+            emitted_micros: 0,
+            links: links.clone(),
+            content_type: Default::default(),
+        };
+        let row = names(&EventRow::new(&fact, "topic", 0, 0, 0, false));
+        for col in TypedColumns::COLUMN_NAMES {
+            let want = match *col {
+                "handle_refs" => json!([value("handle_refs"), "second"]),
+                "links" => json!([
+                    ["decision_id", "policy_decision", "pd"],
+                    ["frame_id", "frame", "fr"]
+                ]),
+                _ => json!(value(col)),
+            };
+            assert_eq!(row[*col], want, "column {col} with {empty:?} empty");
+        }
+    }
 }
 
 /// `differences` names each column that differs, whichever it is.
