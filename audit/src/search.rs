@@ -67,9 +67,14 @@ fn encode_cursor(h: &Hit) -> String {
     hex::encode(serde_json::json!([h.ts, h.kind, h.id, h.content_hash]).to_string())
 }
 
+/// The longest cursor [`encode_cursor`] can write: hex (2 characters a byte) of JSON whose
+/// id is at most `MAX_ID_BYTES` bytes, each escaped to at most 6 (`\u001f`), with room for
+/// the time, the kind and the hash.
+pub const MAX_CURSOR_BYTES: usize = 2 * (6 * weft_schemas::identity::MAX_ID_BYTES + 256);
+
 fn decode_cursor(c: &str) -> Result<(i64, String, String, String), AuditError> {
     let bad = || AuditError::BadRequest("malformed cursor".into());
-    if c.len() > 4096 {
+    if c.len() > MAX_CURSOR_BYTES {
         return Err(bad());
     }
     let bytes = hex::decode(c).map_err(|_| bad())?;
@@ -205,6 +210,17 @@ mod tests {
         );
         assert!(decode_cursor("zz").is_err());
         assert!(decode_cursor(&hex::encode("[1,2]")).is_err());
+        // The longest id, all of it escaped, still makes a cursor the next page takes.
+        let longest = Hit {
+            id: "\u{1f}".repeat(weft_schemas::identity::MAX_ID_BYTES),
+            content_hash: "0".repeat(64),
+            kind: "execution_routing_decision".into(),
+            ts: i64::MIN,
+            ..h
+        };
+        let c = encode_cursor(&longest);
+        assert!(c.len() <= MAX_CURSOR_BYTES, "{}", c.len());
+        assert_eq!(decode_cursor(&c).unwrap().2, longest.id);
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl HasApiKeys for AppState {
 }
 
 /// Longest id a path takes (`/timeline/{id}`, `/bundle/{id}`); longer: 422.
-pub const MAX_ID_BYTES: usize = 1024;
+pub use weft_schemas::identity::MAX_ID_BYTES;
 
 fn bad_request(message: &str) -> Response {
     ApiError::bad_request("bad_request", message).into_response()
@@ -287,10 +287,13 @@ async fn search_route(
     let filter = q.filter;
     let no_cursor = String::new();
     let cursor = ("cursor", q.cursor.as_ref().unwrap_or(&no_cursor));
-    for (name, v) in filter.fields().into_iter().chain([cursor]) {
+    for (name, v) in filter.fields() {
         if let Err(e) = weft_http::check_len(name, v, MAX_ID_BYTES) {
             return e.into_response();
         }
+    }
+    if let Err(e) = weft_http::check_len(cursor.0, cursor.1, search::MAX_CURSOR_BYTES) {
+        return e.into_response();
     }
     let format = q.format.as_deref().unwrap_or("json");
     if !["json", "jsonl", "csv"].contains(&format) {

@@ -36,7 +36,7 @@ pub use weft_store::Fact;
 pub struct Rejection {
     /// Stable, short: `undecodable`, `undecodable_json`, `undecodable_avro`, `unknown_kind`,
     /// `unknown_schema`, `bad_header`, `schema_invalid`, `bad_tenant`, `no_identity`,
-    /// `duplicate_key`.
+    /// `duplicate_key`, `id_too_long`.
     pub code: &'static str,
     /// Human-readable detail for the dead-letter headers and telemetry.
     pub message: String,
@@ -91,6 +91,10 @@ pub fn decode_parsed(
             message: e.to_string(),
         })?,
     };
+    envelope.check_ids(&id, &links).map_err(|e| Rejection {
+        code: e.code(),
+        message: e.to_string(),
+    })?;
     let typed = StoredColumns::new(&typed_columns(envelope.kind, &payload, &links));
     let fact = Fact {
         envelope,
@@ -156,6 +160,43 @@ mod tests {
             f.id,
             identity::identity(weft_schemas::Kind::ExecutionFeedback, &p).unwrap()
         );
+    }
+
+    /// An id over `MAX_ID_BYTES`, wherever it is, is refused with its field named; one of
+    /// exactly that length is taken.
+    #[test]
+    fn ids_over_the_limit_are_refused_by_name() {
+        let t = Topics::default();
+        let ids = SchemaIds::default();
+        let max = identity::MAX_ID_BYTES;
+        let event = |id: &str, frame: &str| {
+            format!(
+                r#"{{"event_id":"{id}","event_type":"capability_executed","timestamp":"2026-03-08T06:00:05Z","frame_id":"{frame}"}}"#
+            )
+        };
+        let (ok, long) = ("x".repeat(max), "x".repeat(max + 1));
+        let cases = [
+            (event(&long, "f"), ok.as_str(), Some("identity")),
+            (event("e", &long), ok.as_str(), Some("frame_id")),
+            (event("e", "f"), long.as_str(), Some("request_id")),
+            (event(&ok, &ok), ok.as_str(), None),
+        ];
+        for (value, request_id, refused) in cases {
+            let headers = [(wire::header::REQUEST_ID, request_id.as_bytes())];
+            let got = decode(
+                &rec("weaver.trace_events", value.as_bytes(), &headers),
+                &t,
+                &ids,
+            );
+            match (got, refused) {
+                (Ok(_), None) => {}
+                (Err(e), Some(field)) => {
+                    assert_eq!(e.code, "id_too_long", "{field}: {}", e.message);
+                    assert!(e.message.starts_with(field), "{}", e.message);
+                }
+                (got, _) => panic!("{refused:?}: {:?}", got.map(|f| f.id.len())),
+            }
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ impl HasApiKeys for AppState {
 }
 
 /// Longest id `GET /v1/narratives/{id}` takes (longer: 422 `string_too_long`).
-pub const MAX_ID_BYTES: usize = 1024;
+pub use weft_schemas::identity::MAX_ID_BYTES;
 
 /// The router of the status server.
 pub fn router(state: AppState) -> Router {

@@ -69,7 +69,7 @@ impl Default for GatewayConfig {
 pub const DEFAULT_MAX_ITEMS: usize = 10_000;
 
 /// Longest `request_id` (and `kind`, `tenant`) an item may carry; longer: `string_too_long`.
-pub const MAX_FIELD_BYTES: usize = 1024;
+pub const MAX_FIELD_BYTES: usize = weft_schemas::identity::MAX_ID_BYTES;
 
 /// Longest `message` in a per-item answer (longer messages are cut), so the answer is
 /// bounded by `max_items` entries of bounded size.

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::identity::{self, IdentityError};
+use crate::identity::{self, IdentityError, MAX_ID_BYTES};
+use crate::links::Link;
 use crate::validate::{Validator, Violation};
 use crate::Kind;
 
@@ -74,6 +75,15 @@ pub enum EnvelopeError {
     /// The tenant is not 1..=128 characters of `[A-Za-z0-9_.-]`.
     #[error("tenant must be 1..=128 characters of [A-Za-z0-9_.-]")]
     BadTenant,
+    /// The identity, the request id or an id the payload links to is over
+    /// [`MAX_ID_BYTES`].
+    #[error("{field} is {len} bytes long; weft takes ids of at most {MAX_ID_BYTES} bytes")]
+    IdTooLong {
+        /// Which id: `identity`, `request_id`, or the payload field of a link.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
 }
 
 impl EnvelopeError {
@@ -85,6 +95,7 @@ impl EnvelopeError {
             EnvelopeError::Schema { .. } => "schema_invalid",
             EnvelopeError::Identity(_) => "no_identity",
             EnvelopeError::BadTenant => "bad_tenant",
+            EnvelopeError::IdTooLong { .. } => "id_too_long",
         }
     }
 }
@@ -146,7 +157,31 @@ impl Envelope {
     pub fn validate(&self) -> Result<(Value, String), EnvelopeError> {
         let payload = self.check()?;
         let id = identity::identity(self.kind, &payload)?;
+        self.check_ids(&id, &crate::links::extract(self.kind, &payload))?;
         Ok((payload, id))
+    }
+
+    /// Refuse an envelope whose identity `id`, request id or link targets `links` (as
+    /// [`crate::links::extract`] gives them) are over [`MAX_ID_BYTES`]. Every edge refuses
+    /// them alike (the publishers answer `id_too_long`, ingest dead-letters the record):
+    /// ingest looks ids up in ClickHouse by the thousand in one query parameter, and the
+    /// HTTP APIs take none longer, so such an event could be neither chained nor read back.
+    pub fn check_ids(&self, id: &str, links: &[Link]) -> Result<(), EnvelopeError> {
+        let ids = [
+            ("identity", id),
+            ("request_id", self.request_id.as_deref().unwrap_or("")),
+        ]
+        .into_iter()
+        .chain(links.iter().map(|l| (l.via.as_str(), l.to_id.as_str())));
+        for (field, value) in ids {
+            if value.len() > MAX_ID_BYTES {
+                return Err(EnvelopeError::IdTooLong {
+                    field,
+                    len: value.len(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// [`Envelope::validate`] without the identity, for a caller that derives it from a

@@ -79,6 +79,10 @@ pub fn content_hash(value: &Value) -> Result<String, serde_json::Error> {
     Ok(hex::encode(Sha256::digest(canonical_json(value)?)))
 }
 
+/// The longest id weft takes, in bytes: an event's identity, a request id, a link's target,
+/// an id in an API path. [`crate::Envelope::check_ids`] holds every event to it.
+pub const MAX_ID_BYTES: usize = 1024;
+
 /// The natural identity of a payload of `kind`: its id field, or for ExecutionFeedback
 /// `jcs-sha256:<hex>` of its canonical JSON.
 pub fn identity(kind: Kind, payload: &Value) -> Result<String, IdentityError> {
