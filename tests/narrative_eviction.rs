@@ -341,6 +341,12 @@ async fn a_component_far_over_the_budget_is_assigned_exactly() {
         "the ad hoc narrative is empty"
     );
     h.assert_exact().await;
+    // Read back whole, as the API does: its member ids take many query parameters.
+    let n = weft_store::narrative::query::lookup(&h.store, "default", "req-big")
+        .await
+        .expect("a narrative of 250k members reads")
+        .expect("the narrative exists");
+    assert_eq!(n.entries.len(), N + 1);
 }
 
 /// The id filter's hashes, computed by ClickHouse when it is rebuilt at start, are the ones

@@ -267,24 +267,39 @@ fn entries_and_links(
     (entries, link_set, outside)
 }
 
+/// The distinct ids of `nodes`, in lists that each fit one query parameter: a narrative
+/// of thousands of members would otherwise pass ClickHouse's limit on one (the request
+/// failed with "store unavailable").
+fn param_chunks(nodes: &HashSet<(String, String)>) -> Vec<Vec<String>> {
+    let ids: BTreeSet<&str> = nodes.iter().map(|(_, id)| id.as_str()).collect();
+    crate::ids::chunks_by_bytes(
+        ids.into_iter().map(str::to_owned).collect(),
+        crate::ids::MAX_PARAM_BYTES,
+    )
+}
+
 /// The events outside the narrative that link into it.
 async fn linked_from_outside(
     store: &Store,
     tenant: &str,
     member_set: &HashSet<(String, String)>,
 ) -> Result<Vec<(String, String)>, StoreError> {
-    let ids: Vec<&str> = member_set.iter().map(|(_, id)| id.as_str()).collect();
-    let incoming: Vec<InLink> = store
-        .client()
-        .query(
-            "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
-             WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
-        )
-        .param("t", tenant)
-        .param("ids", &ids)
-        .fetch_all()
-        .await
-        .map_err(store.err())?;
+    let mut incoming: Vec<InLink> = Vec::new();
+    for ids in param_chunks(member_set) {
+        incoming.extend(
+            store
+                .client()
+                .query(
+                    "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
+                     WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
+                )
+                .param("t", tenant)
+                .param("ids", &ids)
+                .fetch_all::<InLink>()
+                .await
+                .map_err(store.err())?,
+        );
+    }
     Ok(incoming
         .into_iter()
         .filter(|l| {
@@ -305,18 +320,23 @@ async fn related(
     if outside.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<&str> = outside.iter().map(|(_, id)| id.as_str()).collect();
-    let found: Vec<NodeNarrative> = store
-        .client()
-        .query(
-            "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
-             WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
-        )
-        .param("t", tenant)
-        .param("ids", &ids)
-        .fetch_all()
-        .await
-        .map_err(store.err())?;
+    let mut found: Vec<NodeNarrative> = Vec::new();
+    for ids in param_chunks(outside) {
+        found.extend(
+            store
+                .client()
+                .query(
+                    "SELECT kind, id, argMax(narrative_id, version) AS narrative_id \
+                     FROM weft_narrative_nodes \
+                     WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
+                )
+                .param("t", tenant)
+                .param("ids", &ids)
+                .fetch_all::<NodeNarrative>()
+                .await
+                .map_err(store.err())?,
+        );
+    }
     let by_key: HashMap<(String, String), String> = found
         .into_iter()
         .map(|n| ((n.kind, n.id), n.narrative_id))
