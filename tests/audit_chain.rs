@@ -263,6 +263,12 @@ async fn tampering_is_detected_and_named() {
     // ... lifted, retention removes the (three days old) facts, and verify counts them
     // as pruned, not deleted.
     assert!(audit(&p, &["retention", "hold", "--off"]).status.success());
+    let highest: Vec<(String, u32, u64)> = p
+        .client()
+        .query("SELECT topic, partition, max(offset) FROM weft_events GROUP BY topic, partition")
+        .fetch_all()
+        .await
+        .unwrap();
     let out = audit(&p, &["retention", "apply"]);
     assert!(
         out.status.success(),
@@ -270,6 +276,21 @@ async fn tampering_is_detected_and_named() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 0);
+    // Ingest resumes after each partition's highest stored offset: deleting every fact must
+    // not move it back, or a restarted ingest would read them from Kafka and store them again.
+    let store = weft_store::Store::new(weft_store::ClickHouseConfig {
+        url: common::clickhouse_url(),
+        database: p.db.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!highest.is_empty());
+    for (topic, partition, offset) in &highest {
+        let resume = weft_consumers::facts::stored_max_offset(&store, topic, *partition as i32)
+            .await
+            .unwrap();
+        assert_eq!(resume, *offset as i64, "{topic}/{partition}");
+    }
     let (_, r) = verify(&p, &ring);
     assert_eq!(r["pruned"], n, "{r}");
     assert!(!named(&r, "deleted", deleted), "{r}");

@@ -128,6 +128,15 @@ pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, Audit
                 "tenant {tenant} was put on legal hold"
             )));
         }
+        // Ingest's resume points first, so deleting a partition's newest rows cannot move
+        // them back (migration 0015).
+        c.query(
+            "INSERT INTO weft_ingest_floor (topic, partition, offset) \
+             SELECT topic, partition, max(offset) FROM weft_events GROUP BY topic, partition",
+        )
+        .execute()
+        .await
+        .map_err(ch_err(store))?;
         c.query("DELETE FROM weft_events WHERE tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC')")
             .param("t", tenant)
             .param("c", cutoff)

@@ -204,27 +204,33 @@ struct IdentityRow {
     content_hash: [u8; 32],
 }
 
-/// Highest offset stored for a source partition, or -1 when none.
+/// Highest offset stored for a source partition, or -1 when none: what `weft_events` holds,
+/// or the floor retention recorded before it deleted facts (`weft_ingest_floor`), whichever
+/// is higher.
 pub async fn stored_max_offset(
     store: &Store,
     topic: &str,
     partition: i32,
 ) -> Result<i64, StoreError> {
-    let rows: Vec<(u64, u64)> = store
-        .client()
-        .query(
-            "SELECT count() AS n, max(offset) AS m FROM weft_events \
-             WHERE topic = {t:String} AND partition = {p:UInt32}",
-        )
-        .param("t", topic)
-        .param("p", partition as u32)
-        .fetch_all()
-        .await
+    let highest = |table: &'static str| {
+        store
+            .client()
+            .query(&format!(
+                "SELECT count() AS n, max(offset) AS m FROM {table} \
+                 WHERE topic = {{t:String}} AND partition = {{p:UInt32}}"
+            ))
+            .param("t", topic)
+            .param("p", partition as u32)
+            .fetch_all::<(u64, u64)>()
+    };
+    let (events, floor) = tokio::try_join!(highest("weft_events"), highest("weft_ingest_floor"))
         .map_err(store.err())?;
-    Ok(match rows.first() {
-        Some((n, m)) if *n > 0 => *m as i64,
-        _ => -1,
-    })
+    Ok([events, floor]
+        .iter()
+        .filter_map(|rows| rows.first().filter(|(n, _)| *n > 0))
+        .map(|(_, m)| *m as i64)
+        .max()
+        .unwrap_or(-1))
 }
 
 /// A fresh cache for a partition: its window's identities in the filter, the most recent
