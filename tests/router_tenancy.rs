@@ -270,6 +270,16 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
         (422, Some("over_limit")),
         "{v}"
     );
+    // A context key sent with feedback is held to the route's limit too.
+    let fb = json!({"decision_id": "d", "candidate_id": "a", "success": true,
+                    "timestamp": weft_schemas::time::now_rfc3339(),
+                    "metadata": {"x_weft_context": "y".repeat(300)}});
+    let (got, v) = post(&base, "/v1/feedback", KEY_A, &fb).await;
+    assert_eq!(
+        (got, v["error"]["code"].as_str()),
+        (422, Some("over_limit")),
+        "{v}"
+    );
     // Within the limits the router still answers.
     let (got, v) = post(&base, "/v1/route", KEY_A, &json!({"candidates": many(64)})).await;
     assert_eq!(got, 200, "{v}");

@@ -30,6 +30,9 @@ pub const APPLIED_MAX: usize = 500_000;
 pub const PENDING_MAX: usize = 100_000;
 /// A decision counts as in flight for this long without its outcome.
 pub const INFLIGHT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Candidates tracked in flight per tenant. Past it the expired ones go, then the least
+/// recently decided: a caller naming new candidates without end cannot grow the map.
+pub const INFLIGHT_MAX: usize = 50_000;
 
 #[derive(Default)]
 struct Applied {
@@ -280,6 +283,9 @@ impl Live {
     pub fn decided(&self, tenant: &str, candidate: &str) {
         let t = self.tenant(tenant);
         let mut t = t.write();
+        if t.inflight.len() >= INFLIGHT_MAX && !t.inflight.contains_key(candidate) {
+            prune_inflight(&mut t.inflight);
+        }
         let e = t
             .inflight
             .entry(candidate.to_owned())
@@ -344,6 +350,19 @@ pub async fn rebuild(
         if !full {
             return Ok(out);
         }
+    }
+}
+
+/// Drop the expired entries, then, if still half full or more, all but the most recent
+/// half: one pass per `INFLIGHT_MAX / 2` new candidates at most.
+fn prune_inflight(inflight: &mut HashMap<String, (u32, Instant)>) {
+    inflight.retain(|_, (_, at)| at.elapsed() < INFLIGHT_TIMEOUT);
+    let keep = INFLIGHT_MAX / 2;
+    if inflight.len() > keep {
+        let mut times: Vec<Instant> = inflight.values().map(|(_, at)| *at).collect();
+        let (_, cut, _) = times.select_nth_unstable_by(inflight.len() - keep, |a, b| b.cmp(a));
+        let cut = *cut;
+        inflight.retain(|_, (_, at)| *at > cut);
     }
 }
 
@@ -424,5 +443,19 @@ mod tests {
         l.learn_now(&cfg, "t", obs("f1", 1.0));
         assert_eq!(l.inflight("t", "a"), 1);
         assert_eq!(l.inflight("u", "a"), 0);
+    }
+
+    #[test]
+    fn the_inflight_map_stays_bounded_and_keeps_the_recent() {
+        let l = Live::default();
+        for i in 0..INFLIGHT_MAX * 3 {
+            l.decided("t", &format!("c-{i}"));
+        }
+        let t = l.tenant("t");
+        let t = t.read();
+        assert!(t.inflight.len() <= INFLIGHT_MAX, "{}", t.inflight.len());
+        assert!(t
+            .inflight
+            .contains_key(&format!("c-{}", INFLIGHT_MAX * 3 - 1)));
     }
 }

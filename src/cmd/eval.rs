@@ -118,7 +118,12 @@ pub async fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<bool> {
         }
     };
     let to = parse(&args.to, now)?;
-    let from = parse(&args.from, to - args.since_s as i64 * 1_000_000)?;
+    let since = i64::try_from(args.since_s)
+        .ok()
+        .and_then(|s| s.checked_mul(1_000_000))
+        .and_then(|us| to.checked_sub(us))
+        .with_context(|| format!("--since-s {} reaches before any time", args.since_s))?;
+    let from = parse(&args.from, since)?;
     let cfg = args.policy.config();
     let target = match &args.snapshot {
         Some(p) => {

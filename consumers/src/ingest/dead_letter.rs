@@ -76,10 +76,12 @@ fn cut(bytes: &[u8], max: usize) -> &[u8] {
 }
 
 impl DeadLetter {
-    /// The record's `weft-tenant` header, empty when it has none.
+    /// The record's `weft-tenant` header, empty when it has none; the last one when it has
+    /// several, as `weft_schemas::wire::tenant_of` reads it.
     fn tenant(&self) -> String {
         self.headers
             .iter()
+            .rev()
             .find(|(k, _)| k == weft_schemas::wire::header::TENANT)
             .and_then(|(_, v)| std::str::from_utf8(v).ok())
             .unwrap_or_default()
@@ -412,6 +414,21 @@ mod tests {
         assert!(row.refused.contains("MessageSizeTooLarge"));
         let whole = d.quarantine_row(1_000_000, ("t", 2), &refused);
         assert!(!whole.truncated && whole.value == d.value);
+    }
+
+    /// A record with two tenant headers is quarantined under the tenant ingest reads: the last.
+    #[test]
+    fn the_quarantined_tenant_is_the_last_tenant_header() {
+        let mut d = dead(10);
+        d.headers.push(("weft-tenant".into(), b"globex".to_vec()));
+        let refused = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+        assert_eq!(d.quarantine_row(100, ("t", 0), &refused).tenant, "globex");
+        let headers: Vec<(&str, &[u8])> = d
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(weft_schemas::wire::tenant_of(&headers), Some("globex"));
     }
 
     #[test]
