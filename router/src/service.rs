@@ -428,24 +428,21 @@ impl Service {
         }
         // A context key the caller sends becomes an overlay key: held to the limit `/v1/route`
         // holds it to.
-        let sent_context = v
-            .get("metadata")
-            .and_then(|m| m.get("x_weft_context"))
-            .and_then(Value::as_str);
-        if sent_context.is_some_and(|c| c.len() > limits::ID_BYTES) {
+        let sent_context = v.get("metadata").and_then(|m| m.get("x_weft_context"));
+        if sent_context
+            .and_then(Value::as_str)
+            .is_some_and(|c| c.len() > limits::ID_BYTES)
+        {
             return Err(RouterError::TooLarge {
                 field: "metadata.x_weft_context",
                 message: format!("the context key is at most {} bytes", limits::ID_BYTES),
             });
         }
+        let has_ctx = sent_context.is_some();
         let key = (tenant.to_owned(), decision_id.to_owned());
         let candidate = candidate.to_owned();
         let remembered = self.recent.lock().map.get(&key).cloned();
         if let Some(r) = &remembered {
-            let has_ctx = v
-                .get("metadata")
-                .and_then(|m| m.get("x_weft_context"))
-                .is_some();
             if !has_ctx {
                 let meta = v.entry("metadata").or_insert_with(|| json!({}));
                 if let Some(m) = meta.as_object_mut() {

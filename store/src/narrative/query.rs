@@ -267,15 +267,27 @@ fn entries_and_links(
     (entries, link_set, outside)
 }
 
-/// The distinct ids of `nodes`, in lists that each fit one query parameter: a narrative
-/// of thousands of members would otherwise pass ClickHouse's limit on one (the request
-/// failed with "store unavailable").
-fn param_chunks(nodes: &HashSet<(String, String)>) -> Vec<Vec<String>> {
+/// The rows `sql` (bound `{t:String}` and `{ids:Array(String)}`) gives for the distinct ids
+/// of `nodes`, asked in lists that each fit one query parameter: a narrative of thousands of
+/// members would otherwise pass ClickHouse's limit on one.
+async fn fetch_by_ids<T: clickhouse::RowOwned + clickhouse::RowRead>(
+    store: &Store,
+    sql: &str,
+    tenant: &str,
+    nodes: &HashSet<(String, String)>,
+) -> Result<Vec<T>, StoreError> {
     let ids: BTreeSet<&str> = nodes.iter().map(|(_, id)| id.as_str()).collect();
-    crate::ids::chunks_by_bytes(
-        ids.into_iter().map(str::to_owned).collect(),
-        crate::ids::MAX_PARAM_BYTES,
-    )
+    let ids = ids.into_iter().map(str::to_owned).collect();
+    let mut rows = Vec::new();
+    for chunk in crate::ids::chunks_by_bytes(ids, crate::ids::MAX_PARAM_BYTES) {
+        let q = store
+            .client()
+            .query(sql)
+            .param("t", tenant)
+            .param("ids", &chunk);
+        rows.extend(q.fetch_all::<T>().await.map_err(store.err())?);
+    }
+    Ok(rows)
 }
 
 /// The events outside the narrative that link into it.
@@ -284,22 +296,14 @@ async fn linked_from_outside(
     tenant: &str,
     member_set: &HashSet<(String, String)>,
 ) -> Result<Vec<(String, String)>, StoreError> {
-    let mut incoming: Vec<InLink> = Vec::new();
-    for ids in param_chunks(member_set) {
-        incoming.extend(
-            store
-                .client()
-                .query(
-                    "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
-                     WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
-                )
-                .param("t", tenant)
-                .param("ids", &ids)
-                .fetch_all::<InLink>()
-                .await
-                .map_err(store.err())?,
-        );
-    }
+    let incoming: Vec<InLink> = fetch_by_ids(
+        store,
+        "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
+         WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
+        tenant,
+        member_set,
+    )
+    .await?;
     Ok(incoming
         .into_iter()
         .filter(|l| {
@@ -320,23 +324,14 @@ async fn related(
     if outside.is_empty() {
         return Ok(Vec::new());
     }
-    let mut found: Vec<NodeNarrative> = Vec::new();
-    for ids in param_chunks(outside) {
-        found.extend(
-            store
-                .client()
-                .query(
-                    "SELECT kind, id, argMax(narrative_id, version) AS narrative_id \
-                     FROM weft_narrative_nodes \
-                     WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
-                )
-                .param("t", tenant)
-                .param("ids", &ids)
-                .fetch_all::<NodeNarrative>()
-                .await
-                .map_err(store.err())?,
-        );
-    }
+    let found: Vec<NodeNarrative> = fetch_by_ids(
+        store,
+        "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
+         WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
+        tenant,
+        outside,
+    )
+    .await?;
     let by_key: HashMap<(String, String), String> = found
         .into_iter()
         .map(|n| ((n.kind, n.id), n.narrative_id))
