@@ -78,6 +78,21 @@ async fn migrate_twice_is_a_no_op_the_second_time() {
             "{table}: {engine}"
         );
     }
+    // Migration 0016: payloads at ZSTD(1), as small as level 3 on these payloads and cheaper
+    // to write and to merge (docs/BENCHMARKS.md, "Payload codec").
+    for table in ["weft_events", "weft_narratives"] {
+        let codec: String = client
+            .query(
+                "SELECT compression_codec FROM system.columns \
+                 WHERE database = ? AND table = ? AND name = 'payload'",
+            )
+            .bind(&db)
+            .bind(table)
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(codec, "CODEC(ZSTD(1))", "{table}");
+    }
     client
         .query(&format!("DROP DATABASE `{db}`"))
         .execute()
