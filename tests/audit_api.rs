@@ -3,7 +3,9 @@
 //!   ids answer 404, an explicit `?tenant=` of another tenant 403, no key or a wrong key 401;
 //! - hostile input (quotes, SQL fragments, 10k-character ids, unicode, bad cursors and
 //!   times) never gives a 5xx, and the table is intact afterwards;
-//! - every read is logged in `weft_audit_log` with the key's id, never the key.
+//! - every read is logged in `weft_audit_log` with the key's id, never the key;
+//! - answers are bounded: findings per invariant (`limit`), checkpoints by the page, and a
+//!   verify past the server's row budget is refused with 422 `range_too_large`.
 
 mod common;
 
@@ -26,6 +28,26 @@ fn enc(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// `weft audit serve` with both tenants' keys and `extra` flags: the process and its base URL.
+fn serve(p: &Pipeline, log: &str, extra: &[&str]) -> (Proc, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let proc = Proc(
+        p.weft()
+            .args(["audit", "serve", "--listen", &addr])
+            .args(extra)
+            .env("WEFT_AUDIT_KEYS", format!("{ACME}=acme,{GLOBEX}=globex"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(p.path(log)).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        wait_for_port(&addr, Duration::from_secs(20)),
+        "audit API did not start"
+    );
+    (proc, format!("http://{addr}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,23 +74,8 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     )
     .await;
 
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let _serve = Proc(
-        p.weft()
-            .args(["audit", "serve", "--listen", &addr])
-            .env("WEFT_AUDIT_KEYS", format!("{ACME}=acme,{GLOBEX}=globex"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(p.path("serve.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(
-        wait_for_port(&addr, Duration::from_secs(20)),
-        "audit API did not start"
-    );
+    let (_serve, base) = serve(&p, "serve.log", &[]);
     let http = reqwest::Client::new();
-    let base = format!("http://{addr}");
     let get = |path: String, key: Option<&'static str>| {
         let mut r = http.get(format!("{base}{path}"));
         if let Some(k) = key {
@@ -205,6 +212,102 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         }
     }
 
+    // Bounded answers. `limit` cuts each invariant's findings; `counts` still counts them all.
+    let one: Value = get(
+        format!("/v1/audit/check?{range}&grace_secs=0&limit=1"),
+        Some(ACME),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let counts = one["counts"].as_object().unwrap();
+    assert_eq!(
+        counts.values().map(|c| c.as_u64().unwrap()).sum::<u64>(),
+        want,
+        "{one}"
+    );
+    assert_eq!(
+        one["findings"].as_array().unwrap().len(),
+        counts.len(),
+        "one finding per invariant found: {one}"
+    );
+    assert_eq!(one["truncated"], want > counts.len() as u64, "{one}");
+
+    // Checkpoints come in pages, in order, each once, all of them in the end.
+    let seal = p
+        .weft()
+        .args(["audit", "seal", "--tenant", "acme"])
+        .output()
+        .unwrap();
+    assert!(
+        seal.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seal.stderr)
+    );
+    let stored = p
+        .scalar("SELECT count() FROM weft_audit_checkpoints WHERE tenant = 'acme'")
+        .await;
+    assert!(stored >= 2, "one checkpoint per sealed partition: {stored}");
+    let (mut pages, mut seen, mut cursor) = (0, Vec::new(), String::new());
+    loop {
+        let page: Value = get(
+            if cursor.is_empty() {
+                "/v1/audit/checkpoints?limit=1".to_owned()
+            } else {
+                format!("/v1/audit/checkpoints?limit=1&cursor={}", enc(&cursor))
+            },
+            Some(ACME),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+        pages += 1;
+        for c in page["checkpoints"].as_array().unwrap() {
+            assert_eq!(c["tenant"], "acme");
+            seen.push((
+                c["topic"].to_string(),
+                c["partition"].as_u64(),
+                c["offset"].as_u64(),
+            ));
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = next.to_owned(),
+            None => break,
+        }
+        assert!(pages <= stored + 1, "the cursor does not advance: {page}");
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted, seen, "in order, each once");
+    assert_eq!(seen.len() as u64, stored);
+
+    // Verify over a range: intact, every sealed fact of acme recomputed.
+    let v: Value = get(format!("/v1/audit/verify?{range}"), Some(ACME))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(
+        v["report"]["verified"].as_u64().unwrap(),
+        acme.totals.distinct_events,
+        "{v}"
+    );
+    // A server whose budget is smaller than the range refuses it before reading it all.
+    let (_small, small) = serve(&p, "serve-small.log", &["--max-verify-rows", "10"]);
+    let r = http
+        .get(format!("{small}/v1/audit/verify?{range}"))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "range_too_large", "{body}");
+
     // Hostile input: never a 5xx.
     let long = "x".repeat(10_000);
     let hostile = [
@@ -237,6 +340,10 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
             format!("/v1/audit/check?from={e}"),
             format!("/v1/audit/check?{range}&grace_secs={e}"),
             format!("/v1/audit/verify?tenant={e}"),
+            format!("/v1/audit/verify?from={e}"),
+            format!("/v1/audit/checkpoints?cursor={e}"),
+            format!("/v1/audit/checkpoints?limit={e}"),
+            format!("/v1/audit/check?{range}&limit={e}"),
         ] {
             for key in [Some(ACME), None] {
                 let r = get(path.clone(), key).await;

@@ -49,6 +49,9 @@ pub enum AuditError {
     /// Key material is missing or malformed.
     #[error("key: {0}")]
     Key(String),
+    /// The request would read more than the API allows in one call; a narrower range will do.
+    #[error("too large: {0}")]
+    TooLarge(String),
     /// Retention refused (legal hold) or misconfigured.
     #[error("refused: {0}")]
     Refused(String),

@@ -9,12 +9,16 @@
 //! input is a 400, never a 5xx (503 means the store is unreachable).
 //!
 //! Routes (times are RFC 3339; `from`/`to` default to the last 90 days):
-//! - `GET /v1/audit/check?from&to&grace_secs` — invariant findings;
+//! - `GET /v1/audit/check?from&to&grace_secs&limit` — invariant findings, at most `limit`
+//!   (1,000; up to 10,000) of each invariant, all counted;
 //! - `GET /v1/audit/timeline/{id}` — a request's narrative;
 //! - `GET /v1/audit/search?from&to&kind&principal&capability&event_type&decision&outcome&token&request&limit&cursor&format=json|jsonl|csv`;
 //! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
-//! - `GET /v1/audit/verify` — recompute the tenant's hash chain;
-//! - `GET /v1/audit/checkpoints` — the signed checkpoints, for offline verification.
+//! - `GET /v1/audit/verify?from&to` — recompute the tenant's hash chains over the range
+//!   (from the last checkpoint before it), refused with 422 `range_too_large` past
+//!   `max_verify_rows` rows read;
+//! - `GET /v1/audit/checkpoints?limit&cursor` — the signed checkpoints, for offline
+//!   verification, a page of at most `limit` (1,000; up to 10,000) at a time.
 
 use std::sync::Arc;
 
@@ -46,7 +50,22 @@ pub struct AppState {
     pub keyring: Option<Arc<Keyring>>,
     /// `/v1/audit/verify`'s copy window ([`chain::copy_window_secs`] of ingest's dedup window).
     pub copy_window_secs: u64,
+    /// The most stored facts, links and checkpoints one `/v1/audit/verify` may read
+    /// ([`chain::VerifyOptions::max_rows`]).
+    pub max_verify_rows: u64,
 }
+
+/// The most findings of one invariant `/v1/audit/check` returns (`limit`, default
+/// [`DEFAULT_LIMIT`]); `counts` still counts them all.
+pub const MAX_FINDINGS: u64 = 10_000;
+/// The most checkpoints one `/v1/audit/checkpoints` page holds (`limit`, default
+/// [`DEFAULT_LIMIT`]).
+pub const MAX_CHECKPOINTS: u64 = 10_000;
+/// The most problems one `/v1/audit/verify` answer lists (`problems_total` counts them all;
+/// the first is the first break).
+pub const MAX_PROBLEMS: usize = 1_000;
+/// The default `limit` of the routes that take one.
+pub const DEFAULT_LIMIT: u64 = 1_000;
 
 /// The router of the audit API.
 pub fn router(state: AppState) -> Router {
@@ -80,6 +99,7 @@ fn fail(e: AuditError) -> Response {
         AuditError::NotFound(_) => ApiError::not_found("not found").into_response(),
         AuditError::Invalid(m) => ApiError::unprocessable("invalid", m).into_response(),
         AuditError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "refused", m).into_response(),
+        AuditError::TooLarge(m) => ApiError::unprocessable("range_too_large", m).into_response(),
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");
             ApiError::new(
@@ -206,6 +226,22 @@ fn number(v: Option<&str>, default: u64, name: &str) -> Result<u64, String> {
 #[derive(Debug, Deserialize)]
 struct CheckQuery {
     grace_secs: Option<String>,
+    limit: Option<String>,
+}
+
+/// `/v1/audit/check`'s answer: the report, and whether `limit` cut its findings.
+#[derive(serde::Serialize)]
+struct CheckAnswer<'a> {
+    #[serde(flatten)]
+    report: &'a check::Report,
+    limit: u64,
+    truncated: bool,
+}
+
+/// A route's `limit`: [`DEFAULT_LIMIT`] when absent, at most `max`; the 400 message when
+/// it is not a number.
+fn limit(v: Option<&str>, max: u64) -> Result<u64, String> {
+    number(v, DEFAULT_LIMIT, "limit").map(|n| n.min(max))
 }
 
 async fn check_route(
@@ -218,12 +254,16 @@ async fn check_route(
         Ok(g) => g,
         Err(e) => return bad_request(&e),
     };
+    let per_invariant = match limit(q.limit.as_deref(), MAX_FINDINGS) {
+        Ok(n) => n,
+        Err(e) => return bad_request(&e),
+    };
     let opt = CheckOptions {
         grace_secs: grace.min(365 * 86_400),
         ..CheckOptions::default()
     };
     match check::run(&s.store, &tenant, range, opt).await {
-        Ok(r) => {
+        Ok(mut r) => {
             record(
                 &s,
                 &tenant,
@@ -233,7 +273,21 @@ async fn check_route(
                 r.findings.len() as u64,
             )
             .await;
-            Json(r).into_response()
+            // The first `limit` findings of each invariant (they are sorted by invariant).
+            let total = r.findings.len();
+            let mut kept: std::collections::BTreeMap<String, u64> = Default::default();
+            r.findings.retain(|f| {
+                let n = kept.entry(f.invariant.clone()).or_default();
+                *n += 1;
+                *n <= per_invariant
+            });
+            let truncated = r.findings.len() < total;
+            Json(CheckAnswer {
+                report: &r,
+                limit: per_invariant,
+                truncated,
+            })
+            .into_response()
         }
         Err(e) => fail(e),
     }
@@ -393,48 +447,79 @@ async fn bundle_route(
     }
 }
 
-async fn verify_route(AuditCaller(c): AuditCaller, State(s): State<AppState>) -> Response {
+/// A route without fields of its own.
+#[derive(Debug, Deserialize)]
+struct NoFields {}
+
+async fn verify_route(
+    AuditCaller(c): AuditCaller,
+    State(s): State<AppState>,
+    Ranged { range, .. }: Ranged<NoFields>,
+) -> Response {
     let (tenant, actor) = (c.tenant, c.key_id);
-    match chain::verify(
-        &s.store,
-        &tenant,
-        &[],
-        s.keyring.as_deref(),
-        None,
-        s.copy_window_secs,
-    )
-    .await
-    {
-        Ok(r) => {
+    let opt = chain::VerifyOptions {
+        range: Some(range),
+        copy_window_secs: s.copy_window_secs,
+        max_rows: Some(s.max_verify_rows),
+    };
+    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref(), opt).await {
+        Ok(mut r) => {
+            let total = r.problems.len();
             record(
                 &s,
                 &tenant,
                 &actor,
                 "verify",
-                json!({}),
-                r.problems.len() as u64,
+                json!({"range": range}),
+                total as u64,
             )
             .await;
-            Json(json!({"ok": r.ok(), "report": r})).into_response()
+            let ok = r.ok();
+            r.problems.truncate(MAX_PROBLEMS);
+            Json(json!({"ok": ok, "report": r, "problems_total": total})).into_response()
         }
         Err(e) => fail(e),
     }
 }
 
-async fn checkpoints_route(AuditCaller(c): AuditCaller, State(s): State<AppState>) -> Response {
+#[derive(Debug, Deserialize)]
+struct PageQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+async fn checkpoints_route(
+    AuditCaller(c): AuditCaller,
+    State(s): State<AppState>,
+    Query(q): Query<PageQuery>,
+) -> Response {
     let (tenant, actor) = (c.tenant, c.key_id);
-    match chain::checkpoints(&s.store, &tenant).await {
-        Ok(c) => {
+    let n = match limit(q.limit.as_deref(), MAX_CHECKPOINTS) {
+        Ok(n) => n,
+        Err(e) => return bad_request(&e),
+    };
+    let cursor = match q
+        .cursor
+        .as_deref()
+        .map(chain::CheckpointCursor::parse)
+        .transpose()
+    {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    match chain::checkpoints_page(&s.store, &tenant, cursor.as_ref(), n).await {
+        Ok((page, next)) => {
             record(
                 &s,
                 &tenant,
                 &actor,
                 "checkpoints",
-                json!({}),
-                c.len() as u64,
+                json!({"cursor": q.cursor.as_deref().map(crate::short)}),
+                page.len() as u64,
             )
             .await;
-            Json(c).into_response()
+            Json(json!({"checkpoints": page, "next_cursor": next.map(|c| c.to_string())}))
+                .into_response()
         }
         Err(e) => fail(e),
     }

@@ -290,8 +290,12 @@ async fn run_verify(store: &Store, a: VerifyArgs, copy_window: u64) -> anyhow::R
     };
     let ring = read_keyring(a.keyring.as_deref())?;
     let range = a.range()?;
-    let r =
-        weft_audit::chain::verify(store, tenant, &extra, ring.as_ref(), range, copy_window).await?;
+    let opt = weft_audit::chain::VerifyOptions {
+        range,
+        copy_window_secs: copy_window,
+        max_rows: None,
+    };
+    let r = weft_audit::chain::verify(store, tenant, &extra, ring.as_ref(), opt).await?;
     logged(
         store,
         tenant,
@@ -436,6 +440,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         sign_key,
         keyring,
         copy_window_secs,
+        max_verify_rows: a.max_verify_rows,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;

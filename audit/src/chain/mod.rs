@@ -46,7 +46,7 @@ mod verify;
 
 pub use unsealed::copy_window_secs;
 use unsealed::unsealed_problems;
-pub use verify::{verify, VerifyReport};
+pub use verify::{verify, VerifyOptions, VerifyReport};
 
 /// The link before the first row.
 pub const GENESIS: [u8; 32] = [0; 32];
@@ -72,6 +72,14 @@ WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
 GROUP BY tenant, topic, partition, offset, kind, id, ts, row_hash, chain
 ORDER BY offset
 ";
+
+/// The condition of a query over one [`Span`].
+pub(super) const SPAN_WHERE: &str = "tenant = {t:String} AND topic = {topic:String} \
+    AND partition = {p:UInt32} AND offset > {after:Int64} AND offset <= {upto:UInt64}";
+
+/// The checkpoints' columns as [`Checkpoint`] reads them; a query adds its `WHERE`.
+pub(super) const CHECKPOINTS_SQL: &str = "SELECT tenant, topic, partition, offset, head, rows, \
+    kid, sig, toUnixTimestamp64Micro(sealed_at) AS sealed_at FROM weft_audit_checkpoints";
 
 /// One partition's offsets `(after, upto]` of one tenant: what every per-partition chain
 /// query filters on (`{t}`, `{topic}`, `{p}`, `{after}`, `{upto}`).
@@ -339,14 +347,83 @@ pub async fn seal(
 pub async fn checkpoints(store: &Store, tenant: &str) -> Result<Vec<Checkpoint>, AuditError> {
     store
         .client()
-        .query(
-            "SELECT tenant, topic, partition, offset, head, rows, kid, sig, toUnixTimestamp64Micro(sealed_at) AS sealed_at \
-             FROM weft_audit_checkpoints WHERE tenant = {t:String} ORDER BY sealed_at, topic, partition, offset",
-        )
+        .query(&format!(
+            "{CHECKPOINTS_SQL} WHERE tenant = {{t:String}} ORDER BY sealed_at, topic, partition, offset"
+        ))
         .param("t", tenant)
         .fetch_all()
         .await
         .map_err(ch_err(store))
+}
+
+/// Where a page of [`checkpoints_page`] ends: the last checkpoint's (topic, partition,
+/// offset), written `topic/partition/offset` (a Kafka topic name has no `/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointCursor {
+    topic: String,
+    partition: u32,
+    offset: u64,
+}
+
+impl CheckpointCursor {
+    /// Read a cursor a previous page returned.
+    pub fn parse(s: &str) -> Result<Self, AuditError> {
+        let bad =
+            || AuditError::BadRequest(format!("not a checkpoint cursor: {}", crate::short(s)));
+        let mut it = s.rsplitn(3, '/');
+        let (Some(offset), Some(partition), Some(topic)) = (it.next(), it.next(), it.next()) else {
+            return Err(bad());
+        };
+        Ok(Self {
+            topic: topic.to_owned(),
+            partition: partition.parse().map_err(|_| bad())?,
+            offset: offset.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl std::fmt::Display for CheckpointCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// At most `limit` checkpoints of `tenant` after `cursor`, in (topic, partition, offset)
+/// order (the table's own, so a page is one range read), and the cursor of the next page
+/// when there may be one: what the audit API serves.
+pub async fn checkpoints_page(
+    store: &Store,
+    tenant: &str,
+    cursor: Option<&CheckpointCursor>,
+    limit: u64,
+) -> Result<(Vec<Checkpoint>, Option<CheckpointCursor>), AuditError> {
+    let (topic, partition, offset) =
+        cursor.map_or(("", 0, 0), |c| (c.topic.as_str(), c.partition, c.offset));
+    let page: Vec<Checkpoint> = store
+        .client()
+        .query(&format!(
+            "{CHECKPOINTS_SQL} WHERE tenant = {{t:String}} AND ({{first:Bool}} \
+               OR (topic, partition, offset) > ({{topic:String}}, {{p:UInt32}}, {{o:UInt64}})) \
+             ORDER BY topic, partition, offset LIMIT {{n:UInt64}}"
+        ))
+        .param("t", tenant)
+        .param("first", cursor.is_none())
+        .param("topic", topic)
+        .param("p", partition)
+        .param("o", offset)
+        .param("n", limit)
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))?;
+    let next = (page.len() as u64 == limit && limit > 0).then(|| {
+        let last = &page[page.len() - 1];
+        CheckpointCursor {
+            topic: last.topic.clone(),
+            partition: last.partition,
+            offset: last.offset,
+        }
+    });
+    Ok((page, next))
 }
 
 /// One broken link.

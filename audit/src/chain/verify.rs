@@ -8,11 +8,20 @@ use tracing::instrument;
 use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
-    checkpoints, link, partitions, unhex32, unsealed_problems, Checkpoint, Link, Part, Problem,
-    Span, GENESIS, LINKS_SQL,
+    link, partitions, unhex32, unsealed_problems, Checkpoint, Link, Part, Problem, Span,
+    CHECKPOINTS_SQL, GENESIS, LINKS_SQL, SPAN_WHERE,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
+
+/// How many facts, links and checkpoints a [`Span`] holds: what [`VerifyOptions::max_rows`]
+/// counts before the span is read.
+const SPAN_ROWS_SQL: &str = "
+SELECT sum(n) FROM (
+    SELECT count() AS n FROM weft_events WHERE {SPAN}
+    UNION ALL SELECT count() FROM weft_audit_chain WHERE {SPAN}
+    UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE {SPAN})
+";
 
 /// The result of [`verify`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -89,58 +98,57 @@ async fn window(
     Ok((n > 0).then_some((lo, hi)))
 }
 
+/// What [`verify`] covers, and how much it may read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerifyOptions {
+    /// Only the facts with an event time in this range (see [`verify`]); `None`: every chain
+    /// from genesis.
+    pub range: Option<Range>,
+    /// Two stored copies of one fact ingested less than this apart mean one was written
+    /// behind ingest's back: half of ingest's `dedup_window_secs` ([`super::copy_window_secs`]).
+    pub copy_window_secs: u64,
+    /// Refuse with [`AuditError::TooLarge`] rather than read more than this many stored facts,
+    /// links and checkpoints in all (counted before each partition is read, so the work done
+    /// is bounded by it); `None`: no limit (the CLI).
+    pub max_rows: Option<u64>,
+}
+
 /// Recompute the chains of `tenant` and compare with the stored facts, the stored links and
 /// the checkpoints (those in ClickHouse plus `extra`, e.g. an exported file). Signed
 /// checkpoints are verified against `keyring`; without one, signatures are not checked.
 ///
-/// Without `range`, every chain is recomputed from genesis. With one, each partition is
+/// Without a range, every chain is recomputed from genesis. With one, each partition is
 /// checked over the offsets from its first to its last fact (or link) with an event time in
 /// the range, anchored at the partition's latest checkpoint *before* that window: the chain
 /// is recomputed from that checkpoint's head (whose signature is checked when a keyring is
 /// given) to the end of the window, so a range costs the rows since the last seal before it,
 /// not the whole history. Partitions with nothing in the range are skipped.
-///
-/// `copy_window_secs`: two stored copies of one fact ingested less than this apart mean one
-/// was written behind ingest's back; pass half of ingest's `dedup_window_secs`
-/// ([`copy_window_secs`]).
 #[instrument(skip(store, extra, keyring), fields(tenant = %tenant))]
 pub async fn verify(
     store: &Store,
     tenant: &str,
     extra: &[Checkpoint],
     keyring: Option<&Keyring>,
-    range: Option<Range>,
-    copy_window_secs: u64,
+    opt: VerifyOptions,
 ) -> Result<VerifyReport, AuditError> {
     let mut rep = VerifyReport {
-        range,
+        range: opt.range,
         ..VerifyReport::default()
     };
     let run = Run {
         store,
         tenant,
         keyring,
-        range,
-        copy_window_secs,
+        opt,
         pruned_before: crate::retention::get(store, tenant).await?.pruned_before,
     };
-    let mut cps: BTreeMap<(String, u32), Vec<Checkpoint>> = BTreeMap::new();
-    for c in checkpoints(store, tenant)
-        .await?
-        .into_iter()
-        .chain(extra.iter().cloned())
-    {
-        if c.tenant == tenant {
-            cps.entry((c.topic.clone(), c.partition))
-                .or_default()
-                .push(c);
-        }
-    }
+    let mut read = 0;
     for p in partitions(store, tenant).await? {
-        let part_cps = cps
-            .remove(&(p.topic.clone(), p.partition))
-            .unwrap_or_default();
-        run.partition(&p, part_cps, &mut rep).await?;
+        let extra = extra
+            .iter()
+            .filter(|c| c.tenant == tenant && c.topic == p.topic && c.partition == p.partition);
+        run.partition(&p, extra.cloned().collect(), &mut read, &mut rep)
+            .await?;
     }
     rep.problems
         .sort_by(|a, b| (&a.topic, a.partition, a.offset).cmp(&(&b.topic, b.partition, b.offset)));
@@ -155,8 +163,7 @@ struct Run<'a> {
     store: &'a Store,
     tenant: &'a str,
     keyring: Option<&'a Keyring>,
-    range: Option<Range>,
-    copy_window_secs: u64,
+    opt: VerifyOptions,
     pruned_before: i64,
 }
 
@@ -186,26 +193,37 @@ fn signature(keyring: Option<&Keyring>, c: &Checkpoint) -> Result<(), String> {
 impl Run<'_> {
     /// Where to start (after which offset, from which link) and where to stop in one
     /// partition; `None` when a range is asked for and the partition has nothing in it.
-    /// Keeps in `cps` only the checkpoints this run can check.
     async fn start(
         &self,
         p: &Part,
-        cps: &mut Vec<Checkpoint>,
+        extra: &[Checkpoint],
         rep: &mut VerifyReport,
     ) -> Result<Option<(i64, [u8; 32], u64)>, AuditError> {
-        let Some(r) = self.range else {
+        let Some(r) = self.opt.range else {
             return Ok(Some((-1, GENESIS, u64::MAX)));
         };
         let Some((lo, hi)) = window(self.store, self.tenant, p, r).await? else {
             return Ok(None);
         };
-        let anchor = cps
-            .iter()
-            .filter(|c| c.offset < lo)
-            .max_by_key(|c| c.offset)
-            .cloned();
+        let stored: Option<Checkpoint> = self
+            .store
+            .client()
+            .query(&format!(
+                "{CHECKPOINTS_SQL} WHERE tenant = {{t:String}} AND topic = {{topic:String}} \
+                 AND partition = {{p:UInt32}} AND offset < {{lo:UInt64}} ORDER BY offset DESC LIMIT 1"
+            ))
+            .param("t", self.tenant)
+            .param("topic", &p.topic)
+            .param("p", p.partition)
+            .param("lo", lo)
+            .fetch_optional()
+            .await
+            .map_err(ch_err(self.store))?;
+        let anchor = stored
+            .into_iter()
+            .chain(extra.iter().filter(|c| c.offset < lo).cloned())
+            .max_by_key(|c| c.offset);
         let Some(a) = anchor else {
-            cps.retain(|c| c.offset <= hi);
             return Ok(Some((-1, GENESIS, hi)));
         };
         rep.anchored += 1;
@@ -216,19 +234,19 @@ impl Run<'_> {
                     .push(problem(p, "checkpoint_mismatch", a.offset, "", "", d));
             }
         }
-        // Checkpoints at or before the anchor are outside this run.
-        cps.retain(|c| c.offset > a.offset && c.offset <= hi);
         Ok(Some((a.offset as i64, unhex32(&a.head), hi)))
     }
 
-    /// Verify one partition's chain, its unsealed rows and its checkpoints into `rep`.
+    /// Verify one partition's chain, its unsealed rows and its checkpoints into `rep`;
+    /// `read` counts the rows read so far against [`VerifyOptions::max_rows`].
     async fn partition(
         &self,
         p: &Part,
-        mut cps: Vec<Checkpoint>,
+        extra: Vec<Checkpoint>,
+        read: &mut u64,
         rep: &mut VerifyReport,
     ) -> Result<(), AuditError> {
-        let Some((after, prev, upto)) = self.start(p, &mut cps, rep).await? else {
+        let Some((after, prev, upto)) = self.start(p, &extra, rep).await? else {
             return Ok(());
         };
         let (store, tenant) = (self.store, self.tenant);
@@ -238,11 +256,41 @@ impl Run<'_> {
             after,
             upto,
         };
+        if let Some(max) = self.opt.max_rows {
+            let n: u64 = span
+                .query(store, &SPAN_ROWS_SQL.replace("{SPAN}", SPAN_WHERE))
+                .fetch_one()
+                .await
+                .map_err(ch_err(store))?;
+            *read += n;
+            if *read > max {
+                return Err(AuditError::TooLarge(format!(
+                    "verifying this range reads at least {} stored facts, links and checkpoints, \
+                     over the limit of {max} per request: ask for a narrower range (from, to), \
+                     or run `weft audit verify` where no limit applies",
+                    *read
+                )));
+            }
+        }
+        // The checkpoints this run can check: those after its start, up to its end.
+        let cps: Vec<Checkpoint> = span
+            .rows::<Checkpoint>(
+                store,
+                &format!("{CHECKPOINTS_SQL} WHERE {SPAN_WHERE} ORDER BY offset"),
+            )
+            .await?
+            .into_iter()
+            .chain(
+                extra
+                    .into_iter()
+                    .filter(|c| c.offset as i64 > after && c.offset <= upto),
+            )
+            .collect();
         let chain: Vec<Link> = span.rows(store, LINKS_SQL).await?;
         let rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
         let (heads, sealed) = self.walk(p, &chain, &rows, prev, rep)?;
         // The partition's last sealed offset, also when the window ends before it.
-        let last_sealed = match self.range {
+        let last_sealed = match self.opt.range {
             None => chain.last().map(|l| l.offset),
             Some(_) => last_link(store, tenant, p).await?,
         };
@@ -267,7 +315,7 @@ impl Run<'_> {
             .any(|r| last_sealed.is_none_or(|l| r.offset > l))
         {
             let after = last_sealed.map_or(after, |l| (l as i64).max(after));
-            let window = self.copy_window_secs;
+            let window = self.opt.copy_window_secs;
             for (what, r, detail) in
                 unsealed_problems(store, Span { after, ..span }, window).await?
             {

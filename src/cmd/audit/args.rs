@@ -181,6 +181,13 @@ pub struct ServeArgs {
     /// Seal every tenant's new facts this often (0 = never).
     #[arg(long, default_value_t = 0)]
     pub seal_every_secs: u64,
+    /// The most stored facts, links and checkpoints one `GET /v1/audit/verify` may read;
+    /// past it the request is refused (422 `range_too_large`) before the rest is read: ask for
+    /// a narrower range, or run `weft audit verify`, which has no limit. Each partition's chain
+    /// is recomputed from its last checkpoint before the range, so sealing often (see
+    /// --seal-every-secs) keeps a range cheap.
+    #[arg(long, env = "WEFT_AUDIT_MAX_VERIFY_ROWS", default_value_t = 1_000_000)]
+    pub max_verify_rows: u64,
 }
 
 /// The tenant and time bounds every query takes.
