@@ -5,7 +5,7 @@
 //!   times) never gives a 5xx, and the table is intact afterwards;
 //! - every read is logged in `weft_audit_log` with the key's id, never the key;
 //! - answers are bounded: findings per invariant (`limit`), checkpoints by the page, and a
-//!   verify past the server's row budget is refused with 422 `range_too_large`.
+//!   verify past the server's row budget is refused with 422 `too_large`.
 
 mod common;
 
@@ -95,6 +95,10 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
             assert_eq!(
                 n["entries"].as_array().unwrap().len(),
                 acme.requests[0].members.len()
+            );
+            assert_eq!(
+                n["members_total"].as_u64(),
+                Some(acme.requests[0].members.len() as u64)
             );
             break;
         }
@@ -306,7 +310,7 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "range_too_large", "{body}");
+    assert_eq!(body["error"]["code"], "too_large", "{body}");
 
     // Hostile input: never a 5xx.
     let long = "x".repeat(10_000);

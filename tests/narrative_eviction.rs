@@ -347,6 +347,16 @@ async fn a_component_far_over_the_budget_is_assigned_exactly() {
         .expect("a narrative of 250k members reads")
         .expect("the narrative exists");
     assert_eq!(n.entries.len(), N + 1);
+    assert_eq!(n.members_total, (N + 1) as u64);
+    // As the HTTP APIs read it: the first members in time, and the count of them all.
+    let api_max = weft_store::narrative::query::API_MAX_MEMBERS;
+    let first =
+        weft_store::narrative::query::lookup_at_most(&h.store, "default", "req-big", api_max)
+            .await
+            .expect("a bounded read")
+            .expect("the narrative exists");
+    assert_eq!(first.members_total, (N + 1) as u64);
+    assert_eq!(first.entries, n.entries[..api_max as usize]);
 }
 
 /// The id filter's hashes, computed by ClickHouse when it is rebuilt at start, are the ones

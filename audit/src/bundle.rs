@@ -20,13 +20,24 @@ use crate::{timeline, AuditError, Store};
 ///
 /// A narrative without a RoutingDecision cannot form a bundle (the contract requires one).
 /// When an id has several stored versions (an id conflict) the first in time is exported.
+/// A narrative of more than `max_members` members is refused ([`AuditError::TooLarge`]): a
+/// bundle is the whole narrative or nothing.
 pub async fn export(
     store: &Store,
     tenant: &str,
     id: &str,
     key: Option<&Key>,
+    max_members: u64,
 ) -> Result<Value, AuditError> {
-    let n = timeline::get(store, tenant, id).await?;
+    let n = timeline::get(store, tenant, id, max_members).await?;
+    if n.members_total > n.entries.len() as u64 {
+        return Err(AuditError::TooLarge(format!(
+            "narrative {} has {} members, over the limit of {max_members} of one request: \
+             export it with `weft audit bundle`",
+            crate::short(&n.narrative_id),
+            n.members_total
+        )));
+    }
     let mut routing: Option<RoutingDecision> = None;
     let mut pds = Vec::new();
     let mut frames = Vec::new();

@@ -15,7 +15,7 @@
 //! - `GET /v1/audit/search?from&to&kind&principal&capability&event_type&decision&outcome&token&request&limit&cursor&format=json|jsonl|csv`;
 //! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
 //! - `GET /v1/audit/verify?from&to` — recompute the tenant's hash chains over the range
-//!   (from the last checkpoint before it), refused with 422 `range_too_large` past
+//!   (from the last checkpoint before it), refused with 422 `too_large` past
 //!   `max_verify_rows` rows read;
 //! - `GET /v1/audit/checkpoints?limit&cursor` — the signed checkpoints, for offline
 //!   verification, a page of at most `limit` (1,000; up to 10,000) at a time.
@@ -31,6 +31,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
+use weft_store::narrative::query::API_MAX_MEMBERS;
 
 use crate::check::CheckOptions;
 use crate::search::Filter;
@@ -99,7 +100,7 @@ fn fail(e: AuditError) -> Response {
         AuditError::NotFound(_) => ApiError::not_found("not found").into_response(),
         AuditError::Invalid(m) => ApiError::unprocessable("invalid", m).into_response(),
         AuditError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "refused", m).into_response(),
-        AuditError::TooLarge(m) => ApiError::unprocessable("range_too_large", m).into_response(),
+        AuditError::TooLarge(m) => ApiError::unprocessable("too_large", m).into_response(),
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");
             ApiError::new(
@@ -302,7 +303,7 @@ async fn timeline_route(
     if let Err(e) = check_id(&id) {
         return e.into_response();
     }
-    let res = timeline::get(&s.store, &tenant, &id).await;
+    let res = timeline::get(&s.store, &tenant, &id, API_MAX_MEMBERS).await;
     let n = res.as_ref().map(|n| n.entries.len() as u64).unwrap_or(0);
     record(
         &s,
@@ -425,7 +426,14 @@ async fn bundle_route(
     if let Err(e) = check_id(&id) {
         return e.into_response();
     }
-    let res = bundle::export(&s.store, &tenant, &id, s.sign_key.as_deref()).await;
+    let res = bundle::export(
+        &s.store,
+        &tenant,
+        &id,
+        s.sign_key.as_deref(),
+        API_MAX_MEMBERS,
+    )
+    .await;
     record(
         &s,
         &tenant,

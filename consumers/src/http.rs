@@ -67,7 +67,7 @@ async fn narrative(caller: Caller, State(s): State<AppState>, Path(id): Path<Str
     if let Err(e) = weft_http::check_len("id", &id, MAX_ID_BYTES) {
         return e.into_response();
     }
-    match query::lookup(&s.store, &caller.tenant, &id).await {
+    match query::lookup_at_most(&s.store, &caller.tenant, &id, query::API_MAX_MEMBERS).await {
         Ok(Some(n)) => Json(n).into_response(),
         // The same answer whether the id is unknown or belongs to another tenant.
         Ok(None) => ApiError::not_found("no narrative with that id").into_response(),

@@ -129,7 +129,7 @@ async fn run_check(store: &Store, c: CheckArgs) -> anyhow::Result<ExitCode> {
 /// `weft audit timeline`.
 async fn run_timeline(store: &Store, t: TimelineArgs) -> anyhow::Result<ExitCode> {
     let tenant = &t.tenant.name;
-    let n = match timeline::get(store, tenant, &t.request).await {
+    let n = match timeline::get(store, tenant, &t.request, u64::MAX).await {
         Ok(n) => n,
         Err(weft_audit::AuditError::NotFound(m)) => {
             logged(store, tenant, "timeline", json!({"id": t.request}), 0).await;
@@ -226,7 +226,7 @@ async fn run_search(store: &Store, s: SearchArgs) -> anyhow::Result<ExitCode> {
 async fn run_bundle(store: &Store, b: BundleArgs) -> anyhow::Result<ExitCode> {
     let tenant = &b.tenant.name;
     let key = b.sign_key.as_deref().map(read_key).transpose()?;
-    let doc = bundle::export(store, tenant, &b.request, key.as_ref()).await?;
+    let doc = bundle::export(store, tenant, &b.request, key.as_ref(), u64::MAX).await?;
     logged(store, tenant, "bundle", json!({"id": b.request}), 1).await;
     let ring = key.as_ref().map(|k| Keyring {
         keys: vec![k.public()],

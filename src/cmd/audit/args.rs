@@ -182,7 +182,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub seal_every_secs: u64,
     /// The most stored facts, links and checkpoints one `GET /v1/audit/verify` may read;
-    /// past it the request is refused (422 `range_too_large`) before the rest is read: ask for
+    /// past it the request is refused (422 `too_large`) before the rest is read: ask for
     /// a narrower range, or run `weft audit verify`, which has no limit. Each partition's chain
     /// is recomputed from its last checkpoint before the range, so sealing often (see
     /// --seal-every-secs) keeps a range cheap.

@@ -53,8 +53,13 @@ pub struct Narrative {
     pub narrative_id: String,
     /// The narrative id when a member carries it as its request id; `None` for ad hoc ones.
     pub request_id: Option<String>,
-    /// Members in timestamp order (ties by kind, then id).
+    /// Members in timestamp order (ties by kind, then id): all of them, or the first of a
+    /// lookup bounded by [`lookup_at_most`].
     pub entries: Vec<Entry>,
+    /// How many members the narrative has; more than `entries` holds when a bounded lookup
+    /// cut it. Links and related narratives are those of the entries given.
+    #[serde(default)]
+    pub members_total: u64,
     /// Links whose both ends are members.
     pub links: Vec<LinkView>,
     /// Other narratives that a member links to, or that link to a member.
@@ -77,14 +82,20 @@ impl Narrative {
     /// `weft narrative` and `weft audit timeline` alike.
     pub fn to_text(&self) -> String {
         use std::fmt::Write;
+        let shown = self.entries.len() as u64;
         let mut out = format!(
-            "narrative {}{}: {} events, {} links\n",
+            "narrative {}{}: {} events{}, {} links\n",
             self.narrative_id,
             self.request_id
                 .as_deref()
                 .map(|r| format!(" (request {r})"))
                 .unwrap_or_default(),
-            self.entries.len(),
+            shown,
+            if self.members_total > shown {
+                format!(" (the first of {})", self.members_total)
+            } else {
+                String::new()
+            },
             self.links.len()
         );
         for e in &self.entries {
@@ -122,8 +133,12 @@ struct MemberRow {
     ts: i64,
     request_id: String,
     payload: String,
-    is_deleted: u8,
+    total: u64,
 }
+
+/// The most members a narrative read by the HTTP APIs holds (`GET /v1/narratives/{id}`, the
+/// audit timeline); a bundle of a larger narrative is refused.
+pub const API_MAX_MEMBERS: u64 = 10_000;
 
 #[derive(Debug, Row, Deserialize)]
 struct NodeNarrative {
@@ -169,19 +184,31 @@ pub async fn resolve(store: &Store, tenant: &str, id: &str) -> Result<Option<Str
     Ok(nodes.into_iter().next().map(|n| n.narrative_id))
 }
 
-/// Read one narrative of `tenant` by any id in it. `None` when the id is unknown there.
+/// Read one narrative of `tenant` by any id in it, whole. `None` when the id is unknown there.
 pub async fn lookup(
     store: &Store,
     tenant: &str,
     id: &str,
 ) -> Result<Option<Narrative>, StoreError> {
+    lookup_at_most(store, tenant, id, u64::MAX).await
+}
+
+/// [`lookup`], with at most `max_members` members, the first in timeline order
+/// ([`Narrative::members_total`] counts them all): what a request may ask of the store
+/// whatever the narrative's size.
+pub async fn lookup_at_most(
+    store: &Store,
+    tenant: &str,
+    id: &str,
+    max_members: u64,
+) -> Result<Option<Narrative>, StoreError> {
     let Some(nid) = resolve(store, tenant, id).await? else {
         return Ok(None);
     };
-    let members = members(store, tenant, &nid).await?;
-    if members.is_empty() {
+    let members = members(store, tenant, &nid, max_members).await?;
+    let Some(members_total) = members.first().map(|m| m.total) else {
         return Ok(None);
-    }
+    };
     let member_set: HashSet<(String, String)> = members
         .iter()
         .map(|m| (m.kind.clone(), m.id.clone()))
@@ -197,31 +224,36 @@ pub async fn lookup(
         narrative_id: nid,
         request_id,
         entries,
+        members_total,
         links: link_set.into_iter().collect(),
         related,
     }))
 }
 
-/// The live members of a narrative, in timeline order.
-async fn members(store: &Store, tenant: &str, nid: &str) -> Result<Vec<MemberRow>, StoreError> {
-    let rows: Vec<MemberRow> = store
+/// The first `max` live members of a narrative in timeline order, each with the count of
+/// them all.
+async fn members(
+    store: &Store,
+    tenant: &str,
+    nid: &str,
+    max: u64,
+) -> Result<Vec<MemberRow>, StoreError> {
+    store
         .client()
         .query(
-            "SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                    argMax(payload, version) AS payload, argMax(is_deleted, version) AS is_deleted \
-             FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
-             GROUP BY kind, id, content_hash",
+            "SELECT kind, id, ts, request_id, payload, count() OVER () AS total FROM ( \
+               SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                      argMax(payload, version) AS payload \
+               FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+               GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0) \
+             ORDER BY ts, kind, id, payload LIMIT {max:UInt64}",
         )
         .param("t", tenant)
         .param("n", nid)
+        .param("max", max)
         .fetch_all()
         .await
-        .map_err(store.err())?;
-    let mut members: Vec<MemberRow> = rows.into_iter().filter(|r| r.is_deleted == 0).collect();
-    members.sort_by(|a, b| {
-        (a.ts, &a.kind, &a.id, &a.payload).cmp(&(b.ts, &b.kind, &b.id, &b.payload))
-    });
-    Ok(members)
+        .map_err(store.err())
 }
 
 /// The timeline entries, the links between members, and the ids members link to outside.
