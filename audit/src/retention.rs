@@ -82,6 +82,14 @@ pub async fn set_hold(store: &Store, tenant: &str, hold: bool) -> Result<Retenti
     Ok(r)
 }
 
+/// One source partition's highest stored offset, as `weft_ingest_floor` records it.
+#[derive(Debug, Row, Serialize, Deserialize)]
+struct Floor {
+    topic: String,
+    partition: u32,
+    offset: u64,
+}
+
 /// What [`apply`] removed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Applied {
@@ -129,21 +137,42 @@ pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, Audit
             )));
         }
         // Ingest's resume points first, so deleting a partition's newest rows cannot move
-        // them back (migration 0015).
+        // them back (migration 0015). Only rows at or below them are deleted: a fact stored
+        // after this record, at a higher offset, stays until the next apply, so the record
+        // covers every row the delete removes.
+        let floor: Vec<Floor> = c
+            .query("SELECT topic, partition, max(offset) AS offset FROM weft_events GROUP BY topic, partition")
+            .fetch_all()
+            .await
+            .map_err(ch_err(store))?;
+        let mut ins = c
+            .insert::<Floor>("weft_ingest_floor")
+            .await
+            .map_err(ch_err(store))?;
+        for f in &floor {
+            ins.write(f).await.map_err(ch_err(store))?;
+        }
+        ins.end().await.map_err(ch_err(store))?;
+        let keys: Vec<String> = floor
+            .iter()
+            .map(|f| format!("{}/{}", f.topic, f.partition))
+            .collect();
+        let offsets: Vec<u64> = floor.iter().map(|f| f.offset).collect();
+        // A partition without a record gives `arrayElement(.., 0)`, 0: nothing of it goes.
         c.query(
-            "INSERT INTO weft_ingest_floor (topic, partition, offset) \
-             SELECT topic, partition, max(offset) FROM weft_events GROUP BY topic, partition",
+            "DELETE FROM weft_events WHERE tenant = {t:String} \
+               AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC') \
+               AND offset <= arrayElement({offsets:Array(UInt64)}, \
+                     indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))))",
         )
+        .param("t", tenant)
+        .param("c", cutoff)
+        .param("offsets", offsets)
+        .param("keys", keys)
+        .with_setting("mutations_sync", "2")
         .execute()
         .await
         .map_err(ch_err(store))?;
-        c.query("DELETE FROM weft_events WHERE tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC')")
-            .param("t", tenant)
-            .param("c", cutoff)
-            .with_setting("mutations_sync", "2")
-            .execute()
-            .await
-            .map_err(ch_err(store))?;
     }
     Ok(Some(Applied { cutoff, deleted: n }))
 }
