@@ -58,16 +58,27 @@ pub struct ServiceConfig {
     pub source: String,
 }
 
-/// Bounded memory of recent decisions, keyed by (tenant, decision id): what their feedback
+/// Bounded memory of recent decisions, per tenant and decision id: what their feedback
 /// needs (the context key to stamp, the features to learn from). A tenant's feedback can
 /// only ever find its own decisions here.
+///
+/// At most [`RECENT_MAX`] decisions in all. When full, the oldest decision of the tenant
+/// that holds the most goes first, so a busy tenant cannot push a quiet one's decisions out:
+/// it only ever evicts its own until the two hold as many.
 #[derive(Default)]
 struct Recent {
-    map: HashMap<(String, String), Arc<Remembered>>,
-    order: VecDeque<(String, String)>,
+    tenants: HashMap<String, TenantRecent>,
+    len: usize,
 }
 
-/// Decisions remembered at most.
+/// One tenant's recent decisions, oldest first in `order`.
+#[derive(Default)]
+struct TenantRecent {
+    map: HashMap<String, Arc<Remembered>>,
+    order: VecDeque<String>,
+}
+
+/// Decisions remembered at most, all tenants together.
 pub const RECENT_MAX: usize = 200_000;
 
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
@@ -81,14 +92,30 @@ const VISIBILITY_MARGIN_US: i64 = 10_000_000;
 pub const REBUILD_EVERY: u32 = 60;
 
 impl Recent {
-    fn insert(&mut self, key: (String, String), r: Arc<Remembered>) {
-        if self.order.len() >= RECENT_MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
+    fn insert(&mut self, tenant: &str, decision_id: String, r: Arc<Remembered>) {
+        self.insert_capped(tenant, decision_id, r, RECENT_MAX);
+    }
+
+    fn insert_capped(&mut self, tenant: &str, decision_id: String, r: Arc<Remembered>, max: usize) {
+        if self.len >= max {
+            // A scan of the tenants: there are as many as API keys name.
+            let largest = self.tenants.iter_mut().max_by_key(|(_, t)| t.order.len());
+            if let Some((_, t)) = largest {
+                if let Some(old) = t.order.pop_front() {
+                    t.map.remove(&old);
+                    self.len -= 1;
+                }
             }
         }
-        self.order.push_back(key.clone());
-        self.map.insert(key, r);
+        let t = self.tenants.entry(tenant.to_owned()).or_default();
+        if t.map.insert(decision_id.clone(), r).is_none() {
+            t.order.push_back(decision_id);
+            self.len += 1;
+        }
+    }
+
+    fn get(&self, tenant: &str, decision_id: &str) -> Option<Arc<Remembered>> {
+        self.tenants.get(tenant)?.map.get(decision_id).cloned()
     }
 }
 
@@ -337,9 +364,7 @@ impl Service {
             .map_err(|e| RouterError::Internal(e.to_string()).into_response())?;
         self.publish_decision(tenant, request_id, raw.clone())?;
         self.live.decided(tenant, &chosen);
-        self.recent
-            .lock()
-            .insert((tenant.to_owned(), decision_id), remembered);
+        self.recent.lock().insert(tenant, decision_id, remembered);
         self.metrics.decisions.inc();
         Ok(raw)
     }
@@ -439,9 +464,8 @@ impl Service {
             });
         }
         let has_ctx = sent_context.is_some();
-        let key = (tenant.to_owned(), decision_id.to_owned());
         let candidate = candidate.to_owned();
-        let remembered = self.recent.lock().map.get(&key).cloned();
+        let remembered = self.recent.lock().get(tenant, decision_id);
         if let Some(r) = &remembered {
             if !has_ctx {
                 let meta = v.entry("metadata").or_insert_with(|| json!({}));
@@ -645,4 +669,41 @@ pub fn app(s: Arc<Service>) -> AxumRouter {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_tenant_evicts_its_own_decisions_not_a_quiet_ones() {
+        let r = || {
+            Arc::new(Remembered {
+                context_key: String::new(),
+                ctx: vec![],
+                cands: vec![],
+            })
+        };
+        let mut recent = Recent::default();
+        recent.insert_capped("quiet", "q-0".into(), r(), 10);
+        recent.insert_capped("quiet", "q-1".into(), r(), 10);
+        for i in 0..100 {
+            recent.insert_capped("busy", format!("b-{i}"), r(), 10);
+        }
+        assert_eq!(recent.len, 10);
+        assert!(recent.get("quiet", "q-0").is_some() && recent.get("quiet", "q-1").is_some());
+        assert!(recent.get("busy", "b-99").is_some() && recent.get("busy", "b-91").is_none());
+        // A tenant never reads another's decision, whatever its id.
+        assert!(recent.get("busy", "q-0").is_none());
+        // Once the quiet tenant holds the most, its own oldest goes first.
+        for i in 2..12 {
+            recent.insert_capped("quiet", format!("q-{i}"), r(), 10);
+        }
+        assert_eq!(recent.len, 10);
+        assert!(recent.get("quiet", "q-0").is_none() && recent.get("quiet", "q-11").is_some());
+        assert!(
+            recent.get("busy", "b-99").is_some(),
+            "the other tenant keeps its newest"
+        );
+    }
 }
