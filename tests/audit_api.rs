@@ -249,10 +249,22 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         "{}",
         String::from_utf8_lossy(&seal.stderr)
     );
-    let stored = p
+    let sealed = p
         .scalar("SELECT count() FROM weft_audit_checkpoints WHERE tenant = 'acme'")
         .await;
-    assert!(stored >= 2, "one checkpoint per sealed partition: {stored}");
+    assert!(sealed >= 2, "one checkpoint per sealed partition: {sealed}");
+    // A second sealer at the same moment writes a second checkpoint of the same offset: a
+    // page with room for one must not leave it behind.
+    p.client()
+        .query(
+            "INSERT INTO weft_audit_checkpoints SELECT tenant, topic, partition, offset, head, \
+             rows, kid, sig, sealed_at + 1 FROM weft_audit_checkpoints WHERE tenant = 'acme' \
+             ORDER BY topic, partition, offset LIMIT 1",
+        )
+        .execute()
+        .await
+        .unwrap();
+    let stored = sealed + 1;
     let (mut pages, mut seen, mut cursor) = (0, Vec::new(), String::new());
     loop {
         let page: Value = get(
@@ -274,6 +286,7 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
                 c["topic"].to_string(),
                 c["partition"].as_u64(),
                 c["offset"].as_u64(),
+                c["sealed_at"].as_i64(),
             ));
         }
         match page["next_cursor"].as_str() {
@@ -285,8 +298,11 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     let mut sorted = seen.clone();
     sorted.sort();
     sorted.dedup();
-    assert_eq!(sorted, seen, "in order, each once");
+    assert_eq!(sorted.len(), seen.len(), "each once: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "in topic order");
     assert_eq!(seen.len() as u64, stored);
+    // One page per offset (the two of one offset together), and the empty one that ends.
+    assert_eq!(pages, sealed + 1, "the two of one offset come on one page");
 
     // Verify over a range: intact, every sealed fact of acme recomputed.
     let v: Value = get(format!("/v1/audit/verify?{range}"), Some(ACME))

@@ -82,6 +82,14 @@ pub async fn set_hold(store: &Store, tenant: &str, hold: bool) -> Result<Retenti
     Ok(r)
 }
 
+/// The rows [`apply`] deletes: the tenant's facts before the cutoff (`{c}`) at or below their
+/// partition's recorded floor (`{keys}` `topic/partition`, `{offsets}`); a partition without
+/// a record keeps every row.
+const COVERED: &str = "tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC') \
+    AND indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))) > 0 \
+    AND offset <= arrayElement({offsets:Array(UInt64)}, \
+          indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))))";
+
 /// One source partition's highest stored offset, as `weft_ingest_floor` records it.
 #[derive(Debug, Row, Serialize, Deserialize)]
 struct Floor {
@@ -95,7 +103,7 @@ struct Floor {
 pub struct Applied {
     /// Facts with an event time before this (µs) are gone.
     pub cutoff: i64,
-    /// How many facts were deleted.
+    /// How many facts were deleted (those before the cutoff stored when it began).
     pub deleted: u64,
 }
 
@@ -129,6 +137,7 @@ pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, Audit
     }
     r.pruned_before = r.pruned_before.max(cutoff);
     put(store, tenant, &r).await?;
+    let mut deleted = 0;
     if n > 0 {
         // Re-check the hold right before deleting: a hold placed meanwhile wins.
         if get(store, tenant).await?.legal_hold == 1 {
@@ -158,21 +167,22 @@ pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, Audit
             .map(|f| format!("{}/{}", f.topic, f.partition))
             .collect();
         let offsets: Vec<u64> = floor.iter().map(|f| f.offset).collect();
-        // A partition without a record gives `arrayElement(.., 0)`, 0: nothing of it goes.
-        c.query(
-            "DELETE FROM weft_events WHERE tenant = {t:String} \
-               AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC') \
-               AND offset <= arrayElement({offsets:Array(UInt64)}, \
-                     indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))))",
-        )
-        .param("t", tenant)
-        .param("c", cutoff)
-        .param("offsets", offsets)
-        .param("keys", keys)
-        .with_setting("mutations_sync", "2")
-        .execute()
-        .await
-        .map_err(ch_err(store))?;
+        let covered = |sql: &str| {
+            c.query(&format!("{sql} WHERE {COVERED}"))
+                .param("t", tenant)
+                .param("c", cutoff)
+                .param("offsets", &offsets)
+                .param("keys", &keys)
+        };
+        deleted = covered("SELECT count() FROM weft_events")
+            .fetch_one()
+            .await
+            .map_err(ch_err(store))?;
+        covered("DELETE FROM weft_events")
+            .with_setting("mutations_sync", "2")
+            .execute()
+            .await
+            .map_err(ch_err(store))?;
     }
-    Ok(Some(Applied { cutoff, deleted: n }))
+    Ok(Some(Applied { cutoff, deleted }))
 }

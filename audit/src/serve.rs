@@ -65,7 +65,7 @@ pub const MAX_CHECKPOINTS: u64 = 10_000;
 /// The most problems one `/v1/audit/verify` answer lists (`problems_total` counts them all;
 /// the first is the first break).
 pub const MAX_PROBLEMS: usize = 1_000;
-/// The default `limit` of the routes that take one.
+/// The default `limit` of `check` and `checkpoints` (search's is 100 hits).
 pub const DEFAULT_LIMIT: u64 = 1_000;
 
 /// The router of the audit API.
@@ -506,6 +506,11 @@ async fn checkpoints_route(
         Ok(n) => n,
         Err(e) => return bad_request(&e),
     };
+    if let Some(c) = &q.cursor {
+        if let Err(e) = weft_http::check_len("cursor", c, MAX_ID_BYTES) {
+            return e.into_response();
+        }
+    }
     let cursor = match q
         .cursor
         .as_deref()

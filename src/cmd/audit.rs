@@ -278,14 +278,32 @@ fn read_keyring(path: Option<&std::path::Path>) -> anyhow::Result<Option<Keyring
     Ok(Some(Keyring::from_json(&text)?))
 }
 
+/// The checkpoints of an export file: what `weft audit checkpoints` prints (an array), or
+/// the pages of `GET /v1/audit/checkpoints` (`{"checkpoints": [..], ..}`) one after another.
+fn read_checkpoints(p: &std::path::Path) -> anyhow::Result<Vec<weft_audit::chain::Checkpoint>> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Export {
+        List(Vec<weft_audit::chain::Checkpoint>),
+        Page {
+            checkpoints: Vec<weft_audit::chain::Checkpoint>,
+        },
+    }
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    let mut all = Vec::new();
+    for part in serde_json::Deserializer::from_str(&text).into_iter::<Export>() {
+        match part.with_context(|| format!("parsing {}", p.display()))? {
+            Export::List(c) | Export::Page { checkpoints: c } => all.extend(c),
+        }
+    }
+    Ok(all)
+}
+
 /// `weft audit verify`.
 async fn run_verify(store: &Store, a: VerifyArgs, copy_window: u64) -> anyhow::Result<ExitCode> {
     let tenant = &a.tenant.name;
-    let extra: Vec<weft_audit::chain::Checkpoint> = match &a.checkpoints {
-        Some(p) => serde_json::from_str(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        )
-        .with_context(|| format!("parsing {}", p.display()))?,
+    let extra = match &a.checkpoints {
+        Some(p) => read_checkpoints(p)?,
         None => Vec::new(),
     };
     let ring = read_keyring(a.keyring.as_deref())?;
@@ -458,5 +476,39 @@ fn print_text(text: &str) -> anyhow::Result<()> {
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         r => Ok(r?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_export_is_an_array_or_the_api_pages_one_after_another() {
+        let cp = |offset: u64| {
+            json!({"tenant": "acme", "topic": "t", "partition": 0, "offset": offset,
+                   "head": "00", "rows": offset, "kid": "", "sig": "", "sealed_at": 1})
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("checkpoints.json");
+        let pages = format!(
+            "{}\n{}\n",
+            json!({"checkpoints": [cp(1), cp(2)], "next_cursor": "t/0/2"}),
+            json!({"checkpoints": [cp(3)], "next_cursor": null})
+        );
+        std::fs::write(&file, pages).unwrap();
+        let offsets: Vec<u64> = read_checkpoints(&file)
+            .unwrap()
+            .iter()
+            .map(|c| c.offset)
+            .collect();
+        assert_eq!(offsets, [1, 2, 3]);
+        std::fs::write(&file, json!([cp(4)]).to_string()).unwrap();
+        assert_eq!(read_checkpoints(&file).unwrap()[0].offset, 4);
+        std::fs::write(&file, "{\"checkpoints\": 3}").unwrap();
+        assert!(
+            read_checkpoints(&file).is_err(),
+            "a malformed file is an error"
+        );
     }
 }

@@ -388,23 +388,30 @@ impl std::fmt::Display for CheckpointCursor {
     }
 }
 
-/// At most `limit` checkpoints of `tenant` after `cursor`, in (topic, partition, offset)
-/// order (the table's own, so a page is one range read), and the cursor of the next page
-/// when there may be one: what the audit API serves.
+/// About `limit` checkpoints of `tenant` after `cursor`, in (topic, partition, offset) order,
+/// and the cursor of the next page when there may be one: what the audit API serves. The
+/// table's sorting key, so a page is one range read. Two checkpoints of one offset (two
+/// sealers at once) are never split between pages: a page ends with every checkpoint of its
+/// last offset (`LIMIT .. WITH TIES`), so it may hold a few more than `limit`.
 pub async fn checkpoints_page(
     store: &Store,
     tenant: &str,
     cursor: Option<&CheckpointCursor>,
     limit: u64,
 ) -> Result<(Vec<Checkpoint>, Option<CheckpointCursor>), AuditError> {
+    let limit = limit.max(1);
     let (topic, partition, offset) =
         cursor.map_or(("", 0, 0), |c| (c.topic.as_str(), c.partition, c.offset));
+    // The keyset condition spelled out: ClickHouse reads a tuple comparison
+    // `(topic, partition, offset) > (..)` without the primary key, this with it.
     let page: Vec<Checkpoint> = store
         .client()
         .query(&format!(
             "{CHECKPOINTS_SQL} WHERE tenant = {{t:String}} AND ({{first:Bool}} \
-               OR (topic, partition, offset) > ({{topic:String}}, {{p:UInt32}}, {{o:UInt64}})) \
-             ORDER BY topic, partition, offset LIMIT {{n:UInt64}}"
+               OR topic > {{topic:String}} \
+               OR (topic = {{topic:String}} AND (partition > {{p:UInt32}} \
+                   OR (partition = {{p:UInt32}} AND offset > {{o:UInt64}})))) \
+             ORDER BY topic, partition, offset LIMIT {{n:UInt64}} WITH TIES"
         ))
         .param("t", tenant)
         .param("first", cursor.is_none())
@@ -415,14 +422,14 @@ pub async fn checkpoints_page(
         .fetch_all()
         .await
         .map_err(ch_err(store))?;
-    let next = (page.len() as u64 == limit && limit > 0).then(|| {
-        let last = &page[page.len() - 1];
-        CheckpointCursor {
+    let next = match page.last() {
+        Some(last) if page.len() as u64 >= limit => Some(CheckpointCursor {
             topic: last.topic.clone(),
             partition: last.partition,
             offset: last.offset,
-        }
-    });
+        }),
+        _ => None,
+    };
     Ok((page, next))
 }
 

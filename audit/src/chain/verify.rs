@@ -210,7 +210,8 @@ impl Run<'_> {
             .client()
             .query(&format!(
                 "{CHECKPOINTS_SQL} WHERE tenant = {{t:String}} AND topic = {{topic:String}} \
-                 AND partition = {{p:UInt32}} AND offset < {{lo:UInt64}} ORDER BY offset DESC LIMIT 1"
+                 AND partition = {{p:UInt32}} AND offset < {{lo:UInt64}} \
+                 ORDER BY offset DESC, sealed_at DESC LIMIT 1"
             ))
             .param("t", self.tenant)
             .param("topic", &p.topic)

@@ -71,7 +71,8 @@ pub struct SealArgs {
 pub struct VerifyArgs {
     #[command(flatten)]
     pub tenant: TenantArg,
-    /// Also check these exported checkpoints (from `weft audit checkpoints`).
+    /// Also check these exported checkpoints: the output of `weft audit checkpoints`, or the
+    /// pages of `GET /v1/audit/checkpoints` saved one after another.
     #[arg(long)]
     pub checkpoints: Option<PathBuf>,
     /// Verify checkpoint signatures with this keyring (spec keyring format).

@@ -194,8 +194,8 @@ pub async fn lookup(
 }
 
 /// [`lookup`], with at most `max_members` members, the first in timeline order
-/// ([`Narrative::members_total`] counts them all): what a request may ask of the store
-/// whatever the narrative's size.
+/// ([`Narrative::members_total`] counts them all): the HTTP APIs' read, whose answer and
+/// payload reads are bounded whatever the narrative's size.
 pub async fn lookup_at_most(
     store: &Store,
     tenant: &str,
@@ -231,7 +231,9 @@ pub async fn lookup_at_most(
 }
 
 /// The first `max` live members of a narrative in timeline order, each with the count of
-/// them all.
+/// them all. The members are ranked without their payloads, and only the kept ones' are read
+/// and aggregated: a narrative of any size costs ClickHouse its keys, not its payloads. (The
+/// store's client prefers column names to aliases, so the order names the aggregate.)
 async fn members(
     store: &Store,
     tenant: &str,
@@ -241,12 +243,17 @@ async fn members(
     store
         .client()
         .query(
-            "SELECT kind, id, ts, request_id, payload, count() OVER () AS total FROM ( \
-               SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                      argMax(payload, version) AS payload \
-               FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+            "WITH live AS ( \
+               SELECT kind, id, content_hash, argMax(ts, version) AS ts FROM weft_narratives \
+               WHERE tenant = {t:String} AND narrative_id = {n:String} \
                GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0) \
-             ORDER BY ts, kind, id, payload LIMIT {max:UInt64}",
+             SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                    argMax(payload, version) AS payload, assumeNotNull((SELECT count() FROM live)) AS total \
+             FROM weft_narratives \
+             WHERE tenant = {t:String} AND narrative_id = {n:String} AND (kind, id, content_hash) IN ( \
+               SELECT kind, id, content_hash FROM live ORDER BY ts, kind, id, content_hash LIMIT {max:UInt64}) \
+             GROUP BY kind, id, content_hash \
+             ORDER BY argMax(ts, version), kind, id, content_hash",
         )
         .param("t", tenant)
         .param("n", nid)
