@@ -59,27 +59,37 @@ pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The condition of a query over one [`Span`], as a literal for `concat!`.
+macro_rules! span_where {
+    () => {
+        "tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+         AND offset > {after:Int64} AND offset <= {upto:UInt64}"
+    };
+}
+pub(super) use span_where;
+
 /// The links of one partition's chain. Two sealers that ran at once (the sealing loop and
 /// a `weft audit seal` by hand) write the same links twice, identical but for `sealed_at`:
 /// such copies say nothing new and are read once (a link that differs in its hash or chain
 /// is not a copy and is read, so it still breaks the chain).
-pub(super) const LINKS_SQL: &str = "
-SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, row_hash,
-       chain, toUnixTimestamp64Micro(min(sealed_at)) AS sealed_at
-FROM weft_audit_chain
-WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-  AND offset > {after:Int64} AND offset <= {upto:UInt64}
-GROUP BY tenant, topic, partition, offset, kind, id, ts, row_hash, chain
-ORDER BY offset
-";
+pub(super) const LINKS_SQL: &str = concat!(
+    "SELECT tenant, topic, partition, offset, kind, id, toUnixTimestamp64Micro(ts) AS ts, \
+     row_hash, chain, toUnixTimestamp64Micro(min(sealed_at)) AS sealed_at \
+     FROM weft_audit_chain WHERE ",
+    span_where!(),
+    " GROUP BY tenant, topic, partition, offset, kind, id, ts, row_hash, chain ORDER BY offset"
+);
 
-/// The condition of a query over one [`Span`].
-pub(super) const SPAN_WHERE: &str = "tenant = {t:String} AND topic = {topic:String} \
-    AND partition = {p:UInt32} AND offset > {after:Int64} AND offset <= {upto:UInt64}";
-
-/// The checkpoints' columns as [`Checkpoint`] reads them; a query adds its `WHERE`.
-pub(super) const CHECKPOINTS_SQL: &str = "SELECT tenant, topic, partition, offset, head, rows, \
-    kid, sig, toUnixTimestamp64Micro(sealed_at) AS sealed_at FROM weft_audit_checkpoints";
+/// The checkpoints' columns as [`Checkpoint`] reads them, as a literal for `concat!`; a
+/// query adds its `WHERE`.
+macro_rules! checkpoints_select {
+    () => {
+        "SELECT tenant, topic, partition, offset, head, rows, kid, sig, \
+         toUnixTimestamp64Micro(sealed_at) AS sealed_at FROM weft_audit_checkpoints"
+    };
+}
+pub(super) use checkpoints_select;
+pub(super) const CHECKPOINTS_SQL: &str = checkpoints_select!();
 
 /// One partition's offsets `(after, upto]` of one tenant: what every per-partition chain
 /// query filters on (`{t}`, `{topic}`, `{p}`, `{after}`, `{upto}`).

@@ -8,20 +8,31 @@ use tracing::instrument;
 use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
-    link, partitions, unhex32, unsealed_problems, Checkpoint, Link, Part, Problem, Span,
-    CHECKPOINTS_SQL, GENESIS, LINKS_SQL, SPAN_WHERE,
+    checkpoints_select, link, partitions, span_where, unhex32, unsealed_problems, Checkpoint, Link,
+    Part, Problem, Span, CHECKPOINTS_SQL, GENESIS, LINKS_SQL,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
 
 /// How many facts, links and checkpoints a [`Span`] holds: what [`VerifyOptions::max_rows`]
 /// counts before the span is read.
-const SPAN_ROWS_SQL: &str = "
-SELECT sum(n) FROM (
-    SELECT count() AS n FROM weft_events WHERE {SPAN}
-    UNION ALL SELECT count() FROM weft_audit_chain WHERE {SPAN}
-    UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE {SPAN})
-";
+const SPAN_ROWS_SQL: &str = concat!(
+    "SELECT sum(n) FROM (SELECT count() AS n FROM weft_events WHERE ",
+    span_where!(),
+    " UNION ALL SELECT count() FROM weft_audit_chain WHERE ",
+    span_where!(),
+    " UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE ",
+    span_where!(),
+    ")"
+);
+
+/// The checkpoints of a [`Span`], in offset order.
+const SPAN_CHECKPOINTS_SQL: &str = concat!(
+    checkpoints_select!(),
+    " WHERE ",
+    span_where!(),
+    " ORDER BY offset"
+);
 
 /// The result of [`verify`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -259,7 +270,7 @@ impl Run<'_> {
         };
         if let Some(max) = self.opt.max_rows {
             let n: u64 = span
-                .query(store, &SPAN_ROWS_SQL.replace("{SPAN}", SPAN_WHERE))
+                .query(store, SPAN_ROWS_SQL)
                 .fetch_one()
                 .await
                 .map_err(ch_err(store))?;
@@ -275,10 +286,7 @@ impl Run<'_> {
         }
         // The checkpoints this run can check: those after its start, up to its end.
         let cps: Vec<Checkpoint> = span
-            .rows::<Checkpoint>(
-                store,
-                &format!("{CHECKPOINTS_SQL} WHERE {SPAN_WHERE} ORDER BY offset"),
-            )
+            .rows::<Checkpoint>(store, SPAN_CHECKPOINTS_SQL)
             .await?
             .into_iter()
             .chain(
