@@ -9,7 +9,7 @@ use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
     checkpoints_select, link, partitions, span_where, unhex32, unsealed_problems, Checkpoint, Link,
-    Part, Problem, Span, CHECKPOINTS_SQL, GENESIS, LINKS_SQL,
+    Part, Problem, Span, GENESIS, LINKS_SQL,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
@@ -24,6 +24,14 @@ const SPAN_ROWS_SQL: &str = concat!(
     " UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE ",
     span_where!(),
     ")"
+);
+
+/// The last checkpoint of a [`Span`] (of two at one offset, the later sealed).
+const ANCHOR_SQL: &str = concat!(
+    checkpoints_select!(),
+    " WHERE ",
+    span_where!(),
+    " ORDER BY offset DESC, sealed_at DESC LIMIT 1"
 );
 
 /// The checkpoints of a [`Span`], in offset order.
@@ -216,21 +224,20 @@ impl Run<'_> {
         let Some((lo, hi)) = window(self.store, self.tenant, p, r).await? else {
             return Ok(None);
         };
-        let stored: Option<Checkpoint> = self
-            .store
-            .client()
-            .query(&format!(
-                "{CHECKPOINTS_SQL} WHERE tenant = {{t:String}} AND topic = {{topic:String}} \
-                 AND partition = {{p:UInt32}} AND offset < {{lo:UInt64}} \
-                 ORDER BY offset DESC, sealed_at DESC LIMIT 1"
-            ))
-            .param("t", self.tenant)
-            .param("topic", &p.topic)
-            .param("p", p.partition)
-            .param("lo", lo)
+        // The partition's latest stored checkpoint before the window: offsets [0, lo).
+        let stored: Option<Checkpoint> = match lo.checked_sub(1) {
+            None => None,
+            Some(upto) => Span {
+                tenant: self.tenant,
+                part: p,
+                after: -1,
+                upto,
+            }
+            .query(self.store, ANCHOR_SQL)
             .fetch_optional()
             .await
-            .map_err(ch_err(self.store))?;
+            .map_err(ch_err(self.store))?,
+        };
         let anchor = stored
             .into_iter()
             .chain(extra.iter().filter(|c| c.offset < lo).cloned())
