@@ -83,6 +83,10 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         }
         async move { r.send().await.unwrap() }
     };
+    let json = |path: String, key: Option<&'static str>| {
+        let answer = get(path, key);
+        async move { answer.await.json::<Value>().await.unwrap() }
+    };
 
     let a_req = acme.requests[0].request_id.clone();
     let g_req = globex.requests[0].request_id.clone();
@@ -158,23 +162,17 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         );
     }
     // Search by the other tenant's request or token: nothing leaks.
-    let r: Value = get(
+    let r = json(
         format!("/v1/audit/search?{range}&request={g_req}"),
         Some(ACME),
     )
-    .await
-    .json()
-    .await
-    .unwrap();
+    .await;
     assert_eq!(r["hits"].as_array().unwrap().len(), 0);
-    let r: Value = get(
+    let r = json(
         format!("/v1/audit/search?{range}&request={a_req}&limit=1000"),
         Some(ACME),
     )
-    .await
-    .json()
-    .await
-    .unwrap();
+    .await;
     assert!(!r["hits"].as_array().unwrap().is_empty());
     assert!(r["hits"]
         .as_array()
@@ -182,19 +180,12 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         .iter()
         .all(|h| h["request_id"] == a_req.as_str()));
     // Checks see only their tenant's injected violations (ids embed the seed: 901 / 902).
-    let a: Value = get(format!("/v1/audit/check?{range}&grace_secs=0"), Some(ACME))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let g: Value = get(
+    let a = json(format!("/v1/audit/check?{range}&grace_secs=0"), Some(ACME)).await;
+    let g = json(
         format!("/v1/audit/check?{range}&grace_secs=0"),
         Some(GLOBEX),
     )
-    .await
-    .json()
-    .await
-    .unwrap();
+    .await;
     let want = acme.totals.violations.values().sum::<u64>();
     assert!(want > 0);
     assert_eq!(a["findings"].as_array().unwrap().len() as u64, want, "{a}");
@@ -217,14 +208,11 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     }
 
     // Bounded answers. `limit` cuts each invariant's findings; `counts` still counts them all.
-    let one: Value = get(
+    let one = json(
         format!("/v1/audit/check?{range}&grace_secs=0&limit=1"),
         Some(ACME),
     )
-    .await
-    .json()
-    .await
-    .unwrap();
+    .await;
     let counts = one["counts"].as_object().unwrap();
     assert_eq!(
         counts.values().map(|c| c.as_u64().unwrap()).sum::<u64>(),
@@ -267,7 +255,7 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     let stored = sealed + 1;
     let (mut pages, mut seen, mut cursor) = (0, Vec::new(), String::new());
     loop {
-        let page: Value = get(
+        let page = json(
             if cursor.is_empty() {
                 "/v1/audit/checkpoints?limit=1".to_owned()
             } else {
@@ -275,10 +263,7 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
             },
             Some(ACME),
         )
-        .await
-        .json()
-        .await
-        .unwrap();
+        .await;
         pages += 1;
         for c in page["checkpoints"].as_array().unwrap() {
             assert_eq!(c["tenant"], "acme");
@@ -305,11 +290,7 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     assert_eq!(pages, sealed + 1, "the two of one offset come on one page");
 
     // Verify over a range: intact, every sealed fact of acme recomputed.
-    let v: Value = get(format!("/v1/audit/verify?{range}"), Some(ACME))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = json(format!("/v1/audit/verify?{range}"), Some(ACME)).await;
     assert_eq!(v["ok"], true, "{v}");
     assert_eq!(
         v["report"]["verified"].as_u64().unwrap(),
