@@ -12,7 +12,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::pipeline::{free_port, wait_for_port, Pipeline, Proc};
+use common::pipeline::{check, free_port, wait_for_port, Pipeline, Proc};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -227,15 +227,12 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     assert_eq!(one["truncated"], want > counts.len() as u64, "{one}");
 
     // Checkpoints come in pages, in order, each once, all of them in the end.
-    let seal = p
-        .weft()
-        .args(["audit", "seal", "--tenant", "acme"])
-        .output()
-        .unwrap();
-    assert!(
-        seal.status.success(),
-        "{}",
-        String::from_utf8_lossy(&seal.stderr)
+    check(
+        p.weft()
+            .args(["audit", "seal", "--tenant", "acme"])
+            .output()
+            .unwrap(),
+        "weft audit seal",
     );
     let sealed = p
         .scalar("SELECT count() FROM weft_audit_checkpoints WHERE tenant = 'acme'")
