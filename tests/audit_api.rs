@@ -294,17 +294,24 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         acme.totals.distinct_events,
         "{v}"
     );
-    // A server whose budget is smaller than the range refuses it before reading it all.
-    let (_small, small) = serve(&p, "serve-small.log", &["--max-verify-rows", "10"]);
-    let r = http
-        .get(format!("{small}/v1/audit/verify?{range}"))
-        .bearer_auth(ACME)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "too_large", "{body}");
+    // A server whose budgets are smaller than the range refuses it: verify before reading
+    // it all, check when ClickHouse stops a query at the read limit.
+    let (_small, small) = serve(
+        &p,
+        "serve-small.log",
+        &["--max-verify-rows", "10", "--max-check-rows", "10"],
+    );
+    for route in ["verify", "check"] {
+        let r = http
+            .get(format!("{small}/v1/audit/{route}?{range}"))
+            .bearer_auth(ACME)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{route}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "too_large", "{route}: {body}");
+    }
 
     // Hostile input: never a 5xx.
     let long = "x".repeat(10_000);

@@ -10,7 +10,8 @@
 //!
 //! Routes (times are RFC 3339; `from`/`to` default to the last 90 days):
 //! - `GET /v1/audit/check?from&to&grace_secs&limit` — invariant findings, at most `limit`
-//!   (1,000; up to 10,000) of each invariant, all counted;
+//!   (1,000; up to 10,000) of each invariant, all counted; refused with 422 `too_large`
+//!   when one of its queries would read more than `max_check_rows` rows;
 //! - `GET /v1/audit/timeline/{id}` — a request's narrative;
 //! - `GET /v1/audit/search?from&to&kind&principal&capability&event_type&decision&outcome&token&request&limit&cursor&format=json|jsonl|csv`;
 //! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
@@ -54,6 +55,8 @@ pub struct AppState {
     /// The most stored facts, links and checkpoints one `/v1/audit/verify` may read
     /// ([`chain::VerifyOptions::max_rows`]).
     pub max_verify_rows: u64,
+    /// The most rows one query of `/v1/audit/check` may read ([`CheckOptions::max_rows`]).
+    pub max_check_rows: u64,
 }
 
 /// The most findings of one invariant `/v1/audit/check` returns (`limit`, default
@@ -261,6 +264,7 @@ async fn check_route(
     };
     let opt = CheckOptions {
         grace_secs: grace.min(365 * 86_400),
+        max_rows: Some(s.max_check_rows),
         ..CheckOptions::default()
     };
     match check::run(&s.store, &tenant, range, opt).await {

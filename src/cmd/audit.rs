@@ -79,6 +79,7 @@ async fn run_check(store: &Store, c: CheckArgs) -> anyhow::Result<ExitCode> {
     let opt = CheckOptions {
         grace_secs: c.grace_secs,
         lookaround_secs: c.lookaround_secs,
+        max_rows: None,
     };
     let r = check::run(store, tenant, range, opt).await?;
     logged(
@@ -459,6 +460,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         keyring,
         copy_window_secs,
         max_verify_rows: a.max_verify_rows,
+        max_check_rows: a.max_check_rows,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;

@@ -157,6 +157,17 @@ impl StoreError {
     }
 }
 
+impl StoreError {
+    /// `true` when ClickHouse stopped a query at a read limit the query set
+    /// (`max_rows_to_read`, `max_bytes_to_read`): the request asked for too much, and will
+    /// again.
+    pub fn is_over_read_limit(&self) -> bool {
+        // TOO_MANY_ROWS, TOO_MANY_BYTES, TOO_MANY_ROWS_OR_BYTES.
+        matches!(self, StoreError::ClickHouse { source: clickhouse::error::Error::BadResponse(msg), .. }
+            if ["Code: 158.", "Code: 307.", "Code: 396."].iter().any(|c| msg.contains(c)))
+    }
+}
+
 /// A handle on weft's ClickHouse database.
 #[derive(Clone)]
 pub struct Store {

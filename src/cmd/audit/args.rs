@@ -189,6 +189,12 @@ pub struct ServeArgs {
     /// --seal-every-secs) keeps a range cheap.
     #[arg(long, env = "WEFT_AUDIT_MAX_VERIFY_ROWS", default_value_t = 1_000_000)]
     pub max_verify_rows: u64,
+    /// The most rows any one query of `GET /v1/audit/check` may read (ClickHouse's
+    /// max_rows_to_read); past it ClickHouse stops the query and the request is refused
+    /// (422 `too_large`): ask for a narrower range, or run `weft audit check`, which has no
+    /// limit. A check reads the range, and the events it cites within a day on either side.
+    #[arg(long, env = "WEFT_AUDIT_MAX_CHECK_ROWS", default_value_t = 5_000_000)]
+    pub max_check_rows: u64,
 }
 
 /// The tenant and time bounds every query takes.
