@@ -294,25 +294,34 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         acme.totals.distinct_events,
         "{v}"
     );
-    // A server whose budgets are smaller than the range refuses it: verify before reading
-    // it all, check when ClickHouse stops a query at the read limit.
-    let (_small, small) = serve(
-        &p,
-        "serve-small.log",
-        &["--max-verify-rows", "10", "--max-check-rows", "10"],
-    );
-    for route in ["verify", "check"] {
-        let r = http
-            .get(format!("{small}/v1/audit/{route}?{range}"))
-            .bearer_auth(ACME)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{route}");
-        let body: Value = r.json().await.unwrap();
-        assert_eq!(body["error"]["code"], "too_large", "{route}: {body}");
+    // A server whose verify budget is smaller than the range refuses it before reading it
+    // all (verify counts what it would read first).
+    let (_small, small) = serve(&p, "serve-small.log", &["--max-verify-rows", "10"]);
+    let too_large = |base: String, route: String| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("{base}{route}"))
+                .bearer_auth(ACME)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{route}");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "too_large", "{route}: {body}");
+        }
+    };
+    too_large(small, format!("/v1/audit/verify?{range}")).await;
+    // A server whose per-query read limit is smaller than the data: ClickHouse stops the
+    // query, whichever route asked, and the request is refused, not failed.
+    let (_tiny, tiny) = serve(&p, "serve-tiny.log", &["--max-read-rows", "10"]);
+    for route in [
+        format!("/v1/audit/check?{range}"),
+        format!("/v1/audit/search?{range}&kind=trace_event"),
+        format!("/v1/audit/timeline/{a_req}"),
+    ] {
+        too_large(tiny.clone(), route).await;
     }
-
     // Hostile input: never a 5xx.
     let long = "x".repeat(10_000);
     let hostile = [

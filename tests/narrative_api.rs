@@ -18,7 +18,7 @@ async fn narrative_api_is_tenant_scoped() {
     let file = p.path("events.jsonl");
     let addr = format!("127.0.0.1:{}", free_port());
     let keys = format!("{ACME}=acme,{GLOBEX}=globex");
-    let _ingest = p.ingest_with(Some(&addr), &[("WEFT_API_KEYS", &keys)]);
+    let ingest = p.ingest_with(Some(&addr), &[("WEFT_API_KEYS", &keys)]);
     p.publish(&file);
     p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
         .await;
@@ -91,6 +91,26 @@ async fn narrative_api_is_tenant_scoped() {
         p.scalar("SELECT count() FROM weft_events").await > 0,
         "tables intact"
     );
+
+    // With a per-query read limit below what the lookup reads, ClickHouse stops the query
+    // and the request is refused (422), not failed (503). Restarted, so one process ingests.
+    drop(ingest);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _limited = p.ingest_args(
+        Some(&addr),
+        &[("WEFT_API_KEYS", &keys)],
+        &["--api-max-read-rows", "10"],
+    );
+    assert!(wait_for_port(&addr, Duration::from_secs(20)));
+    let r = http
+        .get(format!("http://{addr}/v1/narratives/{}", urlencode(req)))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_large", "{body}");
 }
 
 fn urlencode(s: &str) -> String {

@@ -44,9 +44,6 @@ pub struct CheckOptions {
     pub grace_secs: u64,
     /// How far outside the range referenced events are looked up.
     pub lookaround_secs: u64,
-    /// The most rows any one check's query may read (ClickHouse's `max_rows_to_read`):
-    /// past it the run stops with [`AuditError::TooLarge`]. `None` (the CLI) reads all.
-    pub max_rows: Option<u64>,
 }
 
 impl Default for CheckOptions {
@@ -54,7 +51,6 @@ impl Default for CheckOptions {
         Self {
             grace_secs: 300,
             lookaround_secs: 24 * 3600,
-            max_rows: None,
         }
     }
 }
@@ -81,28 +77,16 @@ const TS_RANGE: &str = "ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') \
 const TS_WIDE: &str = "ts >= fromUnixTimestamp64Micro({wfrom:Int64}, 'UTC') \
                        AND ts < fromUnixTimestamp64Micro({wto:Int64}, 'UTC')";
 
-/// Run one check's query, with how long it took (milliseconds). A query stopped by
-/// [`CheckOptions::max_rows`] is [`AuditError::TooLarge`].
+/// Run one check's query, with how long it took (milliseconds).
 async fn timed<T>(
     store: &Store,
     query: clickhouse::query::Query,
-    opt: CheckOptions,
 ) -> Result<(Vec<T>, u64), AuditError>
 where
     T: clickhouse::RowOwned + clickhouse::RowRead,
 {
     let t = std::time::Instant::now();
-    let rows = query
-        .fetch_all::<T>()
-        .await
-        .map_err(|e| match ch_err(store)(e) {
-            AuditError::Store(e) if e.is_over_read_limit() => AuditError::TooLarge(format!(
-                "checking this range reads more than {} rows in one query, the limit per request: \
-             ask for a narrower range (from, to), or run `weft audit check`, which has no limit",
-                opt.max_rows.unwrap_or_default()
-            )),
-            e => e,
-        })?;
+    let rows = query.fetch_all::<T>().await.map_err(ch_err(store))?;
     Ok((rows, t.elapsed().as_millis() as u64))
 }
 
@@ -115,20 +99,14 @@ fn q(
 ) -> clickhouse::query::Query {
     let wide = i64::try_from(opt.lookaround_secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX / 4);
     let sql = sql.replace("{TS}", TS_RANGE).replace("{WIDE}", TS_WIDE);
-    let query = store
+    store
         .client()
         .query(&sql)
         .param("t", tenant)
         .param("from", range.from)
         .param("to", range.to)
         .param("wfrom", range.from.saturating_sub(wide))
-        .param("wto", range.to.saturating_add(wide));
-    match opt.max_rows {
-        Some(max) => query
-            .with_setting("max_rows_to_read", max.to_string())
-            .with_setting("read_overflow_mode", "throw"),
-        None => query,
-    }
+        .param("wto", range.to.saturating_add(wide))
 }
 
 #[derive(Debug, Row, Deserialize)]
@@ -381,13 +359,12 @@ pub async fn run(
     // invariant order at the end. Sorting per check replaces one sort of all findings.
     let mut timings_ms: BTreeMap<String, u64> = BTreeMap::new();
     let mut groups = Vec::new();
-    let i02 = timed::<I02Row>(store, q(store, I02_SQL, tenant, range, opt), opt).await?;
+    let i02 = timed::<I02Row>(store, q(store, I02_SQL, tenant, range, opt)).await?;
     timings_ms.insert("I-02".into(), i02.1);
     groups.push(("I-02", sorted_off_thread(move || i02_findings(i02.0))));
     let i06 = timed::<I06Row>(
         store,
         q(store, I06_SQL, tenant, range, opt).with_setting("enable_materialized_cte", "1"),
-        opt,
     )
     .await?;
     timings_ms.insert("I-06".into(), i06.1);
@@ -395,7 +372,6 @@ pub async fn run(
     let i01 = timed::<String>(
         store,
         q(store, I01_SQL, tenant, range, opt).param("keys", RAW_OUTPUT_KEYS.to_vec()),
-        opt,
     )
     .await?;
     timings_ms.insert("I-01".into(), i01.1);
@@ -403,7 +379,6 @@ pub async fn run(
     let orphans = timed::<OrphanRow>(
         store,
         q(store, ORPHAN_SQL, tenant, range, opt).param("grace", opt.grace_secs),
-        opt,
     )
     .await?;
     timings_ms.insert("orphan".into(), orphans.1);
@@ -412,8 +387,7 @@ pub async fn run(
         "orphan",
         sorted_off_thread(move || orphan_findings(orphans.0, grace)),
     ));
-    let conflicts =
-        timed::<ConflictRow>(store, q(store, CONFLICT_SQL, tenant, range, opt), opt).await?;
+    let conflicts = timed::<ConflictRow>(store, q(store, CONFLICT_SQL, tenant, range, opt)).await?;
     timings_ms.insert("id_conflict".into(), conflicts.1);
     groups.push((
         "id_conflict",

@@ -10,8 +10,7 @@
 //!
 //! Routes (times are RFC 3339; `from`/`to` default to the last 90 days):
 //! - `GET /v1/audit/check?from&to&grace_secs&limit` — invariant findings, at most `limit`
-//!   (1,000; up to 10,000) of each invariant, all counted; refused with 422 `too_large`
-//!   when one of its queries would read more than `max_check_rows` rows;
+//!   (1,000; up to 10,000) of each invariant, all counted;
 //! - `GET /v1/audit/timeline/{id}` — a request's narrative;
 //! - `GET /v1/audit/search?from&to&kind&principal&capability&event_type&decision&outcome&token&request&limit&cursor&format=json|jsonl|csv`;
 //! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
@@ -42,7 +41,9 @@ use crate::{bundle, chain, check, log, search, timeline, AuditError, Range, Stor
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    /// ClickHouse: handlers read facts and chains there and log every read.
+    /// ClickHouse: handlers read facts and chains there and log every read. Give it a
+    /// read limit ([`Store::with_read_limit`]): a query that would read more is stopped by
+    /// ClickHouse, and its request answered 422 `too_large`.
     pub store: Store,
     /// API keys mapping callers to tenants.
     pub keys: Arc<ApiKeys>,
@@ -55,8 +56,6 @@ pub struct AppState {
     /// The most stored facts, links and checkpoints one `/v1/audit/verify` may read
     /// ([`chain::VerifyOptions::max_rows`]).
     pub max_verify_rows: u64,
-    /// The most rows one query of `/v1/audit/check` may read ([`CheckOptions::max_rows`]).
-    pub max_check_rows: u64,
 }
 
 /// The most findings of one invariant `/v1/audit/check` returns (`limit`, default
@@ -104,6 +103,12 @@ fn fail(e: AuditError) -> Response {
         AuditError::Invalid(m) => ApiError::unprocessable("invalid", m).into_response(),
         AuditError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "refused", m).into_response(),
         AuditError::TooLarge(m) => ApiError::unprocessable("too_large", m).into_response(),
+        AuditError::Store(e) if e.is_over_read_limit() => ApiError::unprocessable(
+            "too_large",
+            "this request reads more rows than the API allows one query (--max-read-rows): \
+             ask for a narrower range (from, to), or use the `weft audit` CLI, which has no limit",
+        )
+        .into_response(),
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");
             ApiError::new(
@@ -264,7 +269,6 @@ async fn check_route(
     };
     let opt = CheckOptions {
         grace_secs: grace.min(365 * 86_400),
-        max_rows: Some(s.max_check_rows),
         ..CheckOptions::default()
     };
     match check::run(&s.store, &tenant, range, opt).await {

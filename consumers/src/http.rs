@@ -16,7 +16,8 @@ use weft_store::Store;
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    /// Where narratives are read from.
+    /// Where narratives are read from, with a read limit per query
+    /// ([`Store::with_read_limit`]; past it a request is answered 422 `too_large`).
     pub store: Store,
     /// The ingest metrics rendered at `/metrics`.
     pub metrics: Arc<IngestMetrics>,
@@ -71,6 +72,12 @@ async fn narrative(caller: Caller, State(s): State<AppState>, Path(id): Path<Str
         Ok(Some(n)) => Json(n).into_response(),
         // The same answer whether the id is unknown or belongs to another tenant.
         Ok(None) => ApiError::not_found("no narrative with that id").into_response(),
+        Err(e) if e.is_over_read_limit() => ApiError::unprocessable(
+            "too_large",
+            "reading this narrative takes more rows than the API allows one query \
+             (--api-max-read-rows): use `weft narrative`, which has no limit",
+        )
+        .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "narrative lookup failed");
             ApiError::unavailable("store unavailable; retry later").into_response()

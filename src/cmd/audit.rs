@@ -79,7 +79,6 @@ async fn run_check(store: &Store, c: CheckArgs) -> anyhow::Result<ExitCode> {
     let opt = CheckOptions {
         grace_secs: c.grace_secs,
         lookaround_secs: c.lookaround_secs,
-        max_rows: None,
     };
     let r = check::run(store, tenant, range, opt).await?;
     logged(
@@ -454,13 +453,14 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         ));
     }
     let state = weft_audit::serve::AppState {
-        store,
+        // Every query a request makes reads at most --max-read-rows rows; the sealer above
+        // keeps the unbounded handle.
+        store: store.with_read_limit(a.max_read_rows),
         keys: Arc::new(keys),
         sign_key,
         keyring,
         copy_window_secs,
         max_verify_rows: a.max_verify_rows,
-        max_check_rows: a.max_check_rows,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;

@@ -97,6 +97,16 @@ pub struct IngestArgs {
     /// File with one `KEY=TENANT` per line.
     #[arg(long, env = "WEFT_API_KEYS_FILE", value_name = "FILE")]
     pub api_keys_file: Option<String>,
+    /// The most rows any one ClickHouse query of a narrative API request may read
+    /// (ClickHouse's max_rows_to_read); past it the request is refused (422 `too_large`).
+    /// Ingest's own queries are not limited.
+    #[arg(
+        long,
+        env = "WEFT_API_MAX_READ_ROWS",
+        value_name = "ROWS",
+        default_value_t = 5_000_000
+    )]
+    pub api_max_read_rows: u64,
 }
 
 /// `--role` values.
@@ -175,7 +185,7 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     if let Some(addr) = listen_addr(&cfg)? {
         let listener = weft_http::bind(addr, a.allow_remote).await?;
         let app = http::router(AppState {
-            store: store.clone(),
+            store: store.with_read_limit(a.api_max_read_rows),
             metrics: metrics.clone(),
             keys: Arc::new(keys),
         });

@@ -231,6 +231,20 @@ impl Store {
             .with_setting("prefer_column_name_to_alias", "1")
     }
 
+    /// This store, with every query limited to reading `rows` rows (ClickHouse's
+    /// `max_rows_to_read`: past it the server stops the query, and the error is
+    /// [`StoreError::is_over_read_limit`]). For the queries an HTTP request steers, so that no
+    /// request costs more than the limit whatever it asks. Inserts are not limited.
+    pub fn with_read_limit(&self, rows: u64) -> Store {
+        Store {
+            cfg: self.cfg.clone(),
+            client: self
+                .client
+                .clone()
+                .with_setting("max_rows_to_read", rows.to_string()),
+        }
+    }
+
     /// The client, bound to weft's database.
     pub fn client(&self) -> &Client {
         &self.client

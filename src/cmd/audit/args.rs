@@ -189,12 +189,13 @@ pub struct ServeArgs {
     /// --seal-every-secs) keeps a range cheap.
     #[arg(long, env = "WEFT_AUDIT_MAX_VERIFY_ROWS", default_value_t = 1_000_000)]
     pub max_verify_rows: u64,
-    /// The most rows any one query of `GET /v1/audit/check` may read (ClickHouse's
-    /// max_rows_to_read); past it ClickHouse stops the query and the request is refused
-    /// (422 `too_large`): ask for a narrower range, or run `weft audit check`, which has no
-    /// limit. A check reads the range, and the events it cites within a day on either side.
-    #[arg(long, env = "WEFT_AUDIT_MAX_CHECK_ROWS", default_value_t = 5_000_000)]
-    pub max_check_rows: u64,
+    /// The most rows any one ClickHouse query of a request may read (ClickHouse's
+    /// max_rows_to_read, applied to every query of the API): past it ClickHouse stops the
+    /// query and the request is refused (422 `too_large`). It bounds the work of any
+    /// request, whatever it asks: a check over a long range, a search with a rare filter.
+    /// Ask for a narrower range, or run the CLI, which has no limit.
+    #[arg(long, env = "WEFT_AUDIT_MAX_READ_ROWS", default_value_t = 5_000_000)]
+    pub max_read_rows: u64,
 }
 
 /// The tenant and time bounds every query takes.
