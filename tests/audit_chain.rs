@@ -578,3 +578,94 @@ async fn unsealed_rows_are_checked_column_by_column() {
     assert_eq!(r2["problems"], r["problems"], "{r2}");
     assert_eq!(r2["verified"], sealed, "{r2}");
 }
+
+/// Retention's window: a fact stored while `apply` runs (after it read each partition's
+/// highest stored offset, before it deletes) is not deleted, even when it is older than
+/// the cutoff, so the floor apply records covers every row it deletes and ingest's resume
+/// point never moves back. The next apply takes it. The concurrent writer is played by an
+/// insert between the two steps, which makes the interleaving certain, not a matter of
+/// timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_spares_a_fact_stored_while_it_applies() {
+    let p = Pipeline::new("it_retention_window");
+    let start = weft_schemas::time::micros_to_rfc3339(
+        weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
+            - 3 * 86_400_000_000,
+    );
+    let truth = p.simulate(&["--flows", "5", "--seed", "78", "--start", &start]);
+    let ingest = p.ingest(None);
+    p.publish(&p.path("events.jsonl"));
+    let n = truth.totals.distinct_events;
+    p.wait_for_facts(n, Duration::from_secs(120)).await;
+    drop(ingest);
+    assert!(audit(&p, &["retention", "set", "--days", "1"])
+        .status
+        .success());
+
+    // A dry run says what would go, and deletes nothing.
+    let out = audit(&p, &["retention", "apply", "--dry-run"]);
+    assert!(out.status.success());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["retention"]["would_delete"], n, "{r}");
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n);
+
+    let store = weft_store::Store::new(weft_store::ClickHouseConfig {
+        url: common::clickhouse_url(),
+        database: p.db.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    let plan = weft_audit::retention::plan(&store, "default")
+        .await
+        .unwrap()
+        .expect("a one-day retention");
+    assert_eq!(plan.facts, n);
+    // Ingest stores one more old fact, past its partition's highest offset, in between.
+    let (topic, partition, last): (String, u32, u64) = p
+        .client()
+        .query(
+            "SELECT topic, partition, max(offset) FROM weft_events \
+             GROUP BY topic, partition ORDER BY topic, partition LIMIT 1",
+        )
+        .fetch_one()
+        .await
+        .unwrap();
+    p.client()
+        .query(
+            "INSERT INTO weft_events SELECT * REPLACE (? AS offset, concat(id, '-late') AS id) \
+             FROM (SELECT * FROM weft_events WHERE topic = ? AND partition = ? AND offset = ?)",
+        )
+        .bind(last + 1)
+        .bind(&topic)
+        .bind(partition)
+        .bind(last)
+        .execute()
+        .await
+        .unwrap();
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n + 1);
+    let applied = plan.execute(&store).await.unwrap();
+    assert_eq!(applied.deleted, n);
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 1);
+    let late: u64 = p
+        .client()
+        .query("SELECT offset FROM weft_events WHERE endsWith(id, '-late')")
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(late, last + 1);
+    let resume = |store: weft_store::Store, topic: String| async move {
+        weft_consumers::facts::stored_max_offset(&store, &topic, partition as i32)
+            .await
+            .unwrap()
+    };
+    assert_eq!(resume(store.clone(), topic.clone()).await, late as i64);
+    // The next apply records a floor that covers it, and deletes it.
+    let out = audit(&p, &["retention", "apply"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 0);
+    assert_eq!(resume(store, topic).await, late as i64);
+}

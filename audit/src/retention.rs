@@ -91,7 +91,7 @@ const COVERED: &str = "tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:
           indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))))";
 
 /// One source partition's highest stored offset, as `weft_ingest_floor` records it.
-#[derive(Debug, Row, Serialize, Deserialize)]
+#[derive(Debug, Clone, Row, Serialize, Deserialize)]
 struct Floor {
     topic: String,
     partition: u32,
@@ -107,9 +107,26 @@ pub struct Applied {
     pub deleted: u64,
 }
 
-/// Delete the tenant's facts older than its retention, unless on legal hold. `Ok(None)`
-/// when the retention is "forever".
-pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, AuditError> {
+/// What an apply will delete, read before anything is written: the cutoff, and each source
+/// partition's highest stored offset (its *floor*). [`Plan::execute`] deletes only the
+/// tenant's facts before the cutoff at or below their partition's floor, so a fact stored
+/// between the two steps, at a higher offset, stays until the next apply: the floor it
+/// records then covers every row it deletes, and ingest's resume point never moves back.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// The tenant the plan is for.
+    pub tenant: String,
+    /// Facts with an event time before this (µs) go.
+    pub cutoff: i64,
+    /// How many facts the plan covers now.
+    pub facts: u64,
+    #[serde(skip)]
+    floor: Vec<Floor>,
+}
+
+/// The plan of an apply for `tenant`, without writing anything: `Ok(None)` when its retention
+/// is "forever", [`AuditError::Refused`] while it is on legal hold.
+pub async fn plan(store: &Store, tenant: &str) -> Result<Option<Plan>, AuditError> {
     let r = get(store, tenant).await?;
     if r.legal_hold == 1 {
         return Err(AuditError::Refused(format!(
@@ -120,69 +137,98 @@ pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, Audit
         return Ok(None);
     }
     let cutoff = chrono::Utc::now().timestamp_micros() - i64::from(r.days) * 86_400_000_000;
-    let c = store.client();
-    let n: u64 = c
-        .query("SELECT count() FROM weft_events WHERE tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:Int64}, 'UTC')")
-        .param("t", tenant)
-        .param("c", cutoff)
+    let floor: Vec<Floor> = store
+        .client()
+        .query("SELECT topic, partition, max(offset) AS offset FROM weft_events GROUP BY topic, partition")
+        .fetch_all()
+        .await
+        .map_err(ch_err(store))?;
+    let mut plan = Plan {
+        tenant: tenant.to_owned(),
+        cutoff,
+        facts: 0,
+        floor,
+    };
+    plan.facts = plan
+        .covered(store, "SELECT count() FROM weft_events")
         .fetch_one()
         .await
         .map_err(ch_err(store))?;
-    // Record the intent first (chain verification reads it), from fresh settings.
-    let mut r = get(store, tenant).await?;
-    if r.legal_hold == 1 {
-        return Err(AuditError::Refused(format!(
-            "tenant {tenant} was put on legal hold"
-        )));
+    Ok(Some(plan))
+}
+
+/// Delete the tenant's facts older than its retention, unless on legal hold: [`plan`], then
+/// [`Plan::execute`]. `Ok(None)` when the retention is "forever".
+pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, AuditError> {
+    match plan(store, tenant).await? {
+        Some(plan) => plan.execute(store).await.map(Some),
+        None => Ok(None),
     }
-    r.pruned_before = r.pruned_before.max(cutoff);
-    put(store, tenant, &r).await?;
-    let mut deleted = 0;
-    if n > 0 {
-        // Re-check the hold right before deleting: a hold placed meanwhile wins.
-        if get(store, tenant).await?.legal_hold == 1 {
-            return Err(AuditError::Refused(format!(
-                "tenant {tenant} was put on legal hold"
-            )));
-        }
-        // Ingest's resume points first, so deleting a partition's newest rows cannot move
-        // them back (migration 0015). Only rows at or below them are deleted: a fact stored
-        // after this record, at a higher offset, stays until the next apply, so the record
-        // covers every row the delete removes.
-        let floor: Vec<Floor> = c
-            .query("SELECT topic, partition, max(offset) AS offset FROM weft_events GROUP BY topic, partition")
-            .fetch_all()
-            .await
-            .map_err(ch_err(store))?;
-        let mut ins = c
-            .insert::<Floor>("weft_ingest_floor")
-            .await
-            .map_err(ch_err(store))?;
-        for f in &floor {
-            ins.write(f).await.map_err(ch_err(store))?;
-        }
-        ins.end().await.map_err(ch_err(store))?;
-        let keys: Vec<String> = floor
+}
+
+impl Plan {
+    /// `sql` over the rows this plan covers.
+    fn covered(&self, store: &Store, sql: &str) -> clickhouse::query::Query {
+        let keys: Vec<String> = self
+            .floor
             .iter()
             .map(|f| format!("{}/{}", f.topic, f.partition))
             .collect();
-        let offsets: Vec<u64> = floor.iter().map(|f| f.offset).collect();
-        let covered = |sql: &str| {
-            c.query(&format!("{sql} WHERE {COVERED}"))
-                .param("t", tenant)
-                .param("c", cutoff)
-                .param("offsets", &offsets)
-                .param("keys", &keys)
-        };
-        deleted = covered("SELECT count() FROM weft_events")
-            .fetch_one()
-            .await
-            .map_err(ch_err(store))?;
-        covered("DELETE FROM weft_events")
-            .with_setting("mutations_sync", "2")
-            .execute()
-            .await
-            .map_err(ch_err(store))?;
+        let offsets: Vec<u64> = self.floor.iter().map(|f| f.offset).collect();
+        store
+            .client()
+            .query(&format!("{sql} WHERE {COVERED}"))
+            .param("t", &self.tenant)
+            .param("c", self.cutoff)
+            .param("offsets", offsets)
+            .param("keys", keys)
     }
-    Ok(Some(Applied { cutoff, deleted }))
+
+    /// Record `pruned_before` (chain verification reads it), then the floor in
+    /// `weft_ingest_floor` (migration 0015: deleting a partition's newest rows cannot move
+    /// ingest's resume point back), then delete the rows the plan covers. A legal hold placed
+    /// since the plan wins.
+    pub async fn execute(self, store: &Store) -> Result<Applied, AuditError> {
+        let tenant = self.tenant.as_str();
+        let hold = || async {
+            match get(store, tenant).await {
+                Ok(r) if r.legal_hold == 1 => Err(AuditError::Refused(format!(
+                    "tenant {tenant} was put on legal hold"
+                ))),
+                Ok(r) => Ok(r),
+                Err(e) => Err(e),
+            }
+        };
+        let mut r = hold().await?;
+        r.pruned_before = r.pruned_before.max(self.cutoff);
+        put(store, tenant, &r).await?;
+        let mut deleted = 0;
+        if self.facts > 0 {
+            // Re-checked right before deleting: a hold placed meanwhile wins.
+            hold().await?;
+            let mut ins = store
+                .client()
+                .insert::<Floor>("weft_ingest_floor")
+                .await
+                .map_err(ch_err(store))?;
+            for f in &self.floor {
+                ins.write(f).await.map_err(ch_err(store))?;
+            }
+            ins.end().await.map_err(ch_err(store))?;
+            deleted = self
+                .covered(store, "SELECT count() FROM weft_events")
+                .fetch_one()
+                .await
+                .map_err(ch_err(store))?;
+            self.covered(store, "DELETE FROM weft_events")
+                .with_setting("mutations_sync", "2")
+                .execute()
+                .await
+                .map_err(ch_err(store))?;
+        }
+        Ok(Applied {
+            cutoff: self.cutoff,
+            deleted,
+        })
+    }
 }

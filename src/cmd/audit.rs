@@ -371,14 +371,27 @@ async fn run_retention(store: &Store, r: RetentionAction) -> anyhow::Result<Exit
             let v = retention::set_hold(store, &h.tenant.name, h.on).await?;
             (h.tenant.name, serde_json::to_value(v)?)
         }
-        RetentionAction::Apply(t) => match retention::apply(store, &t.name).await {
-            Ok(v) => (t.name, serde_json::to_value(v)?),
-            Err(weft_audit::AuditError::Refused(m)) => {
-                eprintln!("refused: {m}");
-                return Ok(ExitCode::FAILURE);
+        RetentionAction::Apply(a) => {
+            let done = match retention::plan(store, &a.tenant.name).await {
+                Ok(Some(plan)) if a.dry_run => Ok(json!({
+                    "dry_run": true, "cutoff": plan.cutoff, "would_delete": plan.facts
+                })),
+                Ok(Some(plan)) => match plan.execute(store).await {
+                    Ok(applied) => Ok(serde_json::to_value(applied)?),
+                    Err(e) => Err(e),
+                },
+                Ok(None) => Ok(serde_json::Value::Null),
+                Err(e) => Err(e),
+            };
+            match done {
+                Ok(v) => (a.tenant.name, v),
+                Err(weft_audit::AuditError::Refused(m)) => {
+                    eprintln!("refused: {m}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
-        },
+        }
     };
     println!("{}", json!({"tenant": tenant, "retention": out}));
     Ok(ExitCode::SUCCESS)

@@ -122,7 +122,7 @@ pub enum RetentionAction {
     /// Place (--on) or lift (--off) a legal hold: while on, nothing is deleted.
     Hold(HoldArgs),
     /// Delete facts older than the retention, unless on legal hold.
-    Apply(TenantArg),
+    Apply(ApplyArgs),
 }
 
 /// The tenant every audit command is scoped to (`--tenant`, `WEFT_TENANT`).
@@ -146,6 +146,16 @@ pub struct RetentionSetArgs {
     pub tenant: TenantArg,
     #[arg(long)]
     pub days: u32,
+}
+
+/// `retention apply`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub tenant: TenantArg,
+    /// Print the cutoff and how many facts would be deleted, and delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `retention hold`.
