@@ -29,6 +29,17 @@ fn verify(p: &Pipeline, ring: &str) -> (Option<i32>, Value) {
     (out.status.code(), v)
 }
 
+/// `weft audit retention apply`, which must succeed; the facts left.
+async fn apply_retention(p: &Pipeline) -> u64 {
+    let out = audit(p, &["retention", "apply"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    p.scalar("SELECT count() FROM weft_events").await
+}
+
 fn named(report: &Value, what: &str, id: &str) -> bool {
     report["problems"]
         .as_array()
@@ -37,19 +48,25 @@ fn named(report: &Value, what: &str, id: &str) -> bool {
         .any(|p| p["what"] == what && p["id"] == id)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tampering_is_detected_and_named() {
-    let p = Pipeline::new("it_chain");
-    // Three days ago, so that a one-day retention below removes all of it whatever the clock.
+/// `flows` simulated flows three days old (so that a one-day retention removes all of them
+/// whatever the clock), ingested: how many facts, and the ingest process.
+async fn old_facts(p: &Pipeline, flows: &str, seed: &str) -> (u64, common::pipeline::Proc) {
     let start = weft_schemas::time::micros_to_rfc3339(
         weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
             - 3 * 86_400_000_000,
     );
-    let truth = p.simulate(&["--flows", "30", "--seed", "77", "--start", &start]);
-    let _ingest = p.ingest(None);
+    let truth = p.simulate(&["--flows", flows, "--seed", seed, "--start", &start]);
+    let ingest = p.ingest(None);
     p.publish(&p.path("events.jsonl"));
     let n = truth.totals.distinct_events;
     p.wait_for_facts(n, Duration::from_secs(120)).await;
+    (n, ingest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampering_is_detected_and_named() {
+    let p = Pipeline::new("it_chain");
+    let (n, _ingest) = old_facts(&p, "30", "77").await;
 
     let key = p.path("sealer.key");
     let out = audit(
@@ -269,21 +286,10 @@ async fn tampering_is_detected_and_named() {
         .fetch_all()
         .await
         .unwrap();
-    let out = audit(&p, &["retention", "apply"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 0);
+    assert_eq!(apply_retention(&p).await, 0);
     // Ingest resumes after each partition's highest stored offset: deleting every fact must
     // not move it back, or a restarted ingest would read them from Kafka and store them again.
-    let store = weft_store::Store::new(weft_store::ClickHouseConfig {
-        url: common::clickhouse_url(),
-        database: p.db.clone(),
-        ..Default::default()
-    })
-    .unwrap();
+    let store = p.store();
     assert!(!highest.is_empty());
     for (topic, partition, offset) in &highest {
         let resume = weft_consumers::facts::stored_max_offset(&store, topic, *partition as i32)
@@ -588,15 +594,7 @@ async fn unsealed_rows_are_checked_column_by_column() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_spares_a_fact_stored_while_it_applies() {
     let p = Pipeline::new("it_retention_window");
-    let start = weft_schemas::time::micros_to_rfc3339(
-        weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap()
-            - 3 * 86_400_000_000,
-    );
-    let truth = p.simulate(&["--flows", "5", "--seed", "78", "--start", &start]);
-    let ingest = p.ingest(None);
-    p.publish(&p.path("events.jsonl"));
-    let n = truth.totals.distinct_events;
-    p.wait_for_facts(n, Duration::from_secs(120)).await;
+    let (n, ingest) = old_facts(&p, "5", "78").await;
     drop(ingest);
     assert!(audit(&p, &["retention", "set", "--days", "1"])
         .status
@@ -609,12 +607,7 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
     assert_eq!(r["retention"]["would_delete"], n, "{r}");
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n);
 
-    let store = weft_store::Store::new(weft_store::ClickHouseConfig {
-        url: common::clickhouse_url(),
-        database: p.db.clone(),
-        ..Default::default()
-    })
-    .unwrap();
+    let store = p.store();
     let plan = weft_audit::retention::plan(&store, "default")
         .await
         .unwrap()
@@ -660,12 +653,6 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
     };
     assert_eq!(resume(store.clone(), topic.clone()).await, late as i64);
     // The next apply records a floor that covers it, and deletes it.
-    let out = audit(&p, &["retention", "apply"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 0);
+    assert_eq!(apply_retention(&p).await, 0);
     assert_eq!(resume(store, topic).await, late as i64);
 }

@@ -208,6 +208,16 @@ impl Pipeline {
             .with_setting("prefer_column_name_to_alias", "1")
     }
 
+    /// weft's own handle on this pipeline's database, for calling the product crates.
+    pub fn store(&self) -> weft_store::Store {
+        weft_store::Store::new(weft_store::ClickHouseConfig {
+            url: clickhouse_url(),
+            database: self.db.clone(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
     /// A single number from ClickHouse.
     pub async fn scalar(&self, sql: &str) -> u64 {
         self.client().query(sql).fetch_one::<u64>().await.unwrap()
