@@ -5,7 +5,9 @@
 //!   times) never gives a 5xx, and the table is intact afterwards;
 //! - every read is logged in `weft_audit_log` with the key's id, never the key;
 //! - answers are bounded: findings per invariant (`limit`), checkpoints by the page, and a
-//!   verify past the server's row budget is refused with 422 `too_large`.
+//!   verify past the server's row budget is refused with 422 `too_large`;
+//! - work is bounded: with a per-query read limit below the data, check, search and
+//!   timeline are refused with 422 `too_large` (ClickHouse stops the query).
 
 mod common;
 
@@ -314,7 +316,7 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
     too_large(small, format!("/v1/audit/verify?{range}")).await;
     // A server whose per-query read limit is smaller than the data: ClickHouse stops the
     // query, whichever route asked, and the request is refused, not failed.
-    let (_tiny, tiny) = serve(&p, "serve-tiny.log", &["--max-read-rows", "10"]);
+    let (_tiny, tiny) = serve(&p, "serve-tiny.log", &["--max-read-rows", "1"]);
     for route in [
         format!("/v1/audit/check?{range}"),
         format!("/v1/audit/search?{range}&kind=trace_event"),

@@ -608,6 +608,23 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n);
 
     let store = p.store();
+    // A plan made before the retention changed deletes nothing.
+    let stale = weft_audit::retention::plan(&store, "default")
+        .await
+        .unwrap()
+        .expect("a one-day retention");
+    assert!(audit(&p, &["retention", "set", "--days", "30"])
+        .status
+        .success());
+    let refused = stale.execute(&store).await;
+    assert!(
+        matches!(refused, Err(weft_audit::AuditError::Refused(_))),
+        "{refused:?}"
+    );
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n);
+    assert!(audit(&p, &["retention", "set", "--days", "1"])
+        .status
+        .success());
     let plan = weft_audit::retention::plan(&store, "default")
         .await
         .unwrap()

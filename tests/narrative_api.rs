@@ -99,7 +99,7 @@ async fn narrative_api_is_tenant_scoped() {
     let _limited = p.ingest_args(
         Some(&addr),
         &[("WEFT_API_KEYS", &keys)],
-        &["--api-max-read-rows", "10"],
+        &["--api-max-read-rows", "1"],
     );
     assert!(wait_for_port(&addr, Duration::from_secs(20)));
     let r = http

@@ -91,7 +91,7 @@ const COVERED: &str = "tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:
           indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))))";
 
 /// One source partition's highest stored offset, as `weft_ingest_floor` records it.
-#[derive(Debug, Clone, Row, Serialize, Deserialize)]
+#[derive(Debug, Row, Serialize, Deserialize)]
 struct Floor {
     topic: String,
     partition: u32,
@@ -112,7 +112,7 @@ pub struct Applied {
 /// tenant's facts before the cutoff at or below their partition's floor, so a fact stored
 /// between the two steps, at a higher offset, stays until the next apply: the floor it
 /// records then covers every row it deletes, and ingest's resume point never moves back.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug)]
 pub struct Plan {
     /// The tenant the plan is for.
     pub tenant: String,
@@ -120,7 +120,9 @@ pub struct Plan {
     pub cutoff: i64,
     /// How many facts the plan covers now.
     pub facts: u64,
-    #[serde(skip)]
+    /// The retention (days) the cutoff was computed from; [`Plan::execute`] refuses if it
+    /// has changed since.
+    days: u32,
     floor: Vec<Floor>,
 }
 
@@ -147,6 +149,7 @@ pub async fn plan(store: &Store, tenant: &str) -> Result<Option<Plan>, AuditErro
         tenant: tenant.to_owned(),
         cutoff,
         facts: 0,
+        days: r.days,
         floor,
     };
     plan.facts = plan
@@ -186,26 +189,33 @@ impl Plan {
 
     /// Record `pruned_before` (chain verification reads it), then the floor in
     /// `weft_ingest_floor` (migration 0015: deleting a partition's newest rows cannot move
-    /// ingest's resume point back), then delete the rows the plan covers. A legal hold placed
-    /// since the plan wins.
+    /// ingest's resume point back), then delete the rows the plan covers. A legal hold
+    /// placed since the plan, or a retention changed since, wins: nothing is deleted.
     pub async fn execute(self, store: &Store) -> Result<Applied, AuditError> {
         let tenant = self.tenant.as_str();
-        let hold = || async {
-            match get(store, tenant).await {
-                Ok(r) if r.legal_hold == 1 => Err(AuditError::Refused(format!(
+        let unchanged = || async {
+            let r = get(store, tenant).await?;
+            if r.legal_hold == 1 {
+                return Err(AuditError::Refused(format!(
                     "tenant {tenant} was put on legal hold"
-                ))),
-                Ok(r) => Ok(r),
-                Err(e) => Err(e),
+                )));
             }
+            if r.days != self.days {
+                return Err(AuditError::Refused(format!(
+                    "tenant {tenant}'s retention changed from {} to {} days since the plan: \
+                     apply again",
+                    self.days, r.days
+                )));
+            }
+            Ok(r)
         };
-        let mut r = hold().await?;
+        let mut r = unchanged().await?;
         r.pruned_before = r.pruned_before.max(self.cutoff);
         put(store, tenant, &r).await?;
         let mut deleted = 0;
         if self.facts > 0 {
             // Re-checked right before deleting: a hold placed meanwhile wins.
-            hold().await?;
+            unchanged().await?;
             let mut ins = store
                 .client()
                 .insert::<Floor>("weft_ingest_floor")

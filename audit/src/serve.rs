@@ -103,12 +103,16 @@ fn fail(e: AuditError) -> Response {
         AuditError::Invalid(m) => ApiError::unprocessable("invalid", m).into_response(),
         AuditError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "refused", m).into_response(),
         AuditError::TooLarge(m) => ApiError::unprocessable("too_large", m).into_response(),
-        AuditError::Store(e) if e.is_over_read_limit() => ApiError::unprocessable(
-            "too_large",
-            "this request reads more rows than the API allows one query (--max-read-rows): \
-             ask for a narrower range (from, to), or use the `weft audit` CLI, which has no limit",
-        )
-        .into_response(),
+        AuditError::Store(e) if e.is_over_read_limit() => {
+            tracing::info!(error = %e, "request refused at the read limit (--max-read-rows)");
+            ApiError::unprocessable(
+                "too_large",
+                "a query of this request would read more rows than the API allows one query \
+                 (--max-read-rows): ask for less (a narrower range where the route takes \
+                 one), or use the `weft audit` CLI, which has no limit",
+            )
+            .into_response()
+        }
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");
             ApiError::new(
@@ -478,7 +482,11 @@ async fn verify_route(
         copy_window_secs: s.copy_window_secs,
         max_rows: Some(s.max_verify_rows),
     };
-    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref(), opt).await {
+    // Verify's bound is its own budget, counted before each partition is read
+    // (`max_verify_rows`); its reads by partition and offset are not what the per-query
+    // row limit is sized for.
+    let store = s.store.with_read_limit(0);
+    match chain::verify(&store, &tenant, &[], s.keyring.as_deref(), opt).await {
         Ok(mut r) => {
             let total = r.problems.len();
             record(

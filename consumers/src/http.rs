@@ -72,12 +72,15 @@ async fn narrative(caller: Caller, State(s): State<AppState>, Path(id): Path<Str
         Ok(Some(n)) => Json(n).into_response(),
         // The same answer whether the id is unknown or belongs to another tenant.
         Ok(None) => ApiError::not_found("no narrative with that id").into_response(),
-        Err(e) if e.is_over_read_limit() => ApiError::unprocessable(
-            "too_large",
-            "reading this narrative takes more rows than the API allows one query \
-             (--api-max-read-rows): use `weft narrative`, which has no limit",
-        )
-        .into_response(),
+        Err(e) if e.is_over_read_limit() => {
+            tracing::info!(error = %e, "narrative read refused at the read limit");
+            ApiError::unprocessable(
+                "too_large",
+                "a query of this narrative read would read more rows than the API allows \
+                 one query (--api-max-read-rows): use `weft narrative`, which has no limit",
+            )
+            .into_response()
+        }
         Err(e) => {
             tracing::warn!(error = %e, "narrative lookup failed");
             ApiError::unavailable("store unavailable; retry later").into_response()

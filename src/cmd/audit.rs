@@ -372,19 +372,19 @@ async fn run_retention(store: &Store, r: RetentionAction) -> anyhow::Result<Exit
             (h.tenant.name, serde_json::to_value(v)?)
         }
         RetentionAction::Apply(a) => {
-            let done = match retention::plan(store, &a.tenant.name).await {
-                Ok(Some(plan)) if a.dry_run => Ok(json!({
-                    "dry_run": true, "cutoff": plan.cutoff, "would_delete": plan.facts
-                })),
-                Ok(Some(plan)) => match plan.execute(store).await {
-                    Ok(applied) => Ok(serde_json::to_value(applied)?),
-                    Err(e) => Err(e),
-                },
-                Ok(None) => Ok(serde_json::Value::Null),
-                Err(e) => Err(e),
+            let done = if a.dry_run {
+                retention::plan(store, &a.tenant.name).await.map(|plan| {
+                    plan.map(
+                        |p| json!({"dry_run": true, "cutoff": p.cutoff, "would_delete": p.facts}),
+                    )
+                })
+            } else {
+                retention::apply(store, &a.tenant.name)
+                    .await
+                    .map(|applied| applied.map(|a| json!(a)))
             };
             match done {
-                Ok(v) => (a.tenant.name, v),
+                Ok(v) => (a.tenant.name, json!(v)),
                 Err(weft_audit::AuditError::Refused(m)) => {
                     eprintln!("refused: {m}");
                     return Ok(ExitCode::FAILURE);

@@ -98,8 +98,8 @@ pub struct IngestArgs {
     #[arg(long, env = "WEFT_API_KEYS_FILE", value_name = "FILE")]
     pub api_keys_file: Option<String>,
     /// The most rows any one ClickHouse query of a narrative API request may read
-    /// (ClickHouse's max_rows_to_read); past it the request is refused (422 `too_large`).
-    /// Ingest's own queries are not limited.
+    /// (ClickHouse's max_rows_to_read; 0: no limit); past it the request is refused (422
+    /// `too_large`). Ingest's own queries are not limited.
     #[arg(
         long,
         env = "WEFT_API_MAX_READ_ROWS",

@@ -133,38 +133,32 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         use clickhouse::error::Error as E;
         match self {
-            StoreError::ClickHouse { source, .. } => match source {
-                E::Network(_) | E::TimedOut => true,
-                E::BadResponse(msg) => {
-                    // MEMORY_LIMIT_EXCEEDED, TOO_MANY_SIMULTANEOUS_QUERIES, TOO_MANY_PARTS,
-                    // TIMEOUT_EXCEEDED, ABORTED, and server-side network errors.
-                    [
-                        "Code: 241.",
-                        "Code: 202.",
-                        "Code: 252.",
-                        "Code: 159.",
-                        "Code: 236.",
-                        "Code: 209.",
-                        "Code: 210.",
-                    ]
-                    .iter()
-                    .any(|c| msg.contains(c))
-                }
-                _ => false,
-            },
-            _ => false,
+            StoreError::ClickHouse {
+                source: E::Network(_) | E::TimedOut,
+                ..
+            } => true,
+            // MEMORY_LIMIT_EXCEEDED, TOO_MANY_SIMULTANEOUS_QUERIES, TOO_MANY_PARTS,
+            // TIMEOUT_EXCEEDED, ABORTED, and server-side network errors.
+            _ => self.server_code_in(&[241, 202, 252, 159, 236, 209, 210]),
         }
     }
-}
 
-impl StoreError {
-    /// `true` when ClickHouse stopped a query at a read limit the query set
-    /// (`max_rows_to_read`, `max_bytes_to_read`): the request asked for too much, and will
-    /// again.
+    /// `true` when ClickHouse stopped a query at the read limit of
+    /// [`Store::with_read_limit`]: the request asked for too much, and will again.
     pub fn is_over_read_limit(&self) -> bool {
         // TOO_MANY_ROWS, TOO_MANY_BYTES, TOO_MANY_ROWS_OR_BYTES.
-        matches!(self, StoreError::ClickHouse { source: clickhouse::error::Error::BadResponse(msg), .. }
-            if ["Code: 158.", "Code: 307.", "Code: 396."].iter().any(|c| msg.contains(c)))
+        self.server_code_in(&[158, 307, 396])
+    }
+
+    /// Whether ClickHouse answered with an exception of one of `codes`.
+    fn server_code_in(&self, codes: &[u32]) -> bool {
+        match self {
+            StoreError::ClickHouse {
+                source: clickhouse::error::Error::BadResponse(msg),
+                ..
+            } => codes.iter().any(|c| msg.contains(&format!("Code: {c}."))),
+            _ => false,
+        }
     }
 }
 
@@ -232,16 +226,19 @@ impl Store {
     }
 
     /// This store, with every query limited to reading `rows` rows (ClickHouse's
-    /// `max_rows_to_read`: past it the server stops the query, and the error is
-    /// [`StoreError::is_over_read_limit`]). For the queries an HTTP request steers, so that no
-    /// request costs more than the limit whatever it asks. Inserts are not limited.
+    /// `max_rows_to_read`, sent with each query, with `read_overflow_mode = 'throw'` so that
+    /// a server profile cannot turn it into silently partial answers; `0`: no limit). Past
+    /// it the server stops the query, and the error is [`StoreError::is_over_read_limit`].
+    /// For the queries an HTTP request steers. Inserts read nothing and are not limited.
+    /// On a cluster each shard applies the limit to its own reads.
     pub fn with_read_limit(&self, rows: u64) -> Store {
         Store {
             cfg: self.cfg.clone(),
             client: self
                 .client
                 .clone()
-                .with_setting("max_rows_to_read", rows.to_string()),
+                .with_setting("max_rows_to_read", rows.to_string())
+                .with_setting("read_overflow_mode", "throw"),
         }
     }
 

@@ -369,3 +369,20 @@ fn auto_compression_is_off_on_loopback_only() {
         assert!(!Compression::None.lz4_for(url), "{url}");
     }
 }
+
+#[test]
+fn server_errors_are_classified_by_their_code() {
+    let err = |msg: &str| crate::StoreError::ClickHouse {
+        url: "http://127.0.0.1:8123".into(),
+        source: clickhouse::error::Error::BadResponse(msg.into()),
+    };
+    let over = err("Code: 158. DB::Exception: Limit for rows (controlled by 'max_rows_to_read' setting) exceeded, max rows: 1.00, current rows: 8.19 thousand. (TOO_MANY_ROWS)");
+    assert!(over.is_over_read_limit());
+    assert!(!over.is_transient(), "asking again reads as much again");
+    let timeout = err("Code: 159. DB::Exception: Timeout exceeded. (TIMEOUT_EXCEEDED)");
+    assert!(timeout.is_transient());
+    assert!(!timeout.is_over_read_limit());
+    // A code that only starts with a limit's digits is not one.
+    assert!(!err("Code: 1580. DB::Exception: other").is_over_read_limit());
+    assert!(!err("Code: 60. DB::Exception: Unknown table").is_transient());
+}

@@ -200,10 +200,11 @@ pub struct ServeArgs {
     #[arg(long, env = "WEFT_AUDIT_MAX_VERIFY_ROWS", default_value_t = 1_000_000)]
     pub max_verify_rows: u64,
     /// The most rows any one ClickHouse query of a request may read (ClickHouse's
-    /// max_rows_to_read, applied to every query of the API): past it ClickHouse stops the
-    /// query and the request is refused (422 `too_large`). It bounds the work of any
-    /// request, whatever it asks: a check over a long range, a search with a rare filter.
-    /// Ask for a narrower range, or run the CLI, which has no limit.
+    /// max_rows_to_read, sent with every query of the API but verify's, which has its own
+    /// budget above; 0: no limit): past it ClickHouse stops the query and the request is
+    /// refused (422 `too_large`). A request makes a few queries, so its work is bounded by a
+    /// small multiple of this, whatever it asks: a check over a long range, a search with a
+    /// rare filter. Ask for less, or run the CLI, which has no limit.
     #[arg(long, env = "WEFT_AUDIT_MAX_READ_ROWS", default_value_t = 5_000_000)]
     pub max_read_rows: u64,
 }
