@@ -1,5 +1,6 @@
 //! The tamper-evident hash chain on the local stack: sealed facts verify; one row altered
-//! (ALTER UPDATE), deleted (lightweight DELETE) or inserted (INSERT at a sealed offset)
+//! (ALTER UPDATE), deleted (lightweight DELETE) or inserted (INSERT at a sealed offset, of
+//! the partition's kind or another)
 //! directly in ClickHouse makes `weft audit verify` fail and name it; a forged link in the
 //! chain table breaks the chain and its signed checkpoint. After the last seal, a row that
 //! disagrees with its own payload or shares an offset is named too. `--from/--to` verifies a
@@ -149,9 +150,18 @@ async fn tampering_is_detected_and_named() {
         .execute()
         .await
         .unwrap();
+    // ... and one of another kind than its partition's rows: verify reads a partition's
+    // facts through their kind's range of the sort key when the partition has one kind, so
+    // this row must make it read them all.
+    c.query("INSERT INTO weft_events SELECT * REPLACE ('forged-kind' AS id, if(kind = 'frame', 'handle', 'frame') AS kind) FROM (SELECT * FROM weft_events WHERE id = ?)")
+        .bind(copied)
+        .execute()
+        .await
+        .unwrap();
     let (code, r) = verify(&p, &ring);
     assert_eq!(code, Some(1));
     assert!(named(&r, "inserted", "forged-event"), "{r}");
+    assert!(named(&r, "inserted", "forged-kind"), "{r}");
     let text = audit(&p, &["verify"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("BROKEN"));
     assert!(String::from_utf8_lossy(&text.stdout).contains("first: "));

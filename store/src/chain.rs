@@ -95,20 +95,47 @@ impl ChainRow {
     }
 }
 
+/// The condition of a query over one partition's offsets `(after, upto]` of one tenant
+/// (`{t}`, `{topic}`, `{p}`, `{after}`, `{upto}`), as a literal for `concat!`.
+#[macro_export]
+macro_rules! span_where {
+    () => {
+        "tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
+         AND offset > {after:Int64} AND offset <= {upto:UInt64}"
+    };
+}
+
+/// [`span_where!`] for `weft_events`, with `{kind}`: the one kind the partition's topic
+/// holds, or `''` when it holds several (or the caller does not know). With the kind,
+/// ClickHouse reads that kind's range of the sort key `(tenant, kind, ...)`; without it,
+/// every part's rows of the tenant. The caller must know the kind from the rows themselves
+/// (every kind the topic holds), or a row of another kind would be passed over.
+#[macro_export]
+macro_rules! events_span_where {
+    () => {
+        concat!(
+            $crate::span_where!(),
+            " AND ({kind:String} = '' OR kind = {kind:String})"
+        )
+    };
+}
+
 /// Every [`ChainRow`] of one tenant's partition with an offset in `(after, upto]`, in chain
-/// order. Parameters: `{t}`, `{topic}`, `{p}`, `{after}`, `{upto}`.
-pub const ROWS_SQL: &str = "
-SELECT topic, partition, offset, tenant, kind, id, lower(hex(content_hash)) AS content_hash,
+/// order. Parameters: those of [`events_span_where!`].
+pub const ROWS_SQL: &str = concat!(
+    "SELECT topic, partition, offset, tenant, kind, id, lower(hex(content_hash)) AS content_hash,
        toUnixTimestamp64Micro(ts) AS ts, request_id, producer_id, seq,
        toUnixTimestamp64Micro(emitted_at) AS emitted_at, toUnixTimestamp64Micro(ingested_at) AS ingested_at,
        event_type, principal, capability_id, decision, outcome, token_id, decision_id, frame_id,
        handle_id, handle_refs, candidate_id, flow_id, links, conflict, content_type,
        lower(hex(SHA256(payload))) AS payload_sha256
 FROM weft_events
-WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-  AND offset > {after:Int64} AND offset <= {upto:UInt64}
+WHERE ",
+    events_span_where!(),
+    "
 ORDER BY offset, kind, id, content_hash
-";
+"
+);
 
 /// A fact after the last seal, with what `verify` checks against its own payload.
 #[derive(Debug, Row, Deserialize)]
@@ -150,9 +177,9 @@ pub static UNSEALED_SQL: LazyLock<String> = LazyLock::new(|| {
        formatRowNoNewline('JSONEachRow', {typed}) AS typed,
        arrayFilter(x -> x != '', [{checks}]::Array(String)) AS materialized_wrong, payload
 FROM weft_events
-WHERE tenant = {{t:String}} AND topic = {{topic:String}} AND partition = {{p:UInt32}}
-  AND offset > {{after:Int64}} AND offset <= {{upto:UInt64}}
+WHERE {span}
 ORDER BY offset, kind, id",
-        checks = checks.join(", ")
+        checks = checks.join(", "),
+        span = events_span_where!(),
     )
 });

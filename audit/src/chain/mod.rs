@@ -59,14 +59,7 @@ pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
     h.finalize().into()
 }
 
-/// The condition of a query over one [`Span`], as a literal for `concat!`.
-macro_rules! span_where {
-    () => {
-        "tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-         AND offset > {after:Int64} AND offset <= {upto:UInt64}"
-    };
-}
-pub(super) use span_where;
+pub(super) use weft_store::{events_span_where, span_where};
 
 /// The links of one partition's chain. Two sealers that ran at once (the sealing loop and
 /// a `weft audit seal` by hand) write the same links twice, identical but for `sealed_at`:
@@ -102,7 +95,8 @@ pub(super) struct Span<'a> {
 }
 
 impl Span<'_> {
-    /// `sql` with the span's five parameters bound.
+    /// `sql` with the span's parameters bound ([`span_where!`], and the partition's kind
+    /// for [`events_span_where!`]).
     pub(super) fn query(&self, store: &Store, sql: &str) -> clickhouse::query::Query {
         store
             .client()
@@ -112,6 +106,7 @@ impl Span<'_> {
             .param("p", self.part.partition)
             .param("after", self.after)
             .param("upto", self.upto)
+            .param("kind", &self.part.kind)
     }
 
     /// The rows `sql` selects from the span: the facts ([`ROWS_SQL`], in chain order), the
@@ -183,20 +178,31 @@ impl Checkpoint {
     }
 }
 
+/// One source partition of a tenant's facts or links.
 #[derive(Debug, Row, Deserialize)]
 pub(super) struct Part {
     pub(super) topic: String,
     pub(super) partition: u32,
+    /// The one kind the tenant's facts and links in this partition have, or `''` when they have
+    /// several (a row of another kind inserted behind weft's back, say): with it, a span's
+    /// facts are read from that kind's range of `weft_events`' sort key only
+    /// ([`events_span_where!`]). Found from every row of the partition, in both tables, so a
+    /// row the kind would pass over makes it `''`.
+    pub(super) kind: String,
 }
 
 pub(super) async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError> {
     store
         .client()
         .query(
-            "SELECT topic, partition FROM ( \
-               SELECT DISTINCT topic, partition FROM weft_events WHERE tenant = {t:String} \
-               UNION DISTINCT \
-               SELECT DISTINCT topic, partition FROM weft_audit_chain WHERE tenant = {t:String}) \
+            "SELECT topic, partition, if(length(kinds) = 1, kinds[1], '') AS kind FROM ( \
+               SELECT topic, partition, groupUniqArrayArray(2)(kinds) AS kinds FROM ( \
+                 SELECT topic, partition, groupUniqArray(2)(toString(kind)) AS kinds \
+                 FROM weft_events WHERE tenant = {t:String} GROUP BY topic, partition \
+                 UNION ALL \
+                 SELECT topic, partition, groupUniqArray(2)(toString(kind)) \
+                 FROM weft_audit_chain WHERE tenant = {t:String} GROUP BY topic, partition) \
+               GROUP BY topic, partition) \
              ORDER BY topic, partition",
         )
         .param("t", tenant)

@@ -8,8 +8,8 @@ use tracing::instrument;
 use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
-    checkpoints_select, link, partitions, span_where, unhex32, unsealed_problems, Checkpoint, Link,
-    Part, Problem, Span, GENESIS, LINKS_SQL,
+    checkpoints_select, events_span_where, link, partitions, span_where, unhex32,
+    unsealed_problems, Checkpoint, Link, Part, Problem, Span, GENESIS, LINKS_SQL,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
@@ -18,7 +18,7 @@ use crate::{ch_err, AuditError, Range, Store};
 /// counts before the span is read.
 const SPAN_ROWS_SQL: &str = concat!(
     "SELECT sum(n) FROM (SELECT count() AS n FROM weft_events WHERE ",
-    span_where!(),
+    events_span_where!(),
     " UNION ALL SELECT count() FROM weft_audit_chain WHERE ",
     span_where!(),
     " UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE ",
