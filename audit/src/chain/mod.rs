@@ -183,24 +183,32 @@ impl Checkpoint {
 pub(super) struct Part {
     pub(super) topic: String,
     pub(super) partition: u32,
-    /// The one kind the tenant's facts and links in this partition have, or `''` when they have
-    /// several (a row of another kind inserted behind weft's back, say): with it, a span's
-    /// facts are read from that kind's range of `weft_events`' sort key only
-    /// ([`events_span_where!`]). Found from every row of the partition, in both tables, so a
-    /// row the kind would pass over makes it `''`.
+    /// The one kind the tenant's facts and links in this partition have, or `''` when they
+    /// have several (a record whose `weft-kind` header names another kind than its topic's,
+    /// or a row inserted behind weft's back): with it, a span's facts are read from that
+    /// kind's range of `weft_events`' sort key only ([`events_span_where!`]). Found from
+    /// every row of the partition in both tables when [`partitions`] ran, so a row the kind
+    /// would pass over makes it `''`; a row stored later is counted by the next run (and
+    /// [`seal`] reads no further than [`Part::upto`]).
     pub(super) kind: String,
+    /// The highest offset of the partition's facts when [`partitions`] ran (0 without
+    /// facts): every fact at or below it was there to have its kind counted, since ingest
+    /// stores a partition's offsets in order.
+    pub(super) upto: u64,
 }
 
 pub(super) async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError> {
     store
         .client()
         .query(
-            "SELECT topic, partition, if(length(kinds) = 1, kinds[1], '') AS kind FROM ( \
-               SELECT topic, partition, groupUniqArrayArray(2)(kinds) AS kinds FROM ( \
-                 SELECT topic, partition, groupUniqArray(2)(toString(kind)) AS kinds \
+            "SELECT topic, partition, if(length(kinds) = 1, kinds[1], '') AS kind, upto FROM ( \
+               SELECT topic, partition, groupUniqArrayArray(2)(kinds) AS kinds, \
+                      max(top) AS upto FROM ( \
+                 SELECT topic, partition, groupUniqArray(2)(toString(kind)) AS kinds, \
+                        max(offset) AS top \
                  FROM weft_events WHERE tenant = {t:String} GROUP BY topic, partition \
                  UNION ALL \
-                 SELECT topic, partition, groupUniqArray(2)(toString(kind)) \
+                 SELECT topic, partition, groupUniqArray(2)(toString(kind)), toUInt64(0) \
                  FROM weft_audit_chain WHERE tenant = {t:String} GROUP BY topic, partition) \
                GROUP BY topic, partition) \
              ORDER BY topic, partition",
@@ -264,7 +272,13 @@ pub async fn seal(
             Some(l) => (l.offset as i64, unhex32(&l.chain), existing.len() as u64),
             None => (-1, GENESIS, 0),
         };
-        let mut rows: Vec<ChainRow> = span(after).rows(store, ROWS_SQL).await?;
+        // No further than the facts whose kinds `partitions` counted: a fact stored since
+        // is sealed next time, so a row of another kind cannot slip past the kind's range.
+        let counted = Span {
+            upto: p.upto,
+            ..span(after)
+        };
+        let mut rows: Vec<ChainRow> = counted.rows(store, ROWS_SQL).await?;
         took[0] += t.elapsed();
         let Some(upto) = rows.last().map(|r| r.offset) else {
             continue;
