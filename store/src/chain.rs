@@ -105,18 +105,23 @@ macro_rules! span_where {
     };
 }
 
-/// [`span_where!`] for `weft_events`, with `{kind}`: the one kind the partition's topic
-/// holds, or `''` when it holds several (or the caller does not know). With the kind,
-/// ClickHouse reads that kind's range of the sort key `(tenant, kind, ...)`; without it,
-/// every part's rows of the tenant. The caller must know the kind from the rows themselves
-/// (every kind the topic holds), or a row of another kind would be passed over.
+/// `{kind}`, the one kind a partition's facts have, or `''` when they have several (or the
+/// caller does not know): with the kind, ClickHouse reads that kind's range of
+/// `weft_events`' sort key `(tenant, kind, ...)`; without it, every part's rows of the
+/// tenant. The caller must know the kind from the rows themselves (every kind the partition
+/// holds), or a row of another kind would be passed over.
+#[macro_export]
+macro_rules! kind_where {
+    () => {
+        "({kind:String} = '' OR kind = {kind:String})"
+    };
+}
+
+/// [`span_where!`] and [`kind_where!`]: one partition's facts in `weft_events`.
 #[macro_export]
 macro_rules! events_span_where {
     () => {
-        concat!(
-            $crate::span_where!(),
-            " AND ({kind:String} = '' OR kind = {kind:String})"
-        )
+        concat!($crate::span_where!(), " AND ", $crate::kind_where!())
     };
 }
 

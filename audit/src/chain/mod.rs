@@ -59,7 +59,7 @@ pub fn link(prev: &[u8; 32], row_hash: &[u8; 32]) -> [u8; 32] {
     h.finalize().into()
 }
 
-pub(super) use weft_store::{events_span_where, span_where};
+pub(super) use weft_store::{events_span_where, kind_where, span_where};
 
 /// The links of one partition's chain. Two sealers that ran at once (the sealing loop and
 /// a `weft audit seal` by hand) write the same links twice, identical but for `sealed_at`:

@@ -10,27 +10,29 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use weft_store::chain::{Unsealed, UNSEALED_SQL};
 
-use super::Span;
+use super::{events_span_where, kind_where, Span};
 use crate::{ch_err, AuditError, Store};
 
 /// Every fact of the partition that shares its identity and content with an unsealed one,
 /// grouped: each row lists one fact's copies as (offset, ingested_at µs), by offset. Copies
 /// ingested more than `{w}` µs before the earliest unsealed row cannot matter and are not
 /// read (the table is partitioned by month of `ingested_at`).
-const COPIES_SQL: &str = "
-WITH unsealed AS (
-    SELECT kind, id, content_hash, ingested_at FROM weft_events
-    WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
-      AND offset > {after:Int64} AND offset <= {upto:UInt64}
-)
+const COPIES_SQL: &str = concat!(
+    "WITH unsealed AS (SELECT kind, id, content_hash, ingested_at FROM weft_events WHERE ",
+    events_span_where!(),
+    ")
 SELECT arraySort(groupArray((offset, toUnixTimestamp64Micro(ingested_at)))) AS copies
 FROM weft_events
 WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND ",
+    kind_where!(),
+    "
   AND ingested_at >= (SELECT min(ingested_at) FROM unsealed) - toIntervalMicrosecond({w:UInt64})
   AND (kind, id, content_hash) IN (SELECT kind, id, content_hash FROM unsealed)
 GROUP BY kind, id, content_hash
 HAVING count() > 1
-";
+"
+);
 
 /// How far apart two stored copies of one fact (same partition, identity and content) must
 /// have been ingested for the second to be legitimate, given ingest's `dedup_window_secs`:
