@@ -216,15 +216,7 @@ impl Plan {
         if self.facts > 0 {
             // Re-checked right before deleting: a hold placed meanwhile wins.
             unchanged().await?;
-            let mut ins = store
-                .client()
-                .insert::<Floor>("weft_ingest_floor")
-                .await
-                .map_err(ch_err(store))?;
-            for f in &self.floor {
-                ins.write(f).await.map_err(ch_err(store))?;
-            }
-            ins.end().await.map_err(ch_err(store))?;
+            weft_store::insert::<Floor>(store, "weft_ingest_floor", &self.floor).await?;
             deleted = self
                 .covered(store, "SELECT count() FROM weft_events")
                 .fetch_one()

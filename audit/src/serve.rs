@@ -104,14 +104,7 @@ fn fail(e: AuditError) -> Response {
         AuditError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "refused", m).into_response(),
         AuditError::TooLarge(m) => ApiError::unprocessable("too_large", m).into_response(),
         AuditError::Store(e) if e.is_over_read_limit() => {
-            tracing::info!(error = %e, "request refused at the read limit (--max-read-rows)");
-            ApiError::unprocessable(
-                "too_large",
-                "a query of this request would read more rows than the API allows one query \
-                 (--max-read-rows): ask for less (a narrower range where the route takes \
-                 one), or use the `weft audit` CLI, which has no limit",
-            )
-            .into_response()
+            ApiError::over_read_limit("--max-read-rows", "the `weft audit` CLI").into_response()
         }
         AuditError::Key(m) => {
             tracing::warn!(error = %m, "audit key problem");

@@ -73,13 +73,7 @@ async fn narrative(caller: Caller, State(s): State<AppState>, Path(id): Path<Str
         // The same answer whether the id is unknown or belongs to another tenant.
         Ok(None) => ApiError::not_found("no narrative with that id").into_response(),
         Err(e) if e.is_over_read_limit() => {
-            tracing::info!(error = %e, "narrative read refused at the read limit");
-            ApiError::unprocessable(
-                "too_large",
-                "a query of this narrative read would read more rows than the API allows \
-                 one query (--api-max-read-rows): use `weft narrative`, which has no limit",
-            )
-            .into_response()
+            ApiError::over_read_limit("--api-max-read-rows", "`weft narrative`").into_response()
         }
         Err(e) => {
             tracing::warn!(error = %e, "narrative lookup failed");

@@ -69,6 +69,20 @@ impl ApiError {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
     }
 
+    /// 422 `too_large`: ClickHouse stopped a query of the request at the API's per-query
+    /// read limit (`flag`); `instead` names the way without a limit. Logged, so operators see
+    /// how often the limit is met.
+    pub fn over_read_limit(flag: &str, instead: &str) -> Self {
+        tracing::info!(limit = flag, "request refused at the read limit");
+        Self::unprocessable(
+            "too_large",
+            format!(
+                "a query of this request would read more rows than the API allows one query \
+                 ({flag}): ask for less, or use {instead}, which has no limit"
+            ),
+        )
+    }
+
     /// 503 with code `store_unavailable`: a backend is down; the client may retry.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(
