@@ -676,3 +676,104 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
     assert_eq!(apply_retention(&p).await, 0);
     assert_eq!(resume().await.unwrap(), late as i64);
 }
+
+/// The sealing loop of `weft audit serve --seal-every-secs 1` (one `Sealer` for the
+/// process, reading only what was stored since its last round): it seals each batch as it
+/// arrives, for a tenant that appears later too; and after a seal killed between its links
+/// and its checkpoint (played by deleting the newest checkpoints, so links run past the
+/// last checkpoint), the next round resumes from the last link, not from the checkpoint's
+/// offset or from genesis: every chain verifies and every checkpoint counts its links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sealing_loop_seals_what_arrives_and_resumes_after_a_killed_seal() {
+    let p = Pipeline::new("it_seal_loop");
+    let _ingest = p.ingest(None);
+    let mut stored = 0;
+    let mut batch = |tenant: &str, seed: &str| {
+        let truth = p.simulate(&["--flows", "6", "--seed", seed, "--tenant", tenant]);
+        p.publish(&p.path("events.jsonl"));
+        stored += truth.totals.distinct_events;
+        stored
+    };
+    let links = "SELECT count() FROM weft_audit_chain";
+    // Chains whose last link is past their last checkpoint.
+    let dangling = "SELECT count() FROM ( \
+           SELECT tenant, topic, partition, max(offset) AS o FROM weft_audit_chain \
+           GROUP BY tenant, topic, partition) AS l \
+         LEFT JOIN (SELECT tenant, topic, partition, max(offset) AS o \
+           FROM weft_audit_checkpoints GROUP BY tenant, topic, partition) AS c \
+         USING (tenant, topic, partition) WHERE l.o > c.o";
+
+    let n = batch("acme", "91");
+    p.wait_for_facts(n, Duration::from_secs(120)).await;
+    let addr = format!("127.0.0.1:{}", common::pipeline::free_port());
+    let log = std::fs::File::create(p.path("serve.log")).unwrap();
+    let _serve = common::pipeline::Proc(
+        p.weft()
+            .args([
+                "audit",
+                "serve",
+                "--listen",
+                &addr,
+                "--seal-every-secs",
+                "1",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    p.wait_for_count(links, n, Duration::from_secs(60)).await;
+
+    let n = batch("acme", "92");
+    p.wait_for_facts(n, Duration::from_secs(120)).await;
+    p.wait_for_count(links, n, Duration::from_secs(60)).await;
+    // The last round's checkpoints go, as if its seal had died after writing its links.
+    p.client()
+        .with_setting("mutations_sync", "2")
+        .query(
+            "DELETE FROM weft_audit_checkpoints WHERE sealed_at = \
+             (SELECT max(sealed_at) FROM weft_audit_checkpoints)",
+        )
+        .execute()
+        .await
+        .unwrap();
+    let killed = p.scalar(dangling).await;
+    assert!(killed > 0);
+
+    // A new tenant, and more of the first.
+    batch("globex", "93");
+    let n = batch("acme", "94");
+    p.wait_for_facts(n, Duration::from_secs(120)).await;
+    p.wait_for_count(links, n, Duration::from_secs(60)).await;
+    assert_eq!(p.scalar(links).await, n, "a fact sealed twice");
+    assert!(
+        p.scalar(dangling).await < killed,
+        "no chain resumed past its checkpoint"
+    );
+    for tenant in ["acme", "globex"] {
+        let out = audit(&p, &["verify", "--format", "json", "--tenant", tenant]);
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{tenant}: {r}");
+        let facts = p
+            .client()
+            .query("SELECT count() FROM weft_events WHERE tenant = ?")
+            .bind(tenant)
+            .fetch_one::<u64>()
+            .await
+            .unwrap();
+        assert_eq!(r["verified"], facts, "{tenant}: {r}");
+        assert_eq!(r["unsealed"], 0, "{tenant}: {r}");
+    }
+    // Every chain's newest checkpoint counts the links up to it.
+    let miscounted = p
+        .scalar(
+            "SELECT count() FROM ( \
+               SELECT c.n AS n, countIf(l.offset <= c.o) AS k FROM ( \
+                 SELECT tenant, topic, partition, max(offset) AS o, argMax(rows, offset) AS n \
+                 FROM weft_audit_checkpoints GROUP BY tenant, topic, partition) AS c \
+               JOIN weft_audit_chain AS l USING (tenant, topic, partition) \
+               GROUP BY tenant, topic, partition, c.n, c.o HAVING k != n)",
+        )
+        .await;
+    assert_eq!(miscounted, 0);
+}

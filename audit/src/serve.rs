@@ -547,24 +547,24 @@ async fn checkpoints_route(
     }
 }
 
-/// Seal every tenant's new facts every `every`, until the process stops.
+/// Seal every tenant's new facts every `every`, until the process stops. One
+/// [`chain::Sealer`] throughout, so a round reads what was stored since the last one.
 pub async fn seal_loop(
     store: Store,
     key: Option<Arc<Key>>,
     every: std::time::Duration,
     copy_window_secs: u64,
 ) {
+    let mut sealer = chain::Sealer::default();
     loop {
         tokio::time::sleep(every).await;
-        let tenants: Result<Vec<String>, _> = store
-            .client()
-            .query("SELECT DISTINCT tenant FROM weft_events")
-            .fetch_all()
-            .await;
-        match tenants {
-            Ok(ts) => {
-                for t in ts {
-                    match chain::seal(&store, &t, key.as_deref(), copy_window_secs).await {
+        match sealer
+            .seal_new(&store, key.as_deref(), copy_window_secs)
+            .await
+        {
+            Ok(done) => {
+                for (t, r) in done {
+                    match r {
                         Ok(r) if !r.held.is_empty() => tracing::error!(
                             tenant = %t, held = r.held.len(), first = %r.held[0].detail,
                             "rows left unsealed: they disagree with their payload (run weft audit verify)"
@@ -574,7 +574,7 @@ pub async fn seal_loop(
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "seal: listing tenants failed"),
+            Err(e) => tracing::warn!(error = %e, "seal: finding the tenants with new facts failed"),
         }
     }
 }
