@@ -117,11 +117,29 @@ macro_rules! kind_where {
     };
 }
 
-/// [`span_where!`] and [`kind_where!`]: one partition's facts in `weft_events`.
+/// `{parts}`, the parts of `weft_events` that hold a span's facts, or `[]` when the caller
+/// does not know them: with them, ClickHouse reads only those parts. A part merged away
+/// since they were found is read as none, so a caller that passes them must check that it
+/// got every row it expected, and read again without them if not.
+#[macro_export]
+macro_rules! parts_where {
+    () => {
+        "(empty({parts:Array(String)}) OR _part IN {parts:Array(String)})"
+    };
+}
+
+/// [`span_where!`], [`kind_where!`] and [`parts_where!`]: one partition's facts in
+/// `weft_events`.
 #[macro_export]
 macro_rules! events_span_where {
     () => {
-        concat!($crate::span_where!(), " AND ", $crate::kind_where!())
+        concat!(
+            $crate::span_where!(),
+            " AND ",
+            $crate::kind_where!(),
+            " AND ",
+            $crate::parts_where!()
+        )
     };
 }
 

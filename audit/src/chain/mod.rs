@@ -94,6 +94,9 @@ pub(super) struct Span<'a> {
     pub part: &'a Part,
     pub after: i64,
     pub upto: u64,
+    /// The parts of `weft_events` holding the span's facts, or empty: every part
+    /// ([`weft_store::parts_where!`]).
+    pub parts: &'a [String],
 }
 
 impl Span<'_> {
@@ -109,6 +112,7 @@ impl Span<'_> {
             .param("after", self.after)
             .param("upto", self.upto)
             .param("kind", &self.part.kind)
+            .param("parts", self.parts)
     }
 
     /// The rows `sql` selects from the span: the facts ([`ROWS_SQL`], in chain order), the
@@ -250,11 +254,12 @@ const LAST_CHECKPOINT_SQL: &str = concat!(
      ORDER BY offset DESC, sealed_at DESC LIMIT 1"
 );
 
-/// The kinds (two at most) and the highest offset of one tenant's facts in a partition's
-/// offsets `(after, upto]`. Every column is in the `by_partition` projection, ordered by
-/// `(topic, partition, offset)`, so ClickHouse reads only that offset range.
+/// The kinds (two at most), the highest offset, the number and the parts of one tenant's
+/// facts in a partition's offsets `(after, upto]`. Every column is in the `by_partition`
+/// projection, ordered by `(topic, partition, offset)`, so ClickHouse reads only that offset
+/// range (and `_part` names the part of `weft_events` the projection's row belongs to).
 const NEW_FACTS_SQL: &str = "SELECT groupUniqArray(2)(toString(kind)) AS kinds, \
-     max(offset) AS upto, count() AS n FROM weft_events \
+     max(offset) AS upto, count() AS n, groupUniqArray(_part) AS parts FROM weft_events \
      WHERE topic = {topic:String} AND partition = {p:UInt32} \
        AND offset > {after:Int64} AND offset <= {upto:UInt64} AND tenant = {t:String}";
 
@@ -278,6 +283,7 @@ struct NewFacts {
     kinds: Vec<String>,
     upto: u64,
     n: u64,
+    parts: Vec<String>,
 }
 
 /// Where a partition's chain resumes: its last link's offset and value, and how many links
@@ -313,6 +319,7 @@ async fn resume(
         part: &part,
         after: from,
         upto: u64::MAX,
+        parts: &[],
     };
     let links: Vec<Link> = span.rows(store, LINKS_SQL).await?;
     let beyond = links
@@ -481,16 +488,24 @@ impl Sealer {
                     _ => String::new(),
                 },
             };
-            let span = Span {
+            // The new facts are read from their parts only: in a steady stream, the few
+            // small parts written since the last seal, not the kind's whole range.
+            let mut span = Span {
                 tenant,
                 part: &p,
                 after: from,
                 upto: new.upto,
+                parts: &new.parts,
             };
             let mut rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
+            if rows.len() as u64 != new.n {
+                // A part merged away (or a fact deleted) since they were counted.
+                span.parts = &[];
+                rows = span.rows(store, ROWS_SQL).await?;
+            }
             took[0] += t.elapsed();
             let t = std::time::Instant::now();
-            let bad = unsealed_problems(store, span, copy_window_secs).await?;
+            let bad = unsealed_problems(store, span, Some(rows.len()), copy_window_secs).await?;
             took[1] += t.elapsed();
             // Sealed through `top` (once the writes below succeed) unless a row is held.
             let clean = bad.is_empty();

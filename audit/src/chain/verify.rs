@@ -232,6 +232,7 @@ impl Run<'_> {
                 part: p,
                 after: -1,
                 upto,
+                parts: &[],
             }
             .query(self.store, ANCHOR_SQL)
             .fetch_optional()
@@ -274,6 +275,7 @@ impl Run<'_> {
             part: p,
             after,
             upto,
+            parts: &[],
         };
         if let Some(max) = self.opt.max_rows {
             let n: u64 = span
@@ -333,7 +335,7 @@ impl Run<'_> {
             let after = last_sealed.map_or(after, |l| (l as i64).max(after));
             let window = self.opt.copy_window_secs;
             for (what, r, detail) in
-                unsealed_problems(store, Span { after, ..span }, window).await?
+                unsealed_problems(store, Span { after, ..span }, None, window).await?
             {
                 rep.problems
                     .push(problem(p, what, r.offset, &r.kind, &r.id, detail));
