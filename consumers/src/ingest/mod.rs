@@ -29,7 +29,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
@@ -51,6 +50,10 @@ use weft_store::telemetry::{QuarantineRow, QUARANTINE};
 use weft_store::{EventRow, Store, StoreError};
 
 pub use config::{listen_addr, IngestConfig, Role};
+
+/// How long the consumer's own queue must stay empty before the records fetched ahead of
+/// the partition queues' split count as all taken (once, at start).
+const DRAINED: Duration = Duration::from_millis(20);
 
 /// Fatal ingest errors (everything transient is retried inside the loop).
 #[derive(Debug, thiserror::Error)]
@@ -323,10 +326,13 @@ impl Ingestor {
         // Records fetched in the moment between `assign` and the split of the partition
         // queues sit in the consumer's own queue, and precede everything their partitions'
         // queues will hold: taken after a later record, they would read as a rewind (and the
-        // gap before it as skipped), so they are taken first. No record of a split partition
-        // reaches that queue afterwards.
+        // gap before it as skipped), so they are taken first. They were all queued before
+        // the split returned; no record of a split partition reaches that queue afterwards.
+        // The queue may hold events (a commit's result, an error) before them, which
+        // `recv` serves and passes over by waking itself, so one poll that finds an event
+        // ends nothing: the queue is drained until it stays empty for `DRAINED`.
         if lanes.is_some() {
-            while let Some(msg) = consumer.recv().now_or_never() {
+            while let Ok(msg) = tokio::time::timeout(DRAINED, consumer.recv()).await {
                 if self.on_record(msg, &mut since_check).await? {
                     return Ok(self.totals);
                 }
