@@ -55,6 +55,8 @@ struct Lane {
     head_ms: AtomicI64,
     /// `false` once the queue was found empty (caught up), `true` again at its next record.
     waiting: AtomicBool,
+    /// The offset its next record should have (-1: unknown).
+    next: AtomicI64,
 }
 
 /// Every assigned partition's queue, read in time order within `max_skew`.
@@ -71,25 +73,29 @@ pub(super) struct Lanes {
     run_limit_ms: AtomicI64,
     /// `weft_ingest_partitions_held`: lanes closed at the last weighing.
     held: IntGauge,
+    /// Set when a lane gave a record past the offset it should have given next
+    /// ([`Lanes::take_skip`]).
+    skipped: AtomicBool,
 }
 
 impl Lanes {
-    /// Split every `(topic, partition)` off `consumer`'s main queue, or `None` when none
-    /// could be (its records then stay on the main queue). Call it after every `assign`
-    /// (librdkafka drops split queues on assign).
+    /// Split every `(topic, partition, first offset)` off `consumer`'s main queue, or `None`
+    /// when none could be (its records then stay on the main queue). Call it after every
+    /// `assign` (librdkafka drops split queues on assign).
     pub(super) fn split(
         consumer: &Arc<StreamConsumer<RebalanceWatch>>,
-        partitions: &[(String, i32)],
+        partitions: &[(String, i32, i64)],
         max_skew: Duration,
         held: IntGauge,
     ) -> Option<Self> {
         let lanes = partitions
             .iter()
-            .filter_map(|(t, p)| consumer.split_partition_queue(t, *p))
-            .map(|queue| Lane {
+            .filter_map(|(t, p, from)| Some((consumer.split_partition_queue(t, *p)?, *from)))
+            .map(|(queue, from)| Lane {
                 queue,
                 head_ms: AtomicI64::new(NO_HEAD),
                 waiting: AtomicBool::new(true),
+                next: AtomicI64::new(from),
             })
             .collect::<Vec<_>>();
         if lanes.is_empty() {
@@ -103,7 +109,15 @@ impl Lanes {
             run_left: AtomicUsize::new(0),
             run_limit_ms: AtomicI64::new(i64::MAX),
             held,
+            skipped: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a lane gave a record past the offset it should have given next since the
+    /// last call. The records in between may have been fetched before the split and wait
+    /// in the consumer's own queue: the caller takes those first.
+    pub(super) fn take_skip(&self) -> bool {
+        self.skipped.swap(false, Relaxed)
     }
 
     /// The next record of a partition not ahead of the others; waits while no queue has one.
@@ -175,6 +189,10 @@ impl Lanes {
         if let Ok(m) = &m {
             if let Some(ts) = m.timestamp().to_millis() {
                 lane.head_ms.store(ts, Relaxed);
+            }
+            let next = lane.next.swap(m.offset() + 1, Relaxed);
+            if next >= 0 && m.offset() > next {
+                self.skipped.store(true, Relaxed);
             }
         }
         m

@@ -106,10 +106,13 @@ impl Ingestor {
             group = %self.cfg.kafka_group(), "assigned every partition");
         self.consumer.assign(&tpl)?;
         if self.cfg.align_skew_ms > 0 {
-            let partitions: Vec<(String, i32)> = tpl
+            let partitions: Vec<(String, i32, i64)> = tpl
                 .elements()
                 .iter()
-                .map(|e| (e.topic().to_owned(), e.partition()))
+                .map(|e| {
+                    let from = e.offset().to_raw().unwrap_or(-1);
+                    (e.topic().to_owned(), e.partition(), from)
+                })
                 .collect();
             let skew = Duration::from_millis(self.cfg.align_skew_ms);
             let held = self.metrics.partitions_held.clone();

@@ -274,6 +274,23 @@ impl Ingestor {
 
     /// Buffer one received record (flushing when a batch is full or due); `true` when the
     /// process stops.
+    /// Take every record waiting in the consumer's own queue, until it stays empty for
+    /// [`DRAINED`]; `true` when ingest must stop. The queue may hold events (a commit's
+    /// result, an error) ahead of records, which `recv` serves and passes over by waking
+    /// itself, so a poll that finds an event does not end it.
+    async fn drain_own_queue(
+        &mut self,
+        consumer: &StreamConsumer<RebalanceWatch>,
+        since_check: &mut u32,
+    ) -> Result<bool, IngestError> {
+        while let Ok(msg) = tokio::time::timeout(DRAINED, consumer.recv()).await {
+            if self.on_record(msg, since_check).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     async fn on_record(
         &mut self,
         msg: Result<BorrowedMessage<'_>, KafkaError>,
@@ -328,15 +345,8 @@ impl Ingestor {
         // queues will hold: taken after a later record, they would read as a rewind (and the
         // gap before it as skipped), so they are taken first. They were all queued before
         // the split returned; no record of a split partition reaches that queue afterwards.
-        // The queue may hold events (a commit's result, an error) before them, which
-        // `recv` serves and passes over by waking itself, so one poll that finds an event
-        // ends nothing: the queue is drained until it stays empty for `DRAINED`.
-        if lanes.is_some() {
-            while let Ok(msg) = tokio::time::timeout(DRAINED, consumer.recv()).await {
-                if self.on_record(msg, &mut since_check).await? {
-                    return Ok(self.totals);
-                }
-            }
+        if lanes.is_some() && self.drain_own_queue(&consumer, &mut since_check).await? {
+            return Ok(self.totals);
         }
         loop {
             tokio::select! {
@@ -357,6 +367,12 @@ impl Ingestor {
                     return Ok(self.totals);
                 }
                 msg = next_record(&consumer, lanes.as_ref()) => {
+                    // A partition's queue skipped ahead: if the records in between were
+                    // fetched before the split, they wait in the consumer's own queue.
+                    let skipped = lanes.as_ref().is_some_and(align::Lanes::take_skip);
+                    if skipped && self.drain_own_queue(&consumer, &mut since_check).await? {
+                        return Ok(self.totals);
+                    }
                     if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
                 }
                 // With per-partition queues the consumer's own queue still serves events
