@@ -255,11 +255,10 @@ const LAST_CHECKPOINT_SQL: &str = concat!(
 );
 
 /// The kinds (two at most), the highest offset, the number and the parts of one tenant's
-/// facts in a partition's offsets `(after, upto]` (a [`Span`]'s parameters). Every column is
-/// in the `by_partition` projection, ordered by `(topic, partition, offset)`, so ClickHouse
-/// reads only that offset range (and `_part` names the part of `weft_events` the
-/// projection's row belongs to).
-pub(super) const SPAN_FACTS_SQL: &str = "SELECT groupUniqArray(2)(toString(kind)) AS kinds, \
+/// facts in a partition's offsets `(after, upto]`. Every column is in the `by_partition`
+/// projection, ordered by `(topic, partition, offset)`, so ClickHouse reads only that offset
+/// range (and `_part` names the part of `weft_events` the projection's row belongs to).
+const NEW_FACTS_SQL: &str = "SELECT groupUniqArray(2)(toString(kind)) AS kinds, \
      max(offset) AS upto, count() AS n, groupUniqArray(_part) AS parts FROM weft_events \
      WHERE topic = {topic:String} AND partition = {p:UInt32} \
        AND offset > {after:Int64} AND offset <= {upto:UInt64} AND tenant = {t:String}";
@@ -278,13 +277,13 @@ struct Top {
     top: u64,
 }
 
-/// What [`SPAN_FACTS_SQL`] finds.
+/// What [`NEW_FACTS_SQL`] finds.
 #[derive(Debug, Row, Deserialize)]
-pub(super) struct SpanFacts {
-    pub(super) kinds: Vec<String>,
-    pub(super) upto: u64,
-    pub(super) n: u64,
-    pub(super) parts: Vec<String>,
+struct NewFacts {
+    kinds: Vec<String>,
+    upto: u64,
+    n: u64,
+    parts: Vec<String>,
 }
 
 /// Where a partition's chain resumes: its last link's offset and value, and how many links
@@ -466,9 +465,9 @@ impl Sealer {
             // Ingest stores a partition's offsets in order, so every fact up to `top` is
             // stored: their kinds are all counted, and a fact stored since waits for the
             // next seal.
-            let new: SpanFacts = store
+            let new: NewFacts = store
                 .client()
-                .query(SPAN_FACTS_SQL)
+                .query(NEW_FACTS_SQL)
                 .param("t", tenant)
                 .param("topic", topic)
                 .param("p", partition)

@@ -8,16 +8,18 @@ use tracing::instrument;
 use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
-    checkpoints_select, link, partitions, span_where, unhex32, unsealed_problems, Checkpoint, Link,
-    Part, Problem, Span, SpanFacts, GENESIS, LINKS_SQL, SPAN_FACTS_SQL,
+    checkpoints_select, events_span_where, link, partitions, span_where, unhex32,
+    unsealed_problems, Checkpoint, Link, Part, Problem, Span, GENESIS, LINKS_SQL,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
 
-/// How many links and checkpoints a [`Span`] holds: with its facts ([`SPAN_FACTS_SQL`]),
-/// what [`VerifyOptions::max_rows`] counts before the span is read.
-const SPAN_CHAIN_ROWS_SQL: &str = concat!(
-    "SELECT sum(n) FROM (SELECT count() AS n FROM weft_audit_chain WHERE ",
+/// How many facts, links and checkpoints a [`Span`] holds: what [`VerifyOptions::max_rows`]
+/// counts before the span is read.
+const SPAN_ROWS_SQL: &str = concat!(
+    "SELECT sum(n) FROM (SELECT count() AS n FROM weft_events WHERE ",
+    events_span_where!(),
+    " UNION ALL SELECT count() FROM weft_audit_chain WHERE ",
     span_where!(),
     " UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE ",
     span_where!(),
@@ -67,22 +69,21 @@ impl VerifyReport {
     }
 }
 
-/// The offset of the last link of one partition's chain, if any (`ORDER BY ... DESC LIMIT 1`
-/// on the chain's sort key reads its last granule, not every link).
+/// The offset of the last link of one partition's chain, if any.
 async fn last_link(store: &Store, tenant: &str, p: &Part) -> Result<Option<u64>, AuditError> {
-    store
+    let (last, n): (u64, u64) = store
         .client()
         .query(
-            "SELECT offset FROM weft_audit_chain \
-             WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32} \
-             ORDER BY offset DESC LIMIT 1",
+            "SELECT max(offset), count() FROM weft_audit_chain \
+             WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}",
         )
         .param("t", tenant)
         .param("topic", &p.topic)
         .param("p", p.partition)
-        .fetch_optional()
+        .fetch_one()
         .await
-        .map_err(ch_err(store))
+        .map_err(ch_err(store))?;
+    Ok((n > 0).then_some(last))
 }
 
 /// The offsets `[lo, hi]` of one partition whose facts or links have an event time in
@@ -276,19 +277,13 @@ impl Run<'_> {
             upto,
             parts: &[],
         };
-        // The span's facts: how many, and in which parts of `weft_events`.
-        let facts: SpanFacts = span
-            .query(store, SPAN_FACTS_SQL)
-            .fetch_one()
-            .await
-            .map_err(ch_err(store))?;
         if let Some(max) = self.opt.max_rows {
             let n: u64 = span
-                .query(store, SPAN_CHAIN_ROWS_SQL)
+                .query(store, SPAN_ROWS_SQL)
                 .fetch_one()
                 .await
                 .map_err(ch_err(store))?;
-            *read += n + facts.n;
+            *read += n;
             if *read > max {
                 return Err(AuditError::TooLarge(format!(
                     "verifying this range reads at least {} stored facts, links and checkpoints, \
@@ -310,18 +305,7 @@ impl Run<'_> {
             )
             .collect();
         let chain: Vec<Link> = span.rows(store, LINKS_SQL).await?;
-        // The facts from the parts that hold them; from every part when one merged away
-        // since they were counted (a fact stored since, in a part of its own, is left to
-        // the next verify).
-        let mut span = Span {
-            parts: &facts.parts,
-            ..span
-        };
-        let mut rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
-        if rows.len() as u64 != facts.n {
-            span.parts = &[];
-            rows = span.rows(store, ROWS_SQL).await?;
-        }
+        let rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
         let (heads, sealed) = self.walk(p, &chain, &rows, prev, rep)?;
         // The partition's last sealed offset, also when the window ends before it.
         let last_sealed = match self.opt.range {
@@ -349,10 +333,9 @@ impl Run<'_> {
             .any(|r| last_sealed.is_none_or(|l| r.offset > l))
         {
             let after = last_sealed.map_or(after, |l| (l as i64).max(after));
-            let expect = rows.iter().filter(|r| r.offset as i64 > after).count();
             let window = self.opt.copy_window_secs;
             for (what, r, detail) in
-                unsealed_problems(store, Span { after, ..span }, Some(expect), window).await?
+                unsealed_problems(store, Span { after, ..span }, None, window).await?
             {
                 rep.problems
                     .push(problem(p, what, r.offset, &r.kind, &r.id, detail));
