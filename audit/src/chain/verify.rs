@@ -9,7 +9,7 @@ use weft_store::chain::{ChainRow, ROWS_SQL};
 
 use super::{
     checkpoints_select, events_span_where, link, partitions, span_where, unhex32,
-    unsealed_problems, Checkpoint, Link, Part, Problem, Span, GENESIS, LINKS_SQL,
+    unsealed_problems, Checkpoint, Link, Part, Problem, Span, ANCHOR_SQL, GENESIS, LINKS_SQL,
 };
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
@@ -24,14 +24,6 @@ const SPAN_ROWS_SQL: &str = concat!(
     " UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE ",
     span_where!(),
     ")"
-);
-
-/// The last checkpoint of a [`Span`] (of two at one offset, the later sealed).
-const ANCHOR_SQL: &str = concat!(
-    checkpoints_select!(),
-    " WHERE ",
-    span_where!(),
-    " ORDER BY offset DESC, sealed_at DESC LIMIT 1"
 );
 
 /// The checkpoints of a [`Span`], in offset order.

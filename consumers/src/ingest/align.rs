@@ -117,7 +117,8 @@ impl Lanes {
     /// last call. The records in between may have been fetched before the split and wait
     /// in the consumer's own queue: the caller takes those first.
     pub(super) fn take_skip(&self) -> bool {
-        self.skipped.swap(false, Relaxed)
+        // A load first: the loop asks after every record, and a skip is rare.
+        self.skipped.load(Relaxed) && self.skipped.swap(false, Relaxed)
     }
 
     /// The next record of a partition not ahead of the others; waits while no queue has one.
