@@ -53,7 +53,7 @@ async fn ingest_counts_and_logs_nonconforming_keys_and_stores_the_events() {
         common::metric(&addr, "weft_ingest_nonconforming_keys_total").await,
         Some(3)
     );
-    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap();
+    let log = p.ingest_log_all();
     let lines: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("neither in the spec nor x_<org>_<field>"))

@@ -136,7 +136,7 @@ async fn fault_ingest_survives_repeated_sigkill() {
     p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(300))
         .await;
     // Every resume point was served exactly by the broker (no record was skipped over).
-    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+    let log = p.ingest_log_all();
     assert!(
         !log.contains("the broker skipped offsets"),
         "the broker skipped offsets on resume:\n{}",
@@ -172,14 +172,22 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     // side, and an outage that begins after the insert landed meets only the pass.
     let ingest = p.ingest_args(None, &[], &["--role", "facts"]);
     let narratives = p.ingest_args(None, &[], &["--role", "narratives"]);
-    p.publish(&file);
-    // Stop ClickHouse once ingest is well under way and the facts process holds every
-    // partition (it has stored rows of each): a rebalance landing in the outage would retry
-    // its progress read instead of an insert, and prove nothing.
-    p.wait_for_facts(want / 5, Duration::from_secs(300)).await;
-    let kinds: std::collections::BTreeSet<String> = std::fs::read_to_string(&file)
-        .unwrap()
-        .lines()
+    // Half the events go out before the outage and half during it, so that the facts
+    // process has records to insert while ClickHouse is down whatever the machine's speed
+    // (with everything published first, a fast facts process had stored it all before the
+    // outage began, and only the narratives process met it).
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let (before, during) = (p.path("before.jsonl"), p.path("during.jsonl"));
+    let half = lines.len() / 2;
+    std::fs::write(&before, lines[..half].join("\n") + "\n").unwrap();
+    std::fs::write(&during, lines[half..].join("\n") + "\n").unwrap();
+    p.publish(&before);
+    // Stop ClickHouse once the facts process holds every partition (it has stored rows of
+    // each): a rebalance landing in the outage would retry its progress read instead of an
+    // insert.
+    let kinds: std::collections::BTreeSet<String> = lines
+        .iter()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v["kind"].as_str().map(str::to_owned))
         .collect();
@@ -192,10 +200,22 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     .await;
     let back = ClickHouseBack;
     stack(&["stop", "clickhouse"]);
-    // The outage itself: ingest keeps reading, fails its inserts and must not commit.
-    std::thread::sleep(Duration::from_secs(30));
+    // The outage itself: ingest keeps reading, fails its inserts and must not commit. It
+    // lasts until a facts insert has failed (this message is the facts insert's alone, not a
+    // metadata or progress read's), so the test cannot pass without meeting one.
+    p.publish(&during);
+    let failed = common::wait_for(Duration::from_secs(300), || {
+        p.ingest_log_all()
+            .contains("insert failed; offsets not committed, retrying")
+            .then_some(())
+    });
     stack(&["start", "clickhouse"]);
     drop(back);
+    assert!(
+        failed.is_some(),
+        "no facts insert failed during the outage, so the test proved nothing:\n{}",
+        p.ingest_log()
+    );
     p.wait_for_facts(want, Duration::from_secs(600)).await;
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, want);
     assert_eq!(
@@ -205,13 +225,6 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     );
     p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(120))
         .await;
-    // A facts insert was under way during the outage, failed, and was retried (not merely a
-    // metadata or progress read: this message is the facts insert's alone).
-    let log = p.ingest_log();
-    assert!(
-        log.contains("insert failed; offsets not committed, retrying"),
-        "no facts insert failed during the outage, so the test proved nothing:\n{log}"
-    );
     assert_eq!(
         ingest.terminate().code(),
         Some(0),
@@ -250,7 +263,7 @@ async fn fault_ingest_refuses_a_recreated_topic() {
     // Caught up: a restart resumes at the end of every partition without complaint.
     let ingest = p.ingest(None);
     common::wait_for(Duration::from_secs(60), || {
-        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        let log = p.ingest_log_all();
         (log.matches("assigned every partition").count() >= 2).then_some(())
     })
     .expect("second ingest did not start");
@@ -303,7 +316,7 @@ async fn fault_ingest_refuses_a_recreated_topic() {
         )
     });
     assert!(!status.success(), "ingest must fail on a rewound partition");
-    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+    let log = p.ingest_log_all();
     assert!(
         log.contains("recreated or truncated") && log.contains(&topic),
         "no clear error naming the topic:\n{}",

@@ -209,7 +209,7 @@ async fn a_forced_stall_turns_healthz_503_and_sigterm_still_ends_within_10_s() {
     let ingest = p.ingest_args(Some(&addr), &[], &["--stall-after-secs", "3"]);
     assert!(wait_for_port(&addr, Duration::from_secs(30)));
     common::wait_for(Duration::from_secs(60), || {
-        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        let log = p.ingest_log_all();
         log.contains("assigned every partition").then_some(())
     })
     .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
@@ -302,7 +302,7 @@ async fn sigterm_while_a_dead_letter_is_retried_ends_within_10_s() {
         "no dead-letter retries seen:\n{}",
         p.ingest_log()
     );
-    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+    let log = p.ingest_log_all();
     assert!(
         log.contains("dead-letter publish failed; retrying"),
         "{}",

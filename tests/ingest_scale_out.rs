@@ -78,7 +78,7 @@ async fn survivor_takes_over(stop: Stop, name: &str) {
     // Between them the members stored every event once, and the survivor stored what the
     // stopped member left behind. (The stopped member's own total: its exit line, the only
     // one in the log so far; a killed member writes none, so there only the sum is bounded.)
-    let log = p.ingest_log();
+    let log = p.ingest_log_all();
     let a_final: Option<u64> = log.lines().find_map(|l| {
         let rest = l.split("ingest stopped: ").nth(1)?;
         rest.split(", ")

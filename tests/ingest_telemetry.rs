@@ -24,7 +24,7 @@ async fn a_missing_telemetry_table_only_warns_and_ingest_goes_on() {
     let addr = format!("127.0.0.1:{}", free_port());
     let _ingest = p.ingest(Some(&addr));
     p.wait_for_facts(valid, Duration::from_secs(60)).await;
-    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap();
+    let log = p.ingest_log_all();
     assert!(
         log.lines()
             .any(|l| l.contains("telemetry table unusable") && l.contains("weft_ingest_batches")),

@@ -270,7 +270,7 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
     // Exactly once, and each shard kept its own progress.
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, total);
     assert_eq!(p.progress_shards().await, ["0/2", "1/2"]);
-    let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+    let log = p.ingest_log_all();
     assert!(
         log.contains("narrative_shard=1/2") && log.contains("narratives.1of2"),
         "the start-up line names the shard and its group:\n{}",

@@ -65,7 +65,7 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
     // The ingester creates the topics; the router must not race it (two creators of one
     // topic at once can upset the broker).
     common::wait_for(Duration::from_secs(60), || {
-        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        let log = p.ingest_log_all();
         log.contains("narrative projector loaded").then_some(())
     })
     .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));
@@ -340,7 +340,7 @@ async fn greedy_counts_feedback_at_once_and_once() {
     let p = Pipeline::new("router_now");
     let _ingest = p.ingest(None);
     common::wait_for(Duration::from_secs(60), || {
-        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        let log = p.ingest_log_all();
         log.contains("narrative projector loaded").then_some(())
     })
     .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));

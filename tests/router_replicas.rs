@@ -48,7 +48,7 @@ async fn two_replicas_count_each_outcome_once_and_converge_on_the_stored_model()
     let p = Pipeline::new("router_replicas");
     let _ingest = p.ingest(None);
     common::wait_for(Duration::from_secs(60), || {
-        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        let log = p.ingest_log_all();
         log.contains("narrative projector loaded").then_some(())
     })
     .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));

@@ -71,7 +71,7 @@ async fn another_tenants_decision_id_changes_and_reveals_nothing() {
     let p = Pipeline::new("router_tenancy");
     let _ingest = p.ingest(None);
     common::wait_for(Duration::from_secs(60), || {
-        let log = std::fs::read_to_string(p.path("ingest.log")).unwrap_or_default();
+        let log = p.ingest_log_all();
         log.contains("narrative projector loaded").then_some(())
     })
     .unwrap_or_else(|| panic!("ingest did not start:\n{}", p.ingest_log()));

@@ -194,9 +194,15 @@ impl Pipeline {
         (Proc(child), format!("http://{addr}"))
     }
 
-    /// The tail of the ingest log, for failure messages.
+    /// Everything the ingest processes of this pipeline have logged so far.
+    pub fn ingest_log_all(&self) -> String {
+        std::fs::read_to_string(self.path("ingest.log")).unwrap_or_default()
+    }
+
+    /// The last 30 lines of the ingest processes' shared log, for failure messages. Assert on
+    /// [`Pipeline::ingest_log_all`]: a line can scroll out of the tail.
     pub fn ingest_log(&self) -> String {
-        let text = std::fs::read_to_string(self.path("ingest.log")).unwrap_or_default();
+        let text = self.ingest_log_all();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
