@@ -14,7 +14,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::pipeline::{check, free_port, wait_for_port, Pipeline, Proc};
+use common::pipeline::{check, free_port, truth_membership, wait_for_port, Pipeline, Proc};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -75,6 +75,11 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         Duration::from_secs(120),
     )
     .await;
+    // Every narrative complete before the reads (a request's events can span two passes,
+    // and the first already answers 200).
+    let mut want = truth_membership(&acme);
+    want.extend(truth_membership(&globex));
+    p.wait_for_narratives(&want, Duration::from_secs(120)).await;
 
     let (_serve, base) = serve(&p, "serve.log", &[]);
     let http = reqwest::Client::new();

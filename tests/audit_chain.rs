@@ -727,6 +727,16 @@ async fn the_sealing_loop_seals_what_arrives_and_resumes_after_a_killed_seal() {
     let n = batch("acme", "92");
     p.wait_for_facts(n, Duration::from_secs(120)).await;
     p.wait_for_count(links, n, Duration::from_secs(60)).await;
+    // ... and the round's checkpoints (a round writes each partition's links, then its
+    // checkpoint), so that the round is over before its checkpoints are taken away.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while p.scalar(dangling).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a round never checkpointed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // The last round's checkpoints go, as if its seal had died after writing its links.
     p.client()
         .with_setting("mutations_sync", "2")

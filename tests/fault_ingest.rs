@@ -267,6 +267,18 @@ async fn fault_ingest_refuses_a_recreated_topic() {
         (log.matches("assigned every partition").count() >= 2).then_some(())
     })
     .expect("second ingest did not start");
+    // ... and goes on storing from there (its first fetches are past the resume points).
+    let more = p.path("more.jsonl");
+    let out = p
+        .weft()
+        .args(["simulate", "--flows", "1", "--seed", "33", "--out"])
+        .arg(&more)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    p.publish(&more);
+    p.wait_for_facts(distinct_facts(&[&file, &more]), Duration::from_secs(120))
+        .await;
     assert_eq!(ingest.terminate().code(), Some(0), "{}", p.ingest_log());
 
     // The log of one trace-event partition now ends 1000 offsets before weft's resume point,

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::pipeline::{free_port, wait_for_port, Pipeline};
+use common::pipeline::{free_port, truth_membership, wait_for_port, Pipeline};
 use reqwest::StatusCode;
 
 const ACME: &str = "k-acme-0123456789abcdef";
@@ -21,6 +21,10 @@ async fn narrative_api_is_tenant_scoped() {
     let ingest = p.ingest_with(Some(&addr), &[("WEFT_API_KEYS", &keys)]);
     p.publish(&file);
     p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    // Every narrative complete before the reads (a request's events can span two passes,
+    // and the first already answers 200).
+    p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(120))
         .await;
     assert!(wait_for_port(&addr, Duration::from_secs(5)));
 

@@ -181,6 +181,25 @@ async fn metric(addr: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{addr} does not answer /metrics"))
 }
 
+/// Wait until `names` summed over `addrs` reach `n`, and return the sum. A pass counts its
+/// facts once its progress row is written, a moment after its narratives are visible, so the
+/// counters are waited for, not read as soon as the membership matches.
+async fn wait_metrics(addrs: &[&str], names: &[&str], n: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut sum = 0;
+        for addr in addrs {
+            for name in names {
+                sum += metric(addr, name).await;
+            }
+        }
+        if sum >= n || Instant::now() >= deadline {
+            return sum;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn narratives(p: &Pipeline, s: NarrativeShard, addr: &str) -> Proc {
     let s = s.to_string();
     let mut args = NARRATIVE_ARGS.to_vec();
@@ -243,6 +262,11 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
     let (own, other) = (facts_of(&p, shard(0)).await, facts_of(&p, shard(1)).await);
     assert!(own > 0 && other > 0 && own + other == total);
     let a = &addrs[0];
+    let counted = [
+        "weft_narrative_projected_total",
+        "weft_narrative_shard_skipped_total",
+    ];
+    assert_eq!(wait_metrics(&[a], &counted, total).await, total);
     assert_eq!(metric(a, "weft_narrative_projected_total").await, own);
     assert_eq!(metric(a, "weft_narrative_shard_skipped_total").await, other);
     // The restarted one projected what its tenants still needed, and only that.
@@ -309,10 +333,8 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
     // ... starting where the old shards had stopped, not from the first offset: between
     // them they fed the second round's facts (and at most a few replayed ones).
     let round2 = total2 - total;
-    let mut fed = 0;
-    for addr in &addrs3 {
-        fed += metric(addr, "weft_narrative_projected_total").await;
-    }
+    let addrs3: Vec<&str> = addrs3.iter().map(String::as_str).collect();
+    let fed = wait_metrics(&addrs3, &["weft_narrative_projected_total"], round2).await;
     assert!(
         fed >= round2 && fed < round2 + total / 4,
         "the three shards fed {fed} facts for a second round of {round2}"

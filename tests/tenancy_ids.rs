@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::pipeline::{free_port, wait_for_port, Pipeline, Proc};
+use common::pipeline::{free_port, truth_membership, wait_for_port, Pipeline, Proc};
 use reqwest::StatusCode;
 use serde_json::Value;
 use weft_schemas::Kind;
@@ -74,6 +74,10 @@ async fn tenant_b_naming_tenant_a_ids_sees_nothing_and_changes_nothing() {
     let _ingest = p.ingest_with(Some(&ingest_addr), &[("WEFT_API_KEYS", &keys)]);
     p.publish(&file);
     p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    // Every narrative complete before the reads (a request's events can span two passes,
+    // and the first already answers 200).
+    p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(120))
         .await;
     let audit_addr = format!("127.0.0.1:{}", free_port());
     let _audit = Proc(

@@ -108,8 +108,9 @@ pub fn consume(topics: &[String], want: usize, timeout: Duration) -> Vec<Rec> {
 }
 
 /// Total records in `topics`, for "nothing else arrived" checks: everything is read from
-/// the beginning until the topics stay quiet for 2 s. Watermarks are not used because the
-/// local broker's in-memory log reports them differently from its sqlite log.
+/// the beginning until the topics stay quiet for 2 s after a record (15 s before the first:
+/// assigning and the first fetch can take seconds on a loaded machine). Watermarks are not
+/// used because the local broker's in-memory log reports them differently from its sqlite log.
 pub fn count(topics: &[String]) -> i64 {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", crate::common::brokers())
@@ -133,7 +134,8 @@ pub fn count(topics: &[String]) -> i64 {
     let mut n = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut quiet_since = Instant::now();
-    while quiet_since.elapsed() < Duration::from_secs(2) && Instant::now() < deadline {
+    let quiet = |n: i64| Duration::from_secs(if n == 0 { 15 } else { 2 });
+    while quiet_since.elapsed() < quiet(n) && Instant::now() < deadline {
         if let Some(Ok(_)) = consumer.poll(Duration::from_millis(100)) {
             n += 1;
             quiet_since = Instant::now();

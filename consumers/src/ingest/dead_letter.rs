@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tracing::{error, instrument, warn};
 
 use super::flush::{Flusher, Stopped};
-use super::{backoff, now_micros};
+use super::now_micros;
 use crate::decode::Rejection;
 use crate::telemetry::{DeadLetterRow, Sample};
 use weft_store::insert;
@@ -281,11 +281,7 @@ impl Flusher {
                     attempt += 1;
                     self.metrics.insert_retries.inc();
                     warn!(error = %e, attempt, "quarantine insert failed; offsets held, retrying");
-                    let mut stop = self.stop.clone();
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => {}
-                        _ = stop.wait_for(|s| *s) => return Err(Stopped),
-                    }
+                    self.back_off(attempt).await?;
                 }
             }
         }
@@ -329,10 +325,7 @@ impl Flusher {
                     attempt += 1;
                     self.metrics.dead_letter_retries.inc();
                     warn!(error = %e, attempt, "dead-letter publish failed; retrying (offsets held)");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => {}
-                        _ = stop.wait_for(|s| *s) => return Err(Stopped),
-                    }
+                    self.back_off(attempt).await?;
                 }
             }
         }

@@ -129,6 +129,16 @@ impl Flusher {
         })
     }
 
+    /// Wait before retry `attempt`, or give up as soon as the process is told to stop: a
+    /// stop must not wait out a backoff of up to `max_backoff_ms`.
+    pub(super) async fn back_off(&self, attempt: u32) -> Result<(), Stopped> {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => Ok(()),
+            _ = stop.wait_for(|s| *s) => Err(Stopped),
+        }
+    }
+
     /// One narrative pass over a flush's facts, retried until it lands. A failed pass may have
     /// moved the in-memory graph ahead of ClickHouse, so before a retry the graph is rebuilt
     /// from ClickHouse, as a restart would.
@@ -158,10 +168,7 @@ impl Flusher {
                     attempt += 1;
                     self.metrics.insert_retries.inc();
                     warn!(error = %e, attempt, "narrative projection failed; retrying");
-                    if *self.stop.borrow() {
-                        return Err(Stopped);
-                    }
-                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    self.back_off(attempt).await?;
                     // Replaying onto the moved-ahead graph would find nothing to change and
                     // lose the pass's moves (the progress row, written last, was not).
                     let (max_nodes, shard) = (self.cfg.narrative_max_nodes, projector.shard());
@@ -216,10 +223,7 @@ impl Flusher {
                     } else {
                         error!(error = %e, attempt, "ClickHouse rejected the insert (schema out of date? run `weft migrate`); retrying");
                     }
-                    if *self.stop.borrow() {
-                        return Err(Stopped);
-                    }
-                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                    self.back_off(attempt).await?;
                     if let Ok(left) = self.rows_not_stored(rows, spans).await {
                         if left.is_empty() {
                             info!("the failed-looking insert had landed; not repeating it");
