@@ -155,6 +155,10 @@ struct InLink {
     to_id: String,
 }
 
+/// A narrative's stored rows: every version of every member.
+const ROW_COUNT: &str =
+    "SELECT count() FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String}";
+
 /// The narrative that contains `id` (a request id, a narrative id, or any member's id).
 ///
 /// Both readings are asked at once: a narrative id wins, and a member's id costs no second
@@ -162,9 +166,21 @@ struct InLink {
 /// The price: a lookup by narrative id also runs the (light, primary-key) member query, and
 /// fails if that query fails.
 pub async fn resolve(store: &Store, tenant: &str, id: &str) -> Result<Option<String>, StoreError> {
+    Ok(resolve_counted(store, tenant, id)
+        .await?
+        .map(|(nid, _)| nid))
+}
+
+/// [`resolve`], with the narrative's stored row count (every version of every member) when
+/// `id` is the narrative's own id: the first reading counts it anyway.
+async fn resolve_counted(
+    store: &Store,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<(String, Option<u64>)>, StoreError> {
     let c = store.client();
     let direct = c
-        .query("SELECT count() FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String}")
+        .query(ROW_COUNT)
         .param("t", tenant)
         .param("n", id)
         .fetch_all::<u64>();
@@ -177,11 +193,12 @@ pub async fn resolve(store: &Store, tenant: &str, id: &str) -> Result<Option<Str
         .param("id", id)
         .fetch_all::<NodeNarrative>();
     let (direct, mut nodes) = tokio::try_join!(direct, nodes).map_err(store.err())?;
-    if direct.first().copied().unwrap_or(0) > 0 {
-        return Ok(Some(id.to_owned()));
+    let rows = direct.first().copied().unwrap_or(0);
+    if rows > 0 {
+        return Ok(Some((id.to_owned(), Some(rows))));
     }
     nodes.sort_by(|a, b| a.kind.cmp(&b.kind));
-    Ok(nodes.into_iter().next().map(|n| n.narrative_id))
+    Ok(nodes.into_iter().next().map(|n| (n.narrative_id, None)))
 }
 
 /// Read one narrative of `tenant` by any id in it, whole. `None` when the id is unknown there.
@@ -202,10 +219,10 @@ pub async fn lookup_at_most(
     id: &str,
     max_members: u64,
 ) -> Result<Option<Narrative>, StoreError> {
-    let Some(nid) = resolve(store, tenant, id).await? else {
+    let Some((nid, rows)) = resolve_counted(store, tenant, id).await? else {
         return Ok(None);
     };
-    let members = members(store, tenant, &nid, max_members).await?;
+    let members = members(store, tenant, &nid, max_members, rows).await?;
     let Some(members_total) = members.first().map(|m| m.total) else {
         return Ok(None);
     };
@@ -231,30 +248,52 @@ pub async fn lookup_at_most(
 }
 
 /// The first `max` live members of a narrative in timeline order, each with the count of
-/// them all. The members are ranked without their payloads, and only the kept ones' are read
-/// and aggregated: a narrative of any size costs ClickHouse its keys, not its payloads. (The
-/// store's client prefers column names to aliases, so the order names the aggregate.)
+/// them all (`rows`: the narrative's stored row count, when the caller has it).
+///
+/// A narrative whose rows number at most `max` (every narrative but a giant one) is read in
+/// one scan, payloads included. A larger one is ranked without its payloads first, and only
+/// the kept members' are read: it costs ClickHouse its keys, not its payloads, whatever its
+/// size. The ranking reads the keys three times, so it is kept for that case: at 10M events
+/// it took 25 ms against 9 for the one scan (docs/BENCHMARKS.md, section 2). (The store's
+/// client prefers column names to aliases, so the orders name the aggregate.)
 async fn members(
     store: &Store,
     tenant: &str,
     nid: &str,
     max: u64,
+    rows: Option<u64>,
 ) -> Result<Vec<MemberRow>, StoreError> {
+    const SMALL: &str =
+        "SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+               argMax(payload, version) AS payload, count() OVER () AS total \
+        FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+        GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0 \
+        ORDER BY argMax(ts, version), kind, id, content_hash";
+    const LARGE: &str = "WITH live AS ( \
+          SELECT kind, id, content_hash, argMax(ts, version) AS ts FROM weft_narratives \
+          WHERE tenant = {t:String} AND narrative_id = {n:String} \
+          GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0) \
+        SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+               argMax(payload, version) AS payload, assumeNotNull((SELECT count() FROM live)) AS total \
+        FROM weft_narratives \
+        WHERE tenant = {t:String} AND narrative_id = {n:String} AND (kind, id, content_hash) IN ( \
+          SELECT kind, id, content_hash FROM live ORDER BY ts, kind, id, content_hash LIMIT {max:UInt64}) \
+        GROUP BY kind, id, content_hash \
+        ORDER BY argMax(ts, version), kind, id, content_hash";
+    let rows = match rows {
+        Some(n) => n,
+        None => store
+            .client()
+            .query(ROW_COUNT)
+            .param("t", tenant)
+            .param("n", nid)
+            .fetch_one::<u64>()
+            .await
+            .map_err(store.err())?,
+    };
     store
         .client()
-        .query(
-            "WITH live AS ( \
-               SELECT kind, id, content_hash, argMax(ts, version) AS ts FROM weft_narratives \
-               WHERE tenant = {t:String} AND narrative_id = {n:String} \
-               GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0) \
-             SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                    argMax(payload, version) AS payload, assumeNotNull((SELECT count() FROM live)) AS total \
-             FROM weft_narratives \
-             WHERE tenant = {t:String} AND narrative_id = {n:String} AND (kind, id, content_hash) IN ( \
-               SELECT kind, id, content_hash FROM live ORDER BY ts, kind, id, content_hash LIMIT {max:UInt64}) \
-             GROUP BY kind, id, content_hash \
-             ORDER BY argMax(ts, version), kind, id, content_hash",
-        )
+        .query(if rows <= max { SMALL } else { LARGE })
         .param("t", tenant)
         .param("n", nid)
         .param("max", max)
