@@ -291,7 +291,7 @@ async fn members(
             .await
             .map_err(store.err())?,
     };
-    store
+    let mut members: Vec<MemberRow> = store
         .client()
         .query(if rows <= max { SMALL } else { LARGE })
         .param("t", tenant)
@@ -299,7 +299,10 @@ async fn members(
         .param("max", max)
         .fetch_all()
         .await
-        .map_err(store.err())
+        .map_err(store.err())?;
+    // Members stored between the count and the scan stay beyond the bound (`total` counts them).
+    members.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    Ok(members)
 }
 
 /// The timeline entries, the links between members, and the ids members link to outside.
