@@ -237,6 +237,21 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     );
 }
 
+/// Simulate `flows` flows of `seed` into the file `name` of the pipeline's folder and
+/// publish them; the file's path.
+fn publish_flows(p: &Pipeline, name: &str, flows: &str, seed: &str) -> std::path::PathBuf {
+    let file = p.path(name);
+    let out = p
+        .weft()
+        .args(["simulate", "--flows", flows, "--seed", seed, "--out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "weft simulate: {out:?}");
+    p.publish(&file);
+    file
+}
+
 /// A topic deleted and recreated (or truncated) under a running pipeline starts again below
 /// the offsets weft has stored. Ingest must stop with a clear error instead of taking the new
 /// log's records for stored ones; and a restart of a caught-up ingest must not trip it.
@@ -268,15 +283,7 @@ async fn fault_ingest_refuses_a_recreated_topic() {
     })
     .expect("second ingest did not start");
     // ... and goes on storing from there (its first fetches are past the resume points).
-    let more = p.path("more.jsonl");
-    let out = p
-        .weft()
-        .args(["simulate", "--flows", "1", "--seed", "33", "--out"])
-        .arg(&more)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    p.publish(&more);
+    let more = publish_flows(&p, "more.jsonl", "1", "33");
     p.wait_for_facts(distinct_facts(&[&file, &more]), Duration::from_secs(120))
         .await;
     assert_eq!(ingest.terminate().code(), Some(0), "{}", p.ingest_log());
@@ -307,15 +314,7 @@ async fn fault_ingest_refuses_a_recreated_topic() {
             .await
             .unwrap();
     }
-    let fresh = p.path("fresh.jsonl");
-    let out = p
-        .weft()
-        .args(["simulate", "--flows", "2", "--seed", "32", "--out"])
-        .arg(&fresh)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    p.publish(&fresh);
+    publish_flows(&p, "fresh.jsonl", "2", "32");
 
     let mut ingest = p.ingest(None);
     let status = common::wait_for(Duration::from_secs(120), || {
