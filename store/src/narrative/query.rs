@@ -222,7 +222,7 @@ pub async fn lookup_at_most(
     let Some((nid, rows)) = resolve_counted(store, tenant, id).await? else {
         return Ok(None);
     };
-    let members = members(store, tenant, &nid, max_members, rows).await?;
+    let (members, incoming) = members(store, tenant, &nid, max_members, rows).await?;
     let Some(members_total) = members.first().map(|m| m.total) else {
         return Ok(None);
     };
@@ -235,7 +235,11 @@ pub async fn lookup_at_most(
         .any(|m| m.request_id == nid)
         .then(|| nid.clone());
     let (entries, link_set, mut outside) = entries_and_links(&members, &member_set);
-    outside.extend(linked_from_outside(store, tenant, &member_set).await?);
+    let incoming = match incoming {
+        Some(rows) => rows,
+        None => fetch_by_ids(store, INCOMING_BY_IDS, tenant, &member_set).await?,
+    };
+    outside.extend(linked_from_outside(incoming, &member_set));
     let related = related(store, tenant, &nid, &outside).await?;
     Ok(Some(Narrative {
         narrative_id: nid,
@@ -248,21 +252,24 @@ pub async fn lookup_at_most(
 }
 
 /// The first `max` live members of a narrative in timeline order, each with the count of
-/// them all (`rows`: the narrative's stored row count, when the caller has it).
+/// them all (`rows`: the narrative's stored row count, when the caller has it); and, when
+/// every member is read, the links into them.
 ///
 /// A narrative whose rows number at most `max` (every narrative but a giant one) is read in
-/// one scan, payloads included. A larger one is ranked without its payloads first, and only
-/// the kept members' are read: it costs ClickHouse its keys, not its payloads, whatever its
-/// size. The ranking reads the keys three times, so it is kept for that case: at 10M events
-/// it took 25 ms against 9 for the one scan (docs/BENCHMARKS.md, section 2). (The store's
-/// client prefers column names to aliases, so the orders name the aggregate.)
+/// one scan, payloads included, and the links into it are asked at the same time, by
+/// narrative id. A larger one is ranked without its payloads first, and only the kept
+/// members' are read: it costs ClickHouse its keys, not its payloads, whatever its size; its
+/// links are then asked by the kept members' ids. The ranking reads the keys three times, so
+/// it is kept for that case: at 10M events it took 25 ms against 9 for the one scan
+/// (docs/BENCHMARKS.md, section 2). (The store's client prefers column names to aliases, so
+/// the orders name the aggregate.)
 async fn members(
     store: &Store,
     tenant: &str,
     nid: &str,
     max: u64,
     rows: Option<u64>,
-) -> Result<Vec<MemberRow>, StoreError> {
+) -> Result<(Vec<MemberRow>, Option<Vec<InLink>>), StoreError> {
     const SMALL: &str =
         "SELECT kind, id, argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
                argMax(payload, version) AS payload, count() OVER () AS total \
@@ -280,29 +287,26 @@ async fn members(
           SELECT kind, id, content_hash FROM live ORDER BY ts, kind, id, content_hash LIMIT {max:UInt64}) \
         GROUP BY kind, id, content_hash \
         ORDER BY argMax(ts, version), kind, id, content_hash";
+    let c = store.client();
+    let read = |sql| c.query(sql).param("t", tenant).param("n", nid);
     let rows = match rows {
         Some(n) => n,
-        None => store
-            .client()
-            .query(ROW_COUNT)
-            .param("t", tenant)
-            .param("n", nid)
-            .fetch_one::<u64>()
-            .await
-            .map_err(store.err())?,
+        None => read(ROW_COUNT).fetch_one().await.map_err(store.err())?,
     };
-    let mut members: Vec<MemberRow> = store
-        .client()
-        .query(if rows <= max { SMALL } else { LARGE })
-        .param("t", tenant)
-        .param("n", nid)
-        .param("max", max)
-        .fetch_all()
-        .await
+    let (mut members, incoming) = if rows <= max {
+        let (m, l) = tokio::try_join!(
+            read(SMALL).fetch_all::<MemberRow>(),
+            read(INCOMING_BY_NARRATIVE).fetch_all::<InLink>()
+        )
         .map_err(store.err())?;
+        (m, Some(l))
+    } else {
+        let m = read(LARGE).param("max", max).fetch_all().await;
+        (m.map_err(store.err())?, None)
+    };
     // Members stored between the count and the scan stay beyond the bound (`total` counts them).
     members.truncate(usize::try_from(max).unwrap_or(usize::MAX));
-    Ok(members)
+    Ok((members, incoming))
 }
 
 /// The timeline entries, the links between members, and the ids members link to outside.
@@ -371,28 +375,27 @@ async fn fetch_by_ids<T: clickhouse::RowOwned + clickhouse::RowRead>(
     Ok(rows)
 }
 
-/// The events outside the narrative that link into it.
-async fn linked_from_outside(
-    store: &Store,
-    tenant: &str,
+/// The links into a narrative's members: asked by narrative id alongside a whole read, by the
+/// kept members' ids after a bounded one.
+const INCOMING_BY_NARRATIVE: &str =
+    "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
+     WHERE tenant = {t:String} AND to_id IN ( \
+       SELECT id FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String})";
+const INCOMING_BY_IDS: &str = "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
+     WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}";
+
+/// The events outside the narrative that link into it, from `incoming` (links into its ids).
+fn linked_from_outside(
+    incoming: Vec<InLink>,
     member_set: &HashSet<(String, String)>,
-) -> Result<Vec<(String, String)>, StoreError> {
-    let incoming: Vec<InLink> = fetch_by_ids(
-        store,
-        "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
-         WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}",
-        tenant,
-        member_set,
-    )
-    .await?;
-    Ok(incoming
+) -> impl Iterator<Item = (String, String)> + '_ {
+    incoming
         .into_iter()
         .filter(|l| {
             member_set.contains(&(l.to_kind.clone(), l.to_id.clone()))
                 && !member_set.contains(&(l.from_kind.clone(), l.from_id.clone()))
         })
         .map(|l| (l.from_kind, l.from_id))
-        .collect())
 }
 
 /// The other narratives of the ids in `outside`, sorted.

@@ -1,0 +1,85 @@
+//! A narrative names the other narratives its members link to, and those whose members link
+//! into it (`related`), whether its members are read whole or only the first ones in time
+//! (the HTTP APIs' bounded read): the links into it are then asked in two different ways.
+
+mod common;
+
+use std::time::Duration;
+
+use common::pipeline::{Membership, Pipeline};
+use serde_json::json;
+use weft_store::narrative::query;
+
+fn envelope(kind: &str, request_id: &str, payload: serde_json::Value) -> String {
+    json!({"kind": kind, "request_id": request_id, "tenant": "default", "payload": payload})
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn related_narratives_are_found_from_both_ends_of_a_link() {
+    let p = Pipeline::new("it_related");
+    // req-a: a handle, then a trace event. req-b: a trace event naming req-a's handle, which
+    // stays in req-b (an event with a request id is its own anchor) and links across.
+    let lines = [
+        envelope(
+            "handle",
+            "req-a",
+            json!({"handle_id": "h-a", "capability_id": "org.test.cap",
+                   "artifact_type": "application/json", "created_at": "2026-03-08T06:00:01Z"}),
+        ),
+        envelope(
+            "trace_event",
+            "req-a",
+            json!({"event_id": "te-a", "event_type": "capability_executed",
+                   "timestamp": "2026-03-08T06:00:05Z"}),
+        ),
+        envelope(
+            "trace_event",
+            "req-b",
+            json!({"event_id": "te-b", "event_type": "capability_executed",
+                   "timestamp": "2026-03-08T06:00:09Z", "handle_id": "h-a"}),
+        ),
+    ];
+    let file = p.path("events.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(3, Duration::from_secs(120)).await;
+    let member = |k: &str, i: &str| (k.to_owned(), i.to_owned());
+    let want = Membership::from([
+        (
+            "req-a".to_owned(),
+            [member("handle", "h-a"), member("trace_event", "te-a")].into(),
+        ),
+        ("req-b".to_owned(), [member("trace_event", "te-b")].into()),
+    ]);
+    p.wait_for_narratives(&want, Duration::from_secs(60)).await;
+
+    let store = p.store();
+    let read = |id: &'static str, max: u64| {
+        let store = store.clone();
+        async move {
+            query::lookup_at_most(&store, "default", id, max)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{id} not found"))
+        }
+    };
+    // Whole: req-a is linked into from req-b, and req-b links out to req-a.
+    let a = read("req-a", u64::MAX).await;
+    assert_eq!(a.entries.len(), 2);
+    assert_eq!(a.related, ["req-b"], "links into req-a from outside");
+    assert_eq!(
+        read("req-b", u64::MAX).await.related,
+        ["req-a"],
+        "links out"
+    );
+    // By a member's id, the same narrative.
+    assert_eq!(read("te-b", u64::MAX).await.related, ["req-a"]);
+    // Only the first member in time (the handle): the link into it is still found.
+    let first = read("req-a", 1).await;
+    assert_eq!((first.entries.len(), first.members_total), (1, 2));
+    assert_eq!(first.entries[0].id, "h-a");
+    assert_eq!(first.related, ["req-b"], "bounded read");
+    assert_eq!(ingest.terminate().code(), Some(0));
+}
