@@ -199,6 +199,7 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     )
     .await;
     let back = ClickHouseBack;
+    let logged_before = p.ingest_log_all().len();
     stack(&["stop", "clickhouse"]);
     // The outage itself: ingest keeps reading, fails its inserts and must not commit. It
     // lasts until a facts insert has failed (this message is the facts insert's alone, not a
@@ -206,6 +207,7 @@ async fn fault_clickhouse_outage_loses_and_duplicates_nothing() {
     p.publish(&during);
     let failed = common::wait_for(Duration::from_secs(300), || {
         p.ingest_log_all()
+            .get(logged_before..)?
             .contains("insert failed; offsets not committed, retrying")
             .then_some(())
     });

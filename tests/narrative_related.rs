@@ -54,6 +54,13 @@ async fn related_narratives_are_found_from_both_ends_of_a_link() {
         ("req-b".to_owned(), [member("trace_event", "te-b")].into()),
     ]);
     p.wait_for_narratives(&want, Duration::from_secs(60)).await;
+    // ... and the node rows, written after the members, which `related` reads.
+    p.wait_for_count(
+        "SELECT count() FROM weft_narrative_nodes",
+        3,
+        Duration::from_secs(60),
+    )
+    .await;
 
     let store = p.store();
     let read = |id: &'static str, max: u64| {

@@ -168,15 +168,18 @@ impl Flusher {
                     attempt += 1;
                     self.metrics.insert_retries.inc();
                     warn!(error = %e, attempt, "narrative projection failed; retrying");
-                    self.back_off(attempt).await?;
                     // Replaying onto the moved-ahead graph would find nothing to change and
-                    // lose the pass's moves (the progress row, written last, was not).
+                    // lose the pass's moves (the progress row, written last, was not): the
+                    // pass is retried only on a graph reloaded from ClickHouse.
                     let (max_nodes, shard) = (self.cfg.narrative_max_nodes, projector.shard());
-                    match Projector::load_shard(self.store.clone(), max_nodes, shard).await {
-                        Ok(fresh) => *projector = fresh,
-                        Err(e) => {
-                            warn!(error = %e, "reloading the narrative graph failed; retrying");
-                            continue;
+                    loop {
+                        self.back_off(attempt).await?;
+                        match Projector::load_shard(self.store.clone(), max_nodes, shard).await {
+                            Ok(fresh) => break *projector = fresh,
+                            Err(e) => {
+                                attempt += 1;
+                                warn!(error = %e, attempt, "reloading the narrative graph failed; retrying");
+                            }
                         }
                     }
                 }

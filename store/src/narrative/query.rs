@@ -275,7 +275,7 @@ async fn members(
                argMax(payload, version) AS payload, count() OVER () AS total \
         FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
         GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0 \
-        ORDER BY argMax(ts, version), kind, id, content_hash";
+        ORDER BY argMax(ts, version), kind, id, content_hash LIMIT {max:UInt64}";
     const LARGE: &str = "WITH live AS ( \
           SELECT kind, id, content_hash, argMax(ts, version) AS ts FROM weft_narratives \
           WHERE tenant = {t:String} AND narrative_id = {n:String} \
@@ -289,24 +289,31 @@ async fn members(
         ORDER BY argMax(ts, version), kind, id, content_hash";
     let c = store.client();
     let read = |sql| c.query(sql).param("t", tenant).param("n", nid);
-    let rows = match rows {
-        Some(n) => n,
-        None => read(ROW_COUNT).fetch_one().await.map_err(store.err())?,
+    let whole = match rows {
+        _ if max == u64::MAX => true,
+        Some(n) => n <= max,
+        None => {
+            read(ROW_COUNT)
+                .fetch_one::<u64>()
+                .await
+                .map_err(store.err())?
+                <= max
+        }
     };
-    let (mut members, incoming) = if rows <= max {
+    // Members stored between the count and the scan stay beyond the LIMIT (`total`, a window
+    // over every live member, counts them), and the links into them may be missed until the
+    // next read: the two queries run side by side.
+    if whole {
         let (m, l) = tokio::try_join!(
-            read(SMALL).fetch_all::<MemberRow>(),
+            read(SMALL).param("max", max).fetch_all::<MemberRow>(),
             read(INCOMING_BY_NARRATIVE).fetch_all::<InLink>()
         )
         .map_err(store.err())?;
-        (m, Some(l))
+        Ok((m, Some(l)))
     } else {
         let m = read(LARGE).param("max", max).fetch_all().await;
-        (m.map_err(store.err())?, None)
-    };
-    // Members stored between the count and the scan stay beyond the bound (`total` counts them).
-    members.truncate(usize::try_from(max).unwrap_or(usize::MAX));
-    Ok((members, incoming))
+        Ok((m.map_err(store.err())?, None))
+    }
 }
 
 /// The timeline entries, the links between members, and the ids members link to outside.
@@ -376,10 +383,11 @@ async fn fetch_by_ids<T: clickhouse::RowOwned + clickhouse::RowRead>(
 }
 
 /// The links into a narrative's members: asked by narrative id alongside a whole read, by the
-/// kept members' ids after a bounded one.
+/// kept members' ids after a bounded one. (`GLOBAL IN`: on the cluster layout the two tables
+/// are sharded by different keys; on one server it is a plain `IN`.)
 const INCOMING_BY_NARRATIVE: &str =
     "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
-     WHERE tenant = {t:String} AND to_id IN ( \
+     WHERE tenant = {t:String} AND to_id GLOBAL IN ( \
        SELECT id FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String})";
 const INCOMING_BY_IDS: &str = "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
      WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}";
