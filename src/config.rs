@@ -223,9 +223,8 @@ mod tests {
     fn flags_override_file_which_overrides_defaults() {
         // Only keys the test environment never sets (WEFT_CLICKHOUSE_DATABASE, _USER) are
         // asserted from the file, so the stack's exported WEFT_* variables cannot interfere.
-        let dir = std::env::temp_dir().join(format!("weft-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("weft.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("weft.toml");
         std::fs::write(
             &file,
             "[kafka]\nbrokers = \"k:1\"\n[clickhouse]\nurl = \"http://file:1\"\ndatabase = \"filedb\"\n",

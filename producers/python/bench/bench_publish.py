@@ -66,11 +66,12 @@ def main() -> int:
     from weft_publish import Publisher
 
     sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    spool = tempfile.TemporaryDirectory(prefix="weft-bench-")
     try:
         port = int(sink.stdout.readline())
         pub = Publisher(
             f"http://127.0.0.1:{port}", "bench",
-            buffer_dir=os.path.join(tempfile.mkdtemp(prefix="weft-bench-"), "buf"),
+            buffer_dir=os.path.join(spool.name, "buf"),
             max_queue=10_000_000,
         )
         results = {}
@@ -135,6 +136,7 @@ def main() -> int:
     finally:
         sink.terminate()
         sink.wait()
+        spool.cleanup()
     print(f"python {sys.version.split()[0]}, n={a.n}, best of {a.repeat}; delivered: {flushed}, "
           f"accepted {stats.get('accepted', 0)}, rejected {stats.get('rejected', 0)}")
     for k, v in results.items():

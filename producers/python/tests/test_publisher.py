@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -106,6 +107,7 @@ def free_port() -> int:
 class DiskBufferTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="weft-buf-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
 
     def test_reads_in_order_across_segments_and_reopen(self):
         b = DiskBuffer(self.dir, max_bytes=1 << 20, segment_bytes=64)
@@ -157,6 +159,7 @@ class DiskBufferTest(unittest.TestCase):
 class PublisherTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="weft-pub-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
         self.gw = None
 
     def tearDown(self):
