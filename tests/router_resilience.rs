@@ -175,4 +175,22 @@ async fn router_answers_from_priors_and_from_its_snapshot_with_clickhouse_down()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(
+        r.headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer")
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+    // No key at all: the other shared code.
+    let r = reqwest::Client::new()
+        .post(format!("{base2}/v1/feedback"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "missing_api_key", "{v}");
 }

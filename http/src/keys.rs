@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use weft_schemas::envelope::is_valid_tenant;
@@ -62,16 +62,6 @@ pub enum Unauthorized {
     Missing,
     /// A bearer key that matches no configured key.
     Invalid,
-}
-
-impl Unauthorized {
-    /// The HTTP status and a short reason for the response body.
-    pub fn response(self) -> (StatusCode, &'static str) {
-        match self {
-            Unauthorized::Missing => (StatusCode::UNAUTHORIZED, "missing bearer API key"),
-            Unauthorized::Invalid => (StatusCode::UNAUTHORIZED, "invalid API key"),
-        }
-    }
 }
 
 /// Where a service's keys come from; [`ApiKeys::load`] merges them (the one key loader).

@@ -3,14 +3,15 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use weft_http::ApiError;
+use weft_http::{ApiError, Unauthorized};
 
 /// Why a router request or stage failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
-    /// No or an unknown bearer key.
-    #[error("{0}")]
-    Unauthorized(&'static str, StatusCode),
+    /// No or an unknown bearer key: the 401 every weft API answers (`missing_api_key`,
+    /// `invalid_api_key`).
+    #[error("{}", ApiError::from(*.0).message)]
+    Unauthorized(Unauthorized),
     /// The body is not the expected JSON.
     #[error("{0}")]
     BadRequest(String),
@@ -57,7 +58,12 @@ impl RouterError {
     /// The HTTP status and `error.code` of this error.
     pub fn status_code(&self) -> (StatusCode, &'static str) {
         match self {
-            RouterError::Unauthorized(_, s) => (*s, "unauthorized"),
+            RouterError::Unauthorized(Unauthorized::Missing) => {
+                (StatusCode::UNAUTHORIZED, "missing_api_key")
+            }
+            RouterError::Unauthorized(Unauthorized::Invalid) => {
+                (StatusCode::UNAUTHORIZED, "invalid_api_key")
+            }
             RouterError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             RouterError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
             RouterError::TooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "over_limit"),

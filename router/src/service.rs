@@ -543,18 +543,15 @@ impl Service {
         m.text()
     }
 
-    /// The caller's tenant, or the refusal (counted), answered with the router's own code
-    /// (`unauthorized`) as before.
+    /// The caller's tenant, or the refusal (counted).
     fn authenticate(&self, caller: Result<Caller, ApiError>) -> Result<String, RouterError> {
         caller.map(|c| c.tenant).map_err(|e| {
             self.metrics.rejected.inc();
-            let why = if e.code == "missing_api_key" {
+            RouterError::Unauthorized(if e.code == "missing_api_key" {
                 Unauthorized::Missing
             } else {
                 Unauthorized::Invalid
-            };
-            let (status, msg) = why.response();
-            RouterError::Unauthorized(msg, status)
+            })
         })
     }
 

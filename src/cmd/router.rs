@@ -21,7 +21,7 @@ use crate::config::Settings;
 ///
 /// POST /v1/route takes {context: {tenant?, intent?, x_weft_context?, request_id?, ...},
 /// candidates: [ExecutionCandidate], constraints?: {max_latency_ms, max_cost, min_quality},
-/// policy?: greedy|epsilon_greedy|thompson|ucb|static} and answers an ExecutionRoutingDecision
+/// policy?: squarecb (the default)|greedy|epsilon_greedy|thompson|ucb|static} and answers an ExecutionRoutingDecision
 /// (advisory; it grants nothing) with the propensity of the choice, the policy and its
 /// version and every candidate's score under metadata.x_weft_*. Candidates whose expected
 /// latency (p90), cost or quality violate the constraints are never chosen; when none fits
