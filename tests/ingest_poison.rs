@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::pipeline::{distinct_facts, free_port, wait_for_port, Pipeline};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedHeaders, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
@@ -101,6 +101,27 @@ fn dead_letters(dlq: &str, want: usize) -> Dead {
     got
 }
 
+/// Headers holding one header whose name is the raw bytes `name`: rdkafka's `insert` takes a
+/// `&str`, so the header is added through librdkafka's C API.
+fn raw_named_header(name: &[u8], value: &[u8]) -> OwnedHeaders {
+    use rdkafka::bindings as rd;
+    let h = OwnedHeaders::new_with_capacity(1);
+    let list = h.as_borrowed() as *const BorrowedHeaders as *mut rd::rd_kafka_headers_t;
+    // SAFETY: rdkafka lends an `OwnedHeaders` as a `&BorrowedHeaders` whose address is
+    // librdkafka's header list; `rd_kafka_header_add` copies both buffers into it.
+    let err = unsafe {
+        rd::rd_kafka_header_add(
+            list,
+            name.as_ptr().cast(),
+            name.len() as isize,
+            value.as_ptr().cast(),
+            value.len() as isize,
+        )
+    };
+    assert_eq!(err, rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+    h
+}
+
 fn text(h: &BTreeMap<String, Vec<u8>>, k: &str) -> String {
     String::from_utf8_lossy(h.get(k).map(Vec::as_slice).unwrap_or_default()).into_owned()
 }
@@ -170,6 +191,71 @@ async fn oversized_records_between_good_events_do_not_stop_ingest() {
             "{key}: a prefix of the original"
         );
     }
+    assert!(wait_for_port(&addr, Duration::from_secs(5)));
+    let health = reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+/// Two records only a hand-made producer sends, between good events: one with a header whose
+/// name is not UTF-8 (rdkafka's header reader panics on it, and ingest once died on it at every
+/// restart) is dead-lettered `bad_header`; one stamped with the largest CreateTime (time-aligned
+/// reading once summed it past `i64::MAX` and then read no lane, forever) is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_name_that_is_not_utf8_and_an_extreme_record_time_do_not_stop_ingest() {
+    let p = Pipeline::new("it_oddrec");
+    p.simulate(&["--events", "300", "--seed", "43", "--clean"]);
+    let before = p.path("before.jsonl");
+    std::fs::rename(p.path("events.jsonl"), &before).unwrap();
+    p.publish(&before);
+    let topic = format!("{}trace_events", p.prefix);
+    let prod = producer();
+    let odd_name = big_event("te-odd-header", 400);
+    let record = FutureRecord::to(&topic)
+        .key("odd-header")
+        .payload(&odd_name)
+        .headers(raw_named_header(b"\xff\xfeweft", b"x"))
+        .partition(0);
+    prod.send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let far = big_event("te-far-time", 400);
+    let record = FutureRecord::to(&topic)
+        .key("far-time")
+        .payload(&far)
+        .timestamp(i64::MAX - 1)
+        .partition(0);
+    prod.send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    // More events behind them, on every partition, so the far-future lane still has records
+    // waiting once the others are caught up.
+    p.simulate(&["--events", "300", "--seed", "44", "--clean"]);
+    let after = p.path("events.jsonl");
+    p.publish(&after);
+    let good = distinct_facts(&[&before, &after]) + 1;
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _ingest = p.ingest(Some(&addr));
+    p.wait_for_facts(good, Duration::from_secs(180)).await;
+    assert_eq!(
+        p.scalar("SELECT count() FROM weft_events WHERE id = 'te-far-time'")
+            .await,
+        1
+    );
+    assert_eq!(
+        p.scalar("SELECT count() FROM weft_events WHERE id = 'te-odd-header'")
+            .await,
+        0
+    );
+    let dl = dead_letters(&format!("{}dead_letter", p.prefix), 1);
+    let h = &dl["odd-header"];
+    assert_eq!(text(h, "weft-dlq-reason"), "bad_header");
+    assert!(text(h, "weft-dlq-message").contains("not UTF-8"), "{h:?}");
+    assert_eq!(h[""], odd_name, "the original value");
     assert!(wait_for_port(&addr, Duration::from_secs(5)));
     let health = reqwest::get(format!("http://{addr}/healthz"))
         .await

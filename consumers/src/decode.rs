@@ -70,7 +70,8 @@ pub fn decode_parsed(
         message: e.to_string(),
     })?;
     let content_hash: [u8; 32] = Sha256::digest(&canonical).into();
-    let broker_micros = rec.timestamp_ms.map(|ms| ms * 1000);
+    // The record's CreateTime is the producer's to set: one out of range is no time.
+    let broker_micros = rec.timestamp_ms.and_then(|ms| ms.checked_mul(1000));
     let emitted_micros = envelope
         .emitted_at
         .as_deref()

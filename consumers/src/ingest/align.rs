@@ -172,7 +172,7 @@ impl Lanes {
     /// slowest waiting lane as it stands now.
     fn start_run(&self, i: usize, heads: &[(Option<i64>, bool)]) {
         let limit = match slowest(heads) {
-            Some(s) if self.max_skew_ms > 0 => s + self.max_skew_ms,
+            Some(s) if self.max_skew_ms > 0 => s.saturating_add(self.max_skew_ms),
             _ => i64::MAX,
         };
         self.run.store(i, Relaxed);
@@ -219,7 +219,8 @@ fn open_lanes(heads: &[(Option<i64>, bool)], max_skew_ms: i64) -> Vec<bool> {
     heads
         .iter()
         .map(|(h, _)| match (h, slowest) {
-            (Some(h), Some(s)) if max_skew_ms > 0 => *h <= s + max_skew_ms,
+            // Saturating: a record's CreateTime is the producer's, any i64.
+            (Some(h), Some(s)) if max_skew_ms > 0 => *h <= s.saturating_add(max_skew_ms),
             _ => true,
         })
         .collect()
@@ -267,6 +268,16 @@ mod tests {
         assert_eq!(open_lanes(&heads, 500), [true, true]);
         let heads = [(Some(1_000), true), (Some(9_000), true)];
         assert_eq!(open_lanes(&heads, 0), [true, true]);
+    }
+
+    #[test]
+    fn extreme_record_times_open_the_slowest_lane_too() {
+        // A producer may stamp any CreateTime: the sum must not wrap and close every lane
+        // (which left the loop polling nothing, forever).
+        let heads = [(Some(i64::MAX - 1), true), (Some(i64::MAX), false)];
+        assert_eq!(open_lanes(&heads, 500), [true, true]);
+        let heads = [(Some(i64::MIN), true), (Some(0), true)];
+        assert_eq!(open_lanes(&heads, 500), [true, false]);
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
@@ -12,6 +12,7 @@ use super::align::Lanes;
 use super::batch::PartitionState;
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
+use super::headers;
 use super::{backoff, retry_store, IngestError, Ingestor, Role};
 use crate::decode::{self, Fact, Record};
 use crate::facts::{self, DedupCache};
@@ -240,12 +241,8 @@ impl Ingestor {
     /// Decode a record while it is still borrowed from librdkafka: a valid one is copied
     /// once, into its fact; only a rejected one is copied whole, for the dead-letter topic.
     pub(super) fn decode_record(&self, m: &BorrowedMessage<'_>) -> DecodedRecord {
-        let borrowed = m.headers();
-        let headers: Vec<(&str, &[u8])> = borrowed
-            .iter()
-            .flat_map(|h| h.iter())
-            .map(|h| (h.key, h.value.unwrap_or_default()))
-            .collect();
+        let raw = headers::raw(m);
+        let (headers, bad_name) = headers::utf8(&raw);
         let shard = self.cfg.narrative_shard;
         // Another shard's tenant (or a tenant header decode would refuse): passed over from
         // the headers, before the value is decoded. Its offset still moves this shard's
@@ -271,7 +268,15 @@ impl Ingestor {
             timestamp_ms: m.timestamp().to_millis(),
         };
         let size = m.payload().map_or(0, <[u8]>::len);
-        let decoded = if size > self.cfg.max_message_bytes {
+        let decoded = if let Some(name) = bad_name {
+            Err(decode::Rejection {
+                code: "bad_header",
+                message: format!(
+                    "a header name is not UTF-8 (its first bytes: {})",
+                    hex::encode(&name[..name.len().min(32)])
+                ),
+            })
+        } else if size > self.cfg.max_message_bytes {
             Err(decode::Rejection {
                 code: "too_large",
                 message: format!(
@@ -291,9 +296,9 @@ impl Ingestor {
             Box::new(DeadLetter {
                 key: m.key().map(<[u8]>::to_vec),
                 value: m.payload().unwrap_or_default().to_vec(),
-                headers: headers
+                headers: raw
                     .iter()
-                    .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+                    .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.to_vec()))
                     .collect(),
                 offset: m.offset(),
                 reason,

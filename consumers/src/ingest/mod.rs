@@ -23,6 +23,7 @@ mod config;
 mod consume;
 mod dead_letter;
 mod flush;
+mod headers;
 mod lag;
 
 use std::collections::BTreeMap;
