@@ -168,25 +168,30 @@ impl Shared {
             return st;
         }
         st.pace(max, timeout_ms);
-        let deadline = Instant::now() + std::time::Duration::from_millis(timeout_ms);
-        while st.in_flight >= st.window && !st.spooling && !st.closed {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            st.pacers += 1;
-            st = self
-                .changed
-                .wait_timeout(
-                    st,
-                    (deadline - now).min(std::time::Duration::from_millis(50)),
-                )
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
-            st.pacers -= 1;
-            st.pace(max, timeout_ms);
+        if st.in_flight < st.window || st.closed {
+            return st;
         }
-        st
+        let deadline = Instant::now() + std::time::Duration::from_millis(timeout_ms);
+        may_block(move || {
+            while st.in_flight >= st.window && !st.spooling && !st.closed {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                st.pacers += 1;
+                st = self
+                    .changed
+                    .wait_timeout(
+                        st,
+                        (deadline - now).min(std::time::Duration::from_millis(50)),
+                    )
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|e| e.into_inner().0);
+                st.pacers -= 1;
+                st.pace(max, timeout_ms);
+            }
+            st
+        })
     }
 
     /// Queue a job for the spool writer (state lock held, so order is the lock's order).
@@ -284,6 +289,18 @@ impl Shared {
     }
 }
 
+/// Run `f`, which blocks the thread: from a task on a multi-thread tokio runtime (the
+/// gateway's and the router's handlers), the worker first hands its other tasks to another
+/// thread (`block_in_place`), so a caller paced by a slow broker does not stall every request
+/// of the process, `/healthz` included. Elsewhere `f` simply runs.
+fn may_block<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -316,6 +333,32 @@ mod tests {
     }
 
     use super::*;
+
+    /// A caller blocked in `may_block` (as one paced by a slow broker) leaves the runtime's
+    /// only worker to the other tasks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_blocked_caller_does_not_stall_the_other_tasks() {
+        let (entered_tx, entered) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let blocked = tokio::spawn(async move {
+            may_block(|| {
+                entered_tx.send(()).unwrap();
+                released.recv().unwrap();
+            })
+        });
+        entered.recv().unwrap(); // the only worker is now inside `may_block`
+        let (ran_tx, ran) = mpsc::channel();
+        tokio::spawn(async move { ran_tx.send(42) });
+        // Waited for on this (non-worker) thread: no timer needs the blocked worker.
+        let got = ran.recv_timeout(std::time::Duration::from_secs(30));
+        release.send(()).unwrap();
+        assert_eq!(
+            got,
+            Ok(42),
+            "the other task ran while the caller was blocked"
+        );
+        blocked.await.unwrap();
+    }
 
     fn job(n: u8) -> Job {
         Job {
