@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::align::Lanes;
 use super::batch::PartitionState;
@@ -50,6 +50,10 @@ pub(super) struct DecodedRecord {
     pub(super) decoded: Option<Result<Fact, Box<DeadLetter>>>,
 }
 
+/// How often the single-process roles ask for the metadata of event topics it lacks before
+/// they start without them (about 40 s with the default backoff).
+const METADATA_ATTEMPTS: u32 = 10;
+
 impl Ingestor {
     /// Group mode subscribes; the single-process roles assign every partition at the offset
     /// ClickHouse says comes next.
@@ -61,16 +65,35 @@ impl Ingestor {
             info!(group = %self.cfg.kafka_group(), "subscribed (facts role, partitions shared with the group)");
             return Ok(());
         }
+        // Every event topic, each with its partitions: a topic created a moment ago may not
+        // be in every broker's metadata yet, and one left out here would never be read.
         let mut attempt = 0;
         let md = loop {
+            attempt += 1;
             match self.consumer.fetch_metadata(None, Duration::from_secs(10)) {
-                Ok(md) => break md,
-                Err(e) => {
-                    attempt += 1;
-                    warn!(error = %e, attempt, "kafka metadata unavailable; retrying");
-                    tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
+                Ok(md) => {
+                    let missing: Vec<&str> = topics
+                        .iter()
+                        .map(String::as_str)
+                        .filter(|n| {
+                            !md.topics().iter().any(|t| {
+                                t.name() == *n && t.error().is_none() && !t.partitions().is_empty()
+                            })
+                        })
+                        .collect();
+                    if missing.is_empty() {
+                        break md;
+                    }
+                    if attempt >= METADATA_ATTEMPTS {
+                        error!(missing = %missing.join(", "), "event topics missing from the broker's \
+                            metadata: their records are not read until ingest restarts");
+                        break md;
+                    }
+                    warn!(missing = %missing.join(", "), attempt, "event topics not in the broker's metadata yet; retrying");
                 }
+                Err(e) => warn!(error = %e, attempt, "kafka metadata unavailable; retrying"),
             }
+            tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
         };
         let mut tpl = TopicPartitionList::new();
         let role = self.cfg.role;
