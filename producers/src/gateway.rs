@@ -543,8 +543,10 @@ async fn publish_items(
         .into_response()
 }
 
-/// 200 all accepted, 207 some; none: 403 / 503 / 413 / 422 when every item failed for that
-/// one reason (`tenant_forbidden`, `spool_full`, `too_large`, `string_too_long`), else 400.
+/// 200 all accepted, 207 some; none: 503 when every item failed for a reason worth a retry
+/// ([`PublishError::is_retriable`]: `spool_full`, `spool_failed`, `closed`), so a plain HTTP
+/// client retries; 403 / 413 / 422 when every item failed for that one reason
+/// (`tenant_forbidden`, `too_large`, `string_too_long`), else 400.
 fn batch_status(accepted: usize, results: &[ItemResult]) -> StatusCode {
     if accepted == results.len() {
         return StatusCode::OK;
@@ -552,19 +554,21 @@ fn batch_status(accepted: usize, results: &[ItemResult]) -> StatusCode {
     if accepted > 0 {
         return StatusCode::MULTI_STATUS;
     }
-    let all = |code: &str| {
+    let all = |ok: &dyn Fn(&str) -> bool| {
         results
             .iter()
-            .all(|r| r.error.as_ref().is_some_and(|e| e.code == code))
+            .all(|r| r.error.as_ref().is_some_and(|e| ok(&e.code)))
     };
+    if all(&|code| PublishError::RETRIABLE_CODES.contains(&code)) {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
     [
         ("tenant_forbidden", StatusCode::FORBIDDEN),
-        ("spool_full", StatusCode::SERVICE_UNAVAILABLE),
         ("too_large", StatusCode::PAYLOAD_TOO_LARGE),
         ("string_too_long", StatusCode::UNPROCESSABLE_ENTITY),
     ]
     .into_iter()
-    .find(|(code, _)| all(code))
+    .find(|(code, _)| all(&|c| c == *code))
     .map_or(StatusCode::BAD_REQUEST, |(_, status)| status)
 }
 
@@ -582,6 +586,32 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_refused_only_for_retriable_reasons_is_503() {
+        let refused = |codes: &[&'static str]| -> Vec<ItemResult> {
+            codes
+                .iter()
+                .enumerate()
+                .map(|(index, code)| ItemResult {
+                    index,
+                    status: "rejected",
+                    id: None,
+                    error: Some(ApiError {
+                        code: (*code).into(),
+                        message: String::new(),
+                    }),
+                })
+                .collect()
+        };
+        let status = |codes: &[&'static str]| batch_status(0, &refused(codes));
+        assert_eq!(status(&["spool_failed", "closed", "spool_full"]), 503);
+        assert_eq!(status(&["too_large", "too_large"]), 413);
+        assert_eq!(status(&["spool_full", "too_large"]), 400);
+        // The list is the one `is_retriable` reads.
+        assert!(PublishError::Closed.is_retriable());
+        assert!(!PublishError::TooLarge { size: 2, max: 1 }.is_retriable());
+    }
 
     #[test]
     fn splits_arrays_objects_and_ndjson() {

@@ -19,7 +19,7 @@ use crate::config::Settings;
 /// {code, message}}, and comes only once the accepted items are durable (Kafka ack or spool
 /// fsync). HTTP 200 = all accepted, 207 = some, 400 = none (403 if all named another
 /// tenant, 413 if all were over [publisher] max_message_bytes, 422 if all had a request_id over 1024
-/// bytes, 503 if all found the spool full), 413 = body over --max-body-bytes, 422 = more than --max-items items, 401 = missing
+/// bytes, 503 if all may be retried: spool_full, spool_failed, closed), 413 = body over --max-body-bytes, 422 = more than --max-items items, 401 = missing
 /// or unknown key. Errors of the whole request are {"error": {"code", "message"}}.
 /// Limits: body --max-body-bytes (8 MiB), --max-items (10000) items, each payload at most
 /// [publisher] max_message_bytes (1000000) encoded, request_id at most 1024 bytes, each answer message

@@ -129,12 +129,12 @@ impl PublishError {
         }
     }
 
+    /// The [`PublishError::code`]s of the errors [`PublishError::is_retriable`] calls so.
+    pub const RETRIABLE_CODES: [&'static str; 3] = ["spool_full", "spool_failed", "closed"];
+
     /// `true` when the caller did nothing wrong and may retry the same event later.
     pub fn is_retriable(&self) -> bool {
-        matches!(
-            self,
-            PublishError::SpoolFull { .. } | PublishError::Spool(_) | PublishError::Closed
-        )
+        Self::RETRIABLE_CODES.contains(&self.code())
     }
 }
 
