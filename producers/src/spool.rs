@@ -125,9 +125,21 @@ pub struct Spool {
     /// Records between read_pos and the end.
     unread: u64,
     dirty: bool,
+    /// A rolled-back append could not cut its bytes off the active segment: the next append
+    /// starts a new segment rather than write behind bytes that `segments` does not count.
+    cut_failed: bool,
     last_sync: Instant,
     buf: Vec<u8>,
     _lock: File,
+}
+
+/// What an append started from, to undo it (see [`Spool::roll_back`]).
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    active: u64,
+    size: u64,
+    pending: u64,
+    unread: u64,
 }
 
 fn seg_name(id: u64) -> String {
@@ -240,6 +252,7 @@ impl Spool {
             pending: report.pending,
             unread: report.pending,
             dirty: false,
+            cut_failed: false,
             last_sync: Instant::now(),
             buf: Vec::new(),
             _lock: lock,
@@ -272,9 +285,11 @@ impl Spool {
         records.iter().map(|r| FRAME + r.encoded_len() as u64).sum()
     }
 
-    /// Append records in order. All or nothing with respect to the bound: if they do not fit,
-    /// nothing is written and [`SpoolError::Full`] is returned. Syncs when the policy is
-    /// `always`; returns whether the data is now fsynced.
+    /// Append records in order, all or nothing: if they do not fit, nothing is written and
+    /// [`SpoolError::Full`] is returned; if writing, rotating or the fsync of the `always`
+    /// policy fails, what this call wrote is taken back (see [`Spool::roll_back`]), so the
+    /// caller may fail every record and none of them is replayed later. Returns whether the
+    /// data is now fsynced.
     pub fn append(&mut self, records: &[SpoolRecord]) -> Result<bool, SpoolError> {
         if records.is_empty() {
             return Ok(!self.dirty);
@@ -287,9 +302,25 @@ impl Spool {
                 max: self.opts.max_bytes,
             });
         }
+        let mark = Mark {
+            active: self.active,
+            size: self.segments[&self.active],
+            pending: self.pending,
+            unread: self.unread,
+        };
+        match self.write_records(records) {
+            Ok(synced) => Ok(synced),
+            Err(e) => {
+                self.roll_back(mark);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_records(&mut self, records: &[SpoolRecord]) -> Result<bool, SpoolError> {
         let mut i = 0;
         while i < records.len() {
-            if self.segments[&self.active] >= self.opts.segment_bytes {
+            if self.cut_failed || self.segments[&self.active] >= self.opts.segment_bytes {
                 self.rotate()?;
             }
             // Fill the active segment up to its size, at least one record per round.
@@ -312,26 +343,66 @@ impl Spool {
                 i += 1;
                 n += 1;
             }
-            let path = self.dir.join(seg_name(self.active));
             let res = self.writer.write_all(&buf);
-            if let Err(e) = res {
-                // Leave no partial record behind: cut back to the last good size.
-                let good = self.segments[&self.active];
-                let _ = self.writer.set_len(good);
-                self.buf = buf;
-                return Err(io_err(&path)(e));
-            }
-            *self.segments.entry(self.active).or_insert(0) += buf.len() as u64;
+            let written = buf.len() as u64;
+            self.buf = buf;
+            // Possibly written in part: the caller's rollback cuts it off.
+            self.dirty = true;
+            res.map_err(io_err(&self.dir.join(seg_name(self.active))))?;
+            *self.segments.entry(self.active).or_insert(0) += written;
             self.pending += n;
             self.unread += n;
-            self.dirty = true;
-            self.buf = buf;
         }
         if self.opts.fsync == FsyncPolicy::Always {
             self.sync()?;
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// Undo a failed append: forget its records and cut them off disk, so they are neither
+    /// replayed nor counted. After a failed fsync this is also what makes the failure honest:
+    /// the bytes may not be durable, so they must not stay as if they were. In memory the
+    /// undo is exact; on disk it is best effort: if a cut fails, the next append starts a new
+    /// segment, and only a restart could replay the leftovers (duplicates of events whose
+    /// callers were told they failed; consumers drop copies by identity).
+    fn roll_back(&mut self, mark: Mark) {
+        let created: Vec<u64> = self
+            .segments
+            .range(mark.active + 1..)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &created {
+            self.segments.remove(id);
+        }
+        self.segments.insert(mark.active, mark.size);
+        self.pending = mark.pending;
+        self.unread = mark.unread;
+        let path = self.dir.join(seg_name(mark.active));
+        let mut cut = Ok(());
+        if self.active != mark.active {
+            self.active = mark.active;
+            match OpenOptions::new().append(true).open(&path) {
+                Ok(f) => self.writer = f,
+                Err(e) => cut = Err(e),
+            }
+        }
+        let cut = cut.and_then(|()| self.writer.set_len(mark.size));
+        if let Err(e) = &cut {
+            error!(segment = %path.display(), error = %e, "spool: could not cut a failed append off its segment; starting a new one");
+        }
+        self.cut_failed = cut.is_err();
+        for id in created {
+            let path = self.dir.join(seg_name(id));
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                // `rotate` empties a segment file it finds, so this only matters on restart.
+                Err(e) => {
+                    warn!(segment = %path.display(), error = %e, "spool: could not remove a segment of a failed append")
+                }
+            }
+        }
     }
 
     /// fsync the active segment if anything was written since the last sync.
@@ -362,18 +433,25 @@ impl Spool {
         self.dirty
     }
 
+    /// Close the active segment and start the next one. Changes nothing in memory unless it
+    /// succeeds.
     fn rotate(&mut self) -> Result<(), SpoolError> {
         self.sync()?;
         let next = self.active + 1;
         let path = self.dir.join(seg_name(next));
-        self.writer = OpenOptions::new()
+        let writer = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(io_err(&path))?;
+        // A file already there is left by a failed append or rotation: it holds nothing
+        // counted, and appending behind its bytes would misplace records.
+        writer.set_len(0).map_err(io_err(&path))?;
         fsync_dir(&self.dir)?;
+        self.writer = writer;
         self.segments.insert(next, 0);
         self.active = next;
+        self.cut_failed = false;
         Ok(())
     }
 

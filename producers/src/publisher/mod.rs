@@ -614,4 +614,55 @@ mod tests {
         assert!(p.publish(env(1)).is_ok(), "conforming events still pass");
         p.close(Duration::from_secs(5));
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_append_is_failed_once_and_leaves_nothing_to_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = PublisherConfig {
+            spool_segment_bytes: 4_000,
+            ..offline(dir.path())
+        };
+        let p = Publisher::connect(cfg).await.unwrap();
+        assert_eq!(p.publish(env(0)).unwrap().await.unwrap(), Delivery::Spooled);
+        // The next segments cannot be created (stands for a disk out of space or inodes).
+        for id in 2..4u64 {
+            std::fs::create_dir(dir.path().join(format!("{id:020}.seg"))).unwrap();
+        }
+        let receipts: Vec<_> = (1..200).map(|i| p.publish(env(i)).unwrap()).collect();
+        let (mut durable, mut failed) = (1, 0);
+        for r in receipts {
+            match r.await {
+                Ok(d) => {
+                    assert_eq!(d, Delivery::Spooled);
+                    durable += 1
+                }
+                Err(e) => {
+                    assert_eq!(e.code(), "spool_failed", "{e}");
+                    failed += 1
+                }
+            }
+        }
+        assert!(failed > 0, "rotation failed");
+        assert_eq!(
+            p.spool_pending(),
+            durable,
+            "a failed receipt left no record"
+        );
+        // What the replayer will settle is exactly what is not settled yet, so the spool
+        // mode can end (a failed append settled twice kept it on for ever).
+        let sh = &p.inner.shared;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let unsettled = {
+                let st = lock(&sh.state);
+                st.to_spool as i64 - st.settled as i64
+            };
+            let pending = p.spool_pending() as i64;
+            if unsettled == pending || Instant::now() > deadline {
+                assert_eq!(unsettled, pending);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

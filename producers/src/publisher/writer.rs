@@ -68,8 +68,13 @@ pub(super) fn writer_loop(sh: Arc<Shared>, rx: mpsc::Receiver<WriterMsg>, fsync:
                 Ok(false) => {}
                 Err(e) => {
                     error!(error = %e, "spool fsync failed");
-                    let n = unsynced.len() as u64;
-                    fail_jobs(&sh, unsynced.drain(..), &e, n);
+                    // The records were written but may not be durable, so their receipts
+                    // fail (a retry only makes a copy, which consumers drop by identity).
+                    // They are not settled: they stay in the spool, where they cannot be
+                    // cut off (the replayer may have read or sent them already), and the
+                    // replayer settles them once delivered. Settling them here as well
+                    // would count them twice and keep spool mode from ever ending.
+                    reply_failed(unsynced.drain(..), &e);
                 }
             }
         }
@@ -142,7 +147,14 @@ pub(super) fn append_batch(
         }
         Err(e) => {
             error!(error = %e, events = n, "could not spool events; their receipts fail");
+            // A failed append leaves nothing in the spool: these are settled here, once.
             fail_jobs(sh, batch.into_iter(), &e, n as u64);
+            if matches!(e, SpoolError::Io { .. }) {
+                // The error may be the fsync of a rotation, which covered the unsynced
+                // records of earlier appends too: they fail as after a failed interval
+                // fsync, unsettled (see `writer_loop`).
+                reply_failed(unsynced.drain(..), &e);
+            }
         }
     }
 }
@@ -158,8 +170,18 @@ pub(super) fn resolve_spooled(sh: &Shared, jobs: impl Iterator<Item = Job>) {
     }
 }
 
-/// Receipts of jobs that never reached the disk fail; they no longer count as spooled.
+/// Receipts of jobs that never reached the disk fail, and the jobs are settled: nothing of
+/// them is left for the replayer.
 pub(super) fn fail_jobs(sh: &Shared, jobs: impl Iterator<Item = Job>, e: &SpoolError, n: u64) {
+    reply_failed(jobs, e);
+    let mut st = lock(&sh.state);
+    st.settled += n;
+    sh.maybe_resume_direct(&mut st);
+    drop(st);
+    sh.changed.notify_all();
+}
+
+fn reply_failed(jobs: impl Iterator<Item = Job>, e: &SpoolError) {
     for job in jobs {
         if let Some(r) = job.reply {
             let _ = r.send(Err(match e {
@@ -171,9 +193,4 @@ pub(super) fn fail_jobs(sh: &Shared, jobs: impl Iterator<Item = Job>, e: &SpoolE
             }));
         }
     }
-    let mut st = lock(&sh.state);
-    st.settled += n;
-    sh.maybe_resume_direct(&mut st);
-    drop(st);
-    sh.changed.notify_all();
 }

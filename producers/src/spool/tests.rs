@@ -184,3 +184,61 @@ fn full_spool_refuses_whole_batches_and_a_second_owner_is_refused() {
     assert_eq!(drain(&mut s).len(), stored);
     s.append(&recs[..5]).unwrap();
 }
+
+#[test]
+fn a_failed_rotation_takes_back_the_whole_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
+    s.append(&[rec(0)]).unwrap();
+    let seg1 = dir.path().join(seg_name(1));
+    let before = (s.bytes(), fs::metadata(&seg1).unwrap().len());
+    // The next segment cannot be created, as when the disk is out of inodes: the first
+    // round of records lands in segment 1, the rotation after it fails.
+    let blocker = dir.path().join(seg_name(2));
+    fs::create_dir(&blocker).unwrap();
+    let recs: Vec<_> = (1..41).map(rec).collect();
+    assert!(matches!(s.append(&recs), Err(SpoolError::Io { .. })));
+    assert_eq!((s.pending(), s.unread()), (1, 1), "nothing of it counted");
+    assert_eq!((s.bytes(), fs::metadata(&seg1).unwrap().len()), before);
+    // Once the disk recovers, appends go on; only what was acknowledged is replayed.
+    fs::remove_dir(&blocker).unwrap();
+    s.append(&recs[..5]).unwrap();
+    let mut want = vec![rec(0)];
+    want.extend_from_slice(&recs[..5]);
+    drop(s);
+    let (mut s, rep) = Spool::open(dir.path(), opts()).unwrap();
+    assert_eq!(rep.pending, 6);
+    assert_eq!(drain(&mut s), want);
+}
+
+#[test]
+fn a_failed_fsync_takes_back_the_append_and_the_next_starts_a_new_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = SpoolOptions {
+        segment_bytes: 1 << 20,
+        ..opts()
+    };
+    let (mut s, _) = Spool::open(dir.path(), big.clone()).unwrap();
+    let recs: Vec<_> = (0..8).map(rec).collect();
+    s.append(&recs[..3]).unwrap();
+    let bytes = s.bytes();
+    // A device that takes writes and refuses fsync (EINVAL), and cannot be truncated.
+    let seg1 = dir.path().join(seg_name(1));
+    let real = std::mem::replace(
+        &mut s.writer,
+        OpenOptions::new().append(true).open("/dev/null").unwrap(),
+    );
+    assert!(matches!(s.append(&recs[3..6]), Err(SpoolError::Io { .. })));
+    assert_eq!((s.pending(), s.unread(), s.bytes()), (3, 3, bytes));
+    // The disk recovers; the cut failed, so the next append must not follow uncounted bytes.
+    s.writer = real;
+    s.append(&recs[6..]).unwrap();
+    assert_eq!(s.active, 2);
+    assert_eq!(fs::metadata(&seg1).unwrap().len(), bytes);
+    let mut want = recs[..3].to_vec();
+    want.extend_from_slice(&recs[6..]);
+    drop(s);
+    let (mut s, rep) = Spool::open(dir.path(), big).unwrap();
+    assert_eq!(rep.pending, 5);
+    assert_eq!(drain(&mut s), want);
+}
