@@ -521,7 +521,8 @@ impl Spool {
                 break;
             }
         }
-        self.unread -= records.len() as u64;
+        // Saturating: a miscount must not take the replayer down (it only delays the drain).
+        self.unread = self.unread.saturating_sub(records.len() as u64);
         self.read_pos = pos;
         Ok(ReadBatch { records, end: pos })
     }
@@ -534,23 +535,25 @@ impl Spool {
 
     /// Mark everything up to `end` (which covers `n` records) as delivered: persist the cursor
     /// and delete segments that are wholly behind it. When everything is delivered the active
-    /// segment is retired too, so an idle spool takes no disk.
+    /// segment is retired too, so an idle spool takes no disk. If the cursor cannot be
+    /// persisted, nothing counts as delivered (`pending` and the cursor stay as they were,
+    /// so a `rewind` resends the records) and the same commit may be retried.
     pub fn commit(&mut self, end: Position, n: u64) -> Result<(), SpoolError> {
-        self.pending = self.pending.saturating_sub(n);
+        let pending = self.pending.saturating_sub(n);
         let mut cursor = end;
-        let at_end = self.pending == 0
-            && end.segment == self.active
-            && end.offset >= self.segments[&self.active];
+        let at_end =
+            pending == 0 && end.segment == self.active && end.offset >= self.segments[&self.active];
         if at_end && end.offset > 0 {
             self.rotate()?;
             cursor = Position {
                 segment: self.active,
                 offset: 0,
             };
-            self.read_pos = cursor;
         }
         write_cursor(&self.dir, cursor)?;
+        self.pending = pending;
         self.cursor = cursor;
+        self.read_pos = self.read_pos.max(cursor);
         let done: Vec<u64> = self
             .segments
             .range(..cursor.segment)

@@ -148,22 +148,35 @@ fn await_reports(
     failed
 }
 
-/// A whole batch acknowledged: move the durable cursor past it and settle its records.
+/// A whole batch acknowledged: move the durable cursor past it, then settle its records.
+/// The spool counts them pending until the cursor is persisted, so they are settled only
+/// then (settled twice, spool mode would never end). A failed commit is retried, not the
+/// delivery: the records are in Kafka already. At shutdown they stay unsettled and on disk,
+/// so the next run sends them again (copies, which consumers drop by identity).
 fn replayed(sh: &Shared, b: &ReadBatch, n: usize) {
-    let res = {
-        let mut sp = lock(&sh.spool);
-        let r = sp.commit(b.end, n as u64);
-        sh.spool_bytes.store(sp.bytes(), Ordering::Relaxed);
-        sh.metrics.spool_bytes.set(sp.bytes() as i64);
-        sh.metrics.spool_pending.set(sp.pending() as i64);
-        r
-    };
-    if let Err(e) = res {
-        // The records are in Kafka; a lost cursor only means duplicates later.
-        error!(error = %e, "could not persist the spool cursor");
-    }
     sh.metrics.replayed.inc_by(n as u64);
     sh.metrics.published.inc_by(n as u64);
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let res = {
+            let mut sp = lock(&sh.spool);
+            let r = sp.commit(b.end, n as u64);
+            sh.spool_bytes.store(sp.bytes(), Ordering::Relaxed);
+            sh.metrics.spool_bytes.set(sp.bytes() as i64);
+            sh.metrics.spool_pending.set(sp.pending() as i64);
+            r
+        };
+        let Err(e) = res else { break };
+        error!(error = %e, events = n, "could not persist the spool cursor; retrying");
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            if sh.shutdown.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
     let mut st = lock(&sh.state);
     st.settled += n as u64;
     sh.maybe_resume_direct(&mut st);

@@ -242,3 +242,29 @@ fn a_failed_fsync_takes_back_the_append_and_the_next_starts_a_new_segment() {
     assert_eq!(rep.pending, 5);
     assert_eq!(drain(&mut s), want);
 }
+
+#[test]
+fn a_failed_commit_changes_no_count_and_can_be_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
+    let recs: Vec<_> = (0..4).map(rec).collect();
+    s.append(&recs[..3]).unwrap();
+    let b = s.read_batch(10).unwrap();
+    // The cursor cannot be written (stands for a full or failing disk).
+    let blocker = dir.path().join("cursor.tmp");
+    fs::create_dir(&blocker).unwrap();
+    assert!(s.commit(b.end, 3).is_err());
+    assert_eq!(s.pending(), 3, "not delivered as far as the spool knows");
+    // A failed delivery after it rewinds to the old cursor: everything is resent.
+    s.append(&recs[3..]).unwrap();
+    let _ = s.read_batch(10).unwrap();
+    s.rewind();
+    assert_eq!(s.unread(), 4);
+    assert_eq!(s.read_batch(10).unwrap().records, recs);
+    // Or the same commit is retried once the disk recovers.
+    fs::remove_dir(&blocker).unwrap();
+    s.commit(b.end, 3).unwrap();
+    assert_eq!(s.pending(), 1);
+    s.rewind();
+    assert_eq!(s.read_batch(10).unwrap().records, recs[3..]);
+}
