@@ -224,6 +224,11 @@ impl Default for PublisherConfig {
     }
 }
 
+/// The largest `max_message_bytes`: a spooled record is the message plus its topic name (up
+/// to 64 KiB) and header framing, and must stay within the spool's record limit
+/// ([`crate::spool::MAX_RECORD`]), or the spool would refuse it when Kafka is down.
+pub const MAX_MESSAGE_BYTES: usize = crate::spool::MAX_RECORD as usize - (1 << 20);
+
 /// A configuration that cannot work, caught before any connection is made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -242,6 +247,11 @@ pub enum ConfigError {
     /// Idempotence is on but `acks` is not `all`; holds the configured acks.
     #[error("publisher: idempotence requires acks = \"all\" (got `{0}`)")]
     Acks(String),
+    /// `max_message_bytes` is over [`MAX_MESSAGE_BYTES`]; holds the configured value.
+    #[error(
+        "publisher: max_message_bytes must be at most {MAX_MESSAGE_BYTES} (the spool's record limit less room for topic and headers; got {0})"
+    )]
+    MessageBytes(usize),
     /// `replay_batch` or `queue_bound` is 0.
     #[error("publisher: replay_batch and queue_bound must be >= 1")]
     Zero,
@@ -267,6 +277,9 @@ impl PublisherConfig {
         }
         if self.idempotence && self.acks != "all" && self.acks != "-1" {
             return Err(ConfigError::Acks(self.acks.clone()));
+        }
+        if self.max_message_bytes > MAX_MESSAGE_BYTES {
+            return Err(ConfigError::MessageBytes(self.max_message_bytes));
         }
         if self.replay_batch == 0 || self.queue_bound == 0 {
             return Err(ConfigError::Zero);
@@ -356,6 +369,12 @@ mod tests {
             ..ok.clone()
         };
         assert!(matches!(c.check(), Err(ConfigError::NoRegistry)));
+        // Events the spool could not hold would fail exactly when Kafka is down.
+        let c = PublisherConfig {
+            max_message_bytes: crate::spool::MAX_RECORD as usize,
+            ..ok.clone()
+        };
+        assert!(matches!(c.check(), Err(ConfigError::MessageBytes(_))));
         assert!(matches!(
             PublisherConfig::default().check(),
             Err(ConfigError::NoBrokers)

@@ -31,8 +31,9 @@ pub use record::SpoolRecord;
 
 /// Bytes before each record body: length and CRC32.
 const FRAME: u64 = 8;
-/// Largest body accepted when reading; anything larger is corruption.
-const MAX_RECORD: u32 = 64 << 20;
+/// Largest record body. Reading treats a larger length as corruption (a torn length field
+/// must not make `open` read gigabytes), so `append` refuses larger records up front.
+pub const MAX_RECORD: u32 = 64 << 20;
 
 /// Why the spool failed. `Full` is back-pressure; the others are I/O or corruption.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,14 @@ pub enum SpoolError {
         used: u64,
         /// The spool's bound (`max_bytes`).
         max: u64,
+    },
+    /// A record's body is over [`MAX_RECORD`] bytes; nothing was written.
+    #[error("record of {size} bytes is over the spool's {max}-byte record limit")]
+    TooLarge {
+        /// Encoded body size of the record.
+        size: usize,
+        /// [`MAX_RECORD`].
+        max: u32,
     },
     /// Another process holds the directory's `LOCK`; holds the directory.
     #[error("spool directory {0} is locked by another process (one spool per process)")]
@@ -293,6 +302,16 @@ impl Spool {
     pub fn append(&mut self, records: &[SpoolRecord]) -> Result<bool, SpoolError> {
         if records.is_empty() {
             return Ok(!self.dirty);
+        }
+        if let Some(size) = records
+            .iter()
+            .map(SpoolRecord::encoded_len)
+            .find(|n| *n > MAX_RECORD as usize)
+        {
+            return Err(SpoolError::TooLarge {
+                size,
+                max: MAX_RECORD,
+            });
         }
         let need = Self::size_of(records);
         let used = self.bytes();

@@ -268,3 +268,30 @@ fn a_failed_commit_changes_no_count_and_can_be_retried() {
     s.rewind();
     assert_eq!(s.read_batch(10).unwrap().records, recs[3..]);
 }
+
+#[test]
+fn a_record_over_the_limit_is_refused_not_lost_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let roomy = SpoolOptions {
+        max_bytes: u64::MAX,
+        segment_bytes: 1 << 20,
+        ..opts()
+    };
+    let (mut s, _) = Spool::open(dir.path(), roomy.clone()).unwrap();
+    let huge = SpoolRecord {
+        value: vec![b'x'; MAX_RECORD as usize],
+        ..rec(1)
+    };
+    let e = s.append(&[rec(0), huge, rec(2)]).unwrap_err();
+    assert!(matches!(e, SpoolError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("record limit"), "{e}");
+    assert_eq!(
+        (s.pending(), s.bytes()),
+        (0, 0),
+        "none of the batch written"
+    );
+    s.append(&[rec(0), rec(2)]).unwrap();
+    drop(s);
+    let (_, rep) = Spool::open(dir.path(), roomy).unwrap();
+    assert_eq!((rep.pending, rep.truncated_bytes), (2, 0));
+}
