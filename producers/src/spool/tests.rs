@@ -192,14 +192,18 @@ fn a_failed_rotation_takes_back_the_whole_append() {
     s.append(&[rec(0)]).unwrap();
     let seg1 = dir.path().join(seg_name(1));
     let before = (s.bytes(), fs::metadata(&seg1).unwrap().len());
-    // The next segment cannot be created, as when the disk is out of inodes: the first
-    // round of records lands in segment 1, the rotation after it fails.
-    let blocker = dir.path().join(seg_name(2));
+    // Segment 3 cannot be created, as when the disk is out of inodes: records land in
+    // segments 1 and 2, then the second rotation fails.
+    let blocker = dir.path().join(seg_name(3));
     fs::create_dir(&blocker).unwrap();
     let recs: Vec<_> = (1..41).map(rec).collect();
     assert!(matches!(s.append(&recs), Err(SpoolError::Io { .. })));
     assert_eq!((s.pending(), s.unread()), (1, 1), "nothing of it counted");
     assert_eq!((s.bytes(), fs::metadata(&seg1).unwrap().len()), before);
+    assert!(
+        !dir.path().join(seg_name(2)).exists(),
+        "its new segment removed"
+    );
     // Once the disk recovers, appends go on; only what was acknowledged is replayed.
     fs::remove_dir(&blocker).unwrap();
     s.append(&recs[..5]).unwrap();
