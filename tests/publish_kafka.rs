@@ -168,3 +168,79 @@ async fn typed_helper_and_avro_single_object() {
     assert_eq!(got, want, "Avro decodes to an equal payload");
     close(p).await;
 }
+
+/// A spooled event that Kafka refuses for good on replay (here: over the message size of the
+/// publisher restarted with a smaller `max_message_bytes`) is set aside in the spool's
+/// `refused.jsonl` and counted, and the events behind it are delivered: the replayer used to
+/// resend that batch for ever, and every event behind it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let online = config(&prefix, spool.path());
+    let offline = weft_producers::PublisherConfig {
+        // Nothing listens on the discard port: every delivery times out, so all is spooled.
+        brokers: "127.0.0.1:9".into(),
+        message_timeout_ms: 300,
+        max_message_bytes: 400_000,
+        ..online.clone()
+    };
+    let big: Envelope = serde_json::from_str(&format!(
+        r#"{{"kind":"trace_event","request_id":"r","payload":{{"event_id":"te-big","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z","error_message":"{}"}}}}"#,
+        "e".repeat(200_000)
+    ))
+    .unwrap();
+    let p = Publisher::connect(offline).await.unwrap();
+    let events = [
+        trace_envelope("ref", 1, Some("r")),
+        big,
+        trace_envelope("ref", 2, Some("r")),
+    ];
+    for e in events {
+        assert_eq!(p.publish(e).unwrap().await.unwrap(), Delivery::Spooled);
+    }
+    close(p).await;
+
+    // Restarted against the broker, allowing 100 kB messages only.
+    let p = Publisher::connect(weft_producers::PublisherConfig {
+        max_message_bytes: 100_000,
+        ..online
+    })
+    .await
+    .unwrap();
+    p.ensure_topics().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while p.spool_pending() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spool did not drain: {} pending",
+            p.spool_pending()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(p.metrics().spool_refused.get(), 1);
+    let refused = std::fs::read_to_string(spool.path().join("refused.jsonl")).unwrap();
+    let lines: Vec<Value> = refused
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{refused}");
+    assert_eq!(lines[0]["topic"], format!("{prefix}trace_events"));
+    let value = lines[0]["value"]["utf8"].as_str().unwrap();
+    assert!(value.contains("\"te-big\""), "the refused event itself");
+    assert!(!lines[0]["error"].as_str().unwrap().is_empty());
+    let topics = p.topics().event_topics();
+    let recs = consume(&topics, 2, Duration::from_secs(30));
+    let ids: Vec<String> = recs
+        .iter()
+        .map(|r| {
+            r.envelope().payload_value().unwrap()["event_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(recs.len(), 2, "{ids:?}");
+    assert!(!ids.contains(&"te-big".to_owned()));
+    close(p).await;
+}

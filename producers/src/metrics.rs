@@ -20,6 +20,8 @@ pub struct Metrics {
     pub spooled: IntCounter,
     /// Spooled events later delivered to Kafka by the replayer.
     pub replayed: IntCounter,
+    /// Spooled events Kafka refused for good on replay, set aside in `refused.jsonl`.
+    pub spool_refused: IntCounter,
     /// Bytes the spool occupies on disk.
     pub spool_bytes: IntGauge,
     /// Events in the spool not yet delivered.
@@ -59,6 +61,10 @@ impl Metrics {
             replayed: r.counter(
                 "weft_publisher_events_replayed_total",
                 "Spooled events delivered to Kafka by the replayer",
+            ),
+            spool_refused: r.counter(
+                "weft_publisher_spool_refused_total",
+                "Spooled events Kafka refused for good on replay (set aside in the spool's refused.jsonl)",
             ),
             spool_bytes: r.gauge(
                 "weft_publisher_spool_bytes",

@@ -22,7 +22,7 @@ use crate::spool::{Spool, SpoolRecord};
 /// What rides with each message through librdkafka, back to the delivery callback.
 pub(super) enum Pending {
     Live { reply: Reply, started: Instant },
-    Replay(mpsc::Sender<Result<(), KafkaError>>),
+    Replay(mpsc::Sender<(usize, Result<(), KafkaError>)>, usize),
 }
 
 /// librdkafka's callbacks: route each delivery report back to its waiter or the spool.
@@ -55,13 +55,13 @@ impl ProducerContext for Ctx {
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: Box<Pending>) {
         let sh = &self.shared;
         match (*opaque, result) {
-            (Pending::Replay(tx), r) => {
+            (Pending::Replay(tx, i), r) => {
                 if let Err((e, _)) = r {
                     if !is_permanent(e) {
                         self.tainted.store(true, Ordering::SeqCst);
                     }
                 }
-                let _ = tx.send(r.as_ref().map(|_| ()).map_err(|(e, _)| e.clone()));
+                let _ = tx.send((i, r.as_ref().map(|_| ()).map_err(|(e, _)| e.clone())));
             }
             (Pending::Live { reply, started }, Ok(msg)) => {
                 let idle = {

@@ -8,7 +8,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::BaseRecord;
 use tracing::{debug, error, warn};
 
-use super::delivery::Pending;
+use super::delivery::{is_permanent, Pending};
 use super::owned_headers;
 use super::state::{lock, read, Kafka, Shared};
 use crate::spool::{ReadBatch, SpoolRecord};
@@ -59,14 +59,18 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
         let Some(producer) = guard.as_ref() else {
             break;
         };
-        let (sent, mut failed) = send_batch(producer, &b.records, &tx);
+        let mut report = send_batch(producer, &b.records, &tx);
         drop(guard);
         drop(tx);
-        if let Some(e) = await_reports(&rx, sent, timeout) {
-            failed.get_or_insert(e);
-        }
-        match failed {
+        await_reports(&rx, &mut report, timeout);
+        match report.failed {
             None => {
+                // Refused for good, and only those: resending them can never succeed, so
+                // they are set aside and the spool moves on (else every event behind them
+                // would wait for ever).
+                for (i, e) in report.refused {
+                    set_aside(&sh, &b.records[i], &e);
+                }
                 replayed(&sh, &b, n);
                 backoff = Duration::from_millis(250);
                 size = (size * 2).min(batch);
@@ -90,18 +94,27 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
     }
 }
 
-/// Hand a batch of spooled records to librdkafka, in order, waiting out a full queue.
-/// Returns how many were handed over, and the error that stopped it early, if any.
+/// How a batch's replay went: the records handed to librdkafka, those refused for good
+/// ([`is_permanent`]: index and error), and the first error worth retrying the batch for.
+#[derive(Default)]
+struct Report {
+    sent: usize,
+    refused: Vec<(usize, String)>,
+    failed: Option<String>,
+}
+
+/// Hand a batch of spooled records to librdkafka, in order, waiting out a full queue; stop
+/// at the first error worth a retry.
 fn send_batch(
     producer: &Kafka,
     records: &[SpoolRecord],
-    tx: &mpsc::Sender<Result<(), KafkaError>>,
-) -> (usize, Option<String>) {
-    let mut sent = 0;
-    for r in records {
+    tx: &mpsc::Sender<(usize, Result<(), KafkaError>)>,
+) -> Report {
+    let mut report = Report::default();
+    for (i, r) in records.iter().enumerate() {
         let headers = owned_headers(&r.headers);
         let mut record =
-            BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone())))
+            BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone(), i)))
                 .payload(&r.value)
                 .headers(headers);
         if let Some(k) = &r.key {
@@ -110,42 +123,89 @@ fn send_batch(
         loop {
             match producer.send(record) {
                 Ok(()) => {
-                    sent += 1;
+                    report.sent += 1;
                     break;
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
                     record = rec;
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err((e, _)) => return (sent, Some(e.to_string())),
+                Err((e, _)) if is_permanent(&e) => {
+                    report.refused.push((i, e.to_string()));
+                    break;
+                }
+                Err((e, _)) => {
+                    report.failed = Some(e.to_string());
+                    return report;
+                }
             }
         }
     }
-    (sent, None)
+    report
 }
 
-/// Wait for the delivery reports of `sent` messages (each reports back within
-/// message.timeout.ms); the first failure, if any.
+/// Wait for the delivery reports of the records sent (each reports back within
+/// message.timeout.ms), noting each refused for good and the first other failure.
 fn await_reports(
-    rx: &mpsc::Receiver<Result<(), KafkaError>>,
-    sent: usize,
+    rx: &mpsc::Receiver<(usize, Result<(), KafkaError>)>,
+    report: &mut Report,
     timeout: Duration,
-) -> Option<String> {
-    let mut failed = None;
+) {
     let deadline = Instant::now() + timeout + Duration::from_secs(5);
-    for _ in 0..sent {
+    for _ in 0..report.sent {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                failed.get_or_insert_with(|| e.to_string());
+            Ok((_, Ok(()))) => {}
+            Ok((i, Err(e))) if is_permanent(&e) => report.refused.push((i, e.to_string())),
+            Ok((_, Err(e))) => {
+                report.failed.get_or_insert_with(|| e.to_string());
             }
             Err(_) => {
-                failed.get_or_insert_with(|| "no delivery report in time".into());
+                report
+                    .failed
+                    .get_or_insert_with(|| "no delivery report in time".into());
                 break;
             }
         }
     }
-    failed
+}
+
+/// Keep a record Kafka refused for good beside the spool, in `refused.jsonl` (one JSON object
+/// per line: when, why, topic, key, value and headers, each bytes field as `{"utf8": ..}` or
+/// `{"hex": ..}`), for an operator to fix and publish again; logged and counted
+/// (`weft_publisher_spool_refused_total`). If even that write fails, the record is only in
+/// the log line.
+fn set_aside(sh: &Shared, r: &SpoolRecord, error: &str) {
+    fn bytes(b: &[u8]) -> serde_json::Value {
+        match std::str::from_utf8(b) {
+            Ok(s) => serde_json::json!({ "utf8": s }),
+            Err(_) => serde_json::json!({ "hex": hex::encode(b) }),
+        }
+    }
+    let line = serde_json::json!({
+        "at": weft_schemas::time::now_rfc3339(),
+        "error": error,
+        "topic": r.topic,
+        "key": r.key.as_deref().map(bytes),
+        "value": bytes(&r.value),
+        "headers": r.headers.iter().map(|(k, v)| (k, bytes(v))).collect::<Vec<_>>(),
+    });
+    let path = lock(&sh.spool).dir().join("refused.jsonl");
+    let written = (|| {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        writeln!(f, "{line}")?;
+        f.sync_data()
+    })();
+    sh.metrics.spool_refused.inc();
+    match written {
+        Ok(()) => error!(%error, topic = %r.topic, path = %path.display(),
+            "Kafka refused a spooled event for good; set aside, the spool moves on"),
+        Err(e) => error!(%error, topic = %r.topic, record = %line, write_error = %e,
+            "Kafka refused a spooled event for good, and setting it aside failed; it is only in this line"),
+    }
 }
 
 /// A whole batch acknowledged: move the durable cursor past it, then settle its records.
