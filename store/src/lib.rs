@@ -29,7 +29,7 @@ mod store;
 pub mod telemetry;
 
 pub use events::{typed_columns, EventRow, Fact, StoredColumns, TypedColumns};
-pub use native::insert_native;
+pub use native::{insert_native, insert_native_as};
 pub use store::{
     check_columns, insert, ClickHouseConfig, Compression, MigrateReport, Store, StoreError,
 };

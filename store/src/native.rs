@@ -189,6 +189,19 @@ pub async fn insert_native<R: NativeRows>(
     table: &str,
     rows: &[R],
 ) -> Result<(), StoreError> {
+    insert_native_as(store, table, rows, None).await
+}
+
+/// [`insert_native`], run as `query_id` when given (unique per attempt: ClickHouse refuses a
+/// second query with the id of one still running). While the insert runs, ClickHouse lists
+/// it under that id in `system.processes`, so a caller whose answer was lost can wait until
+/// it no longer runs ([`Store::wait_for_query`]) before asking what it stored.
+pub async fn insert_native_as<R: NativeRows>(
+    store: &Store,
+    table: &str,
+    rows: &[R],
+    query_id: Option<&str>,
+) -> Result<(), StoreError> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -199,6 +212,9 @@ pub async fn insert_native<R: NativeRows>(
     let mut ins = store
         .client()
         .insert_formatted_with(format!("INSERT INTO {table} FORMAT Native"));
+    if let Some(id) = query_id {
+        ins = ins.with_setting("query_id", id);
+    }
     while !body.is_empty() {
         let chunk = body.split_to(body.len().min(CHUNK));
         ins.send(chunk).await.map_err(store.err())?;

@@ -269,42 +269,88 @@ impl Store {
             .map_err(self.err())
     }
 
-    /// Wait (at most `limit`) until no insert into `tables` of this database is running on
-    /// the server. A process killed while its insert was under way leaves that insert to
-    /// land on its own, possibly after its successor has read where things stand; a process
-    /// that owns these tables alone calls this before reading its resume points. Returns
-    /// whether the server went quiet within `limit` (it logs a warning if not).
+    /// Wait (at most `limit`) until the inserts into `tables` of this database running on
+    /// the server now have finished. A process killed while its insert was under way leaves
+    /// that insert to land on its own, possibly after its successor has read where things
+    /// stand; a process taking over these tables (or a share of them) calls this before
+    /// reading its resume points. Inserts that start after the call are not waited for: they
+    /// are not a predecessor's, and other writers sharing the tables would otherwise keep it
+    /// waiting. Returns whether they finished within `limit` (it logs a warning if not).
     pub async fn wait_for_running_inserts(
         &self,
         tables: &[&str],
         limit: std::time::Duration,
     ) -> Result<bool, StoreError> {
+        let running: Vec<String> = self
+            .client
+            .query(
+                "SELECT query_id FROM system.processes WHERE query_kind = 'Insert' \
+                 AND current_database = currentDatabase() \
+                 AND multiSearchAny(query, {tables:Array(String)})",
+            )
+            .param("tables", tables)
+            .fetch_all()
+            .await
+            .map_err(self.err())?;
+        if running.is_empty() {
+            return Ok(true);
+        }
+        info!(
+            running = running.len(),
+            ?tables,
+            "waiting for the inserts running now (an earlier process's?) to land"
+        );
+        self.wait_for_queries(&running, limit).await
+    }
+
+    /// Wait (at most `limit`) until the query `query_id` no longer runs on the server: an
+    /// insert whose answer was lost may still be writing its part. Returns whether it
+    /// finished within `limit` (it logs a warning if not).
+    pub async fn wait_for_query(
+        &self,
+        query_id: &str,
+        limit: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.wait_for_queries(&[query_id.to_owned()], limit).await
+    }
+
+    /// Poll `system.processes`, with growing pauses, until none of `ids` runs, or `limit`.
+    async fn wait_for_queries(
+        &self,
+        ids: &[String],
+        limit: std::time::Duration,
+    ) -> Result<bool, StoreError> {
         let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(50);
         loop {
             let running: u64 = self
                 .client
                 .query(
-                    "SELECT count() FROM system.processes WHERE query_kind = 'Insert' \
-                     AND current_database = currentDatabase() \
-                     AND multiSearchAny(query, {tables:Array(String)})",
+                    "SELECT count() FROM system.processes WHERE has({ids:Array(String)}, query_id)",
                 )
-                .param("tables", tables)
+                .param("ids", ids)
                 .fetch_one()
                 .await
                 .map_err(self.err())?;
             if running == 0 {
                 return Ok(true);
             }
-            if started.elapsed() >= limit {
-                tracing::warn!(running, ?tables, "inserts still running; going on");
+            let waited = started.elapsed();
+            if waited >= limit {
+                tracing::warn!(
+                    running,
+                    waited_ms = waited.as_millis() as u64,
+                    "queries still running; going on"
+                );
                 return Ok(false);
             }
-            info!(
+            tracing::debug!(
                 running,
-                ?tables,
-                "waiting for an earlier process's inserts to land"
+                waited_ms = waited.as_millis() as u64,
+                "queries still running"
             );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(pause.min(limit - waited)).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(1));
         }
     }
 
