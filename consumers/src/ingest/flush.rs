@@ -1,7 +1,7 @@
 //! The flusher: dead letters, one facts insert for the batch, the narrative pass.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::FutureProducer;
@@ -15,7 +15,7 @@ use crate::facts;
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::{ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
-use weft_store::{insert_native, EventRow, Store, StoreError};
+use weft_store::{insert_native_as, EventRow, Store, StoreError};
 
 /// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
 /// decodes the next batch while it runs, and waits for it before starting another.
@@ -208,7 +208,8 @@ impl Flusher {
         loop {
             let started = Instant::now();
             let batch = pending.as_deref().unwrap_or(rows);
-            match insert_native(&self.store, "weft_events", batch).await {
+            let query_id = attempt_id();
+            match insert_native_as(&self.store, "weft_events", batch, Some(&query_id)).await {
                 Ok(()) => {
                     self.metrics
                         .insert_seconds
@@ -226,23 +227,80 @@ impl Flusher {
                     } else {
                         error!(error = %e, attempt, "ClickHouse rejected the insert (schema out of date? run `weft migrate`); retrying");
                     }
-                    self.back_off(attempt).await?;
-                    if let Ok(left) = self.rows_not_stored(rows, spans).await {
-                        if left.is_empty() {
-                            info!("the failed-looking insert had landed; not repeating it");
-                            self.metrics.clickhouse_up.set(1);
-                            return Ok(first.elapsed().as_secs_f64() * 1e3);
-                        }
-                        if left.len() < rows.len() {
-                            info!(
-                                left = left.len(),
-                                "part of the insert had landed; sending the rest"
-                            );
-                        }
-                        pending = Some(left);
+                    let left = self
+                        .rows_left_after(&query_id, rows, spans, &mut attempt)
+                        .await?;
+                    if left.is_empty() {
+                        info!("the failed-looking insert had landed; not repeating it");
+                        self.metrics.clickhouse_up.set(1);
+                        return Ok(first.elapsed().as_secs_f64() * 1e3);
                     }
+                    if left.len() < rows.len() {
+                        info!(
+                            left = left.len(),
+                            "part of the insert had landed; sending the rest"
+                        );
+                    }
+                    pending = Some(left);
                 }
             }
+        }
+    }
+
+    /// After the failed insert attempt `query_id`: back off, wait until that attempt no
+    /// longer runs in ClickHouse (its answer may have been lost while the server goes on
+    /// writing its part), then ask how far each partition is stored; the rows of `rows` not
+    /// stored yet. Nothing is resent before both answers are in: a resend while the attempt
+    /// runs, or without knowing what it stored, could store its rows twice. Asks again
+    /// (backing off) until it knows, or the process stops.
+    async fn rows_left_after<'r>(
+        &self,
+        query_id: &str,
+        rows: &[EventRow<'r>],
+        spans: &[Span],
+        attempt: &mut u32,
+    ) -> Result<Vec<EventRow<'r>>, Stopped> {
+        loop {
+            self.back_off(*attempt).await?;
+            let waited = Instant::now();
+            match self.attempt_finished(query_id).await? {
+                Ok(true) => {
+                    let ms = waited.elapsed().as_millis() as u64;
+                    debug!(query_id, waited_ms = ms, "the failed insert no longer runs");
+                }
+                Ok(false) => {
+                    *attempt += 1;
+                    warn!(
+                        query_id,
+                        attempt, "the failed insert still runs in ClickHouse; not resending yet"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    *attempt += 1;
+                    warn!(error = %e, query_id, attempt,
+                        "cannot tell whether the failed insert still runs; asking again");
+                    continue;
+                }
+            }
+            match self.rows_not_stored(rows, spans).await {
+                Ok(left) => return Ok(left),
+                Err(e) => {
+                    *attempt += 1;
+                    warn!(error = %e, attempt, "cannot read how far the partitions are stored; asking again");
+                }
+            }
+        }
+    }
+
+    /// Wait (at most [`ATTEMPT_WAIT`]) until the insert `query_id` no longer runs in
+    /// ClickHouse: `Ok(true)` once it does not, `Ok(false)` while it still does. Gives up as
+    /// soon as the process is told to stop.
+    async fn attempt_finished(&self, query_id: &str) -> Result<Result<bool, StoreError>, Stopped> {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            r = self.store.wait_for_query(query_id, ATTEMPT_WAIT) => Ok(r),
+            _ = stop.wait_for(|s| *s) => Err(Stopped),
         }
     }
 
@@ -310,6 +368,30 @@ impl Flusher {
             self.metrics.inserted.with_label_values(&[kind]).inc_by(n);
         }
     }
+}
+
+/// How long one look at a failed insert attempt waits for it to stop running before the
+/// retry loop backs off and looks again (it never resends while the attempt runs).
+const ATTEMPT_WAIT: Duration = Duration::from_secs(30);
+
+/// A `query_id` for one facts insert attempt, unique across processes and attempts
+/// (ClickHouse refuses an id that a running query has): a random tag drawn once per process,
+/// and a counter.
+pub(super) fn attempt_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static TAG: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tag = TAG.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(now_micros() as u128);
+        h.finish()
+    });
+    format!(
+        "weft-facts-{tag:016x}-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The rows of one atomic insert for every partition of a batch (one part in ClickHouse,
@@ -465,6 +547,18 @@ mod tests {
         );
         // The whole insert landed.
         assert!(rows_beyond(&rows, &spans, &[6, 9]).is_empty());
+    }
+
+    #[test]
+    fn every_insert_attempt_has_its_own_query_id() {
+        let ids: std::collections::HashSet<String> = (0..1000).map(|_| attempt_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        let id = attempt_id();
+        // One process tag, then the counter; only characters a URL parameter takes as is.
+        assert!(id.starts_with("weft-facts-"), "{id}");
+        assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        let tag = |id: &str| id.rsplit_once('-').map(|(t, _)| t.to_owned());
+        assert_eq!(tag(&id), tag(&attempt_id()));
     }
 
     #[test]
