@@ -243,6 +243,9 @@ impl Ingestor {
             .map(|e| (e.topic().to_owned(), e.partition()))
             .collect();
         self.parts.retain(|k, _| assigned.contains(k));
+        if self.cfg.role == Role::Facts && !assigned.is_empty() {
+            self.wait_for_previous_owners(&assigned).await?;
+        }
         for st in self.parts.values_mut() {
             let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
                 facts::stored_max_offset(&self.store, &st.topic, st.partition)
@@ -258,6 +261,37 @@ impl Ingestor {
             (r + p.facts.len() + p.dead.len(), b + p.bytes)
         });
         info!(partitions = assigned.len(), "rebalanced");
+        Ok(())
+    }
+
+    /// In the facts role, before the resume points of an assignment are read: wait until the
+    /// facts inserts running now have finished. A partition's previous owner may have been
+    /// killed (or may have left) with its insert still running; read before it lands, the
+    /// stored offset would send its rows again. Inserts starting later are not waited for
+    /// (no previous owner starts one). None of them is this process's own: in this role a
+    /// flush (a failed attempt's insert included) is settled before the loop reads another
+    /// record, so the loop never waits on work it drives. Bounded (60 s, then a warning).
+    async fn wait_for_previous_owners(
+        &self,
+        assigned: &std::collections::HashSet<(String, i32)>,
+    ) -> Result<(), IngestError> {
+        let new = assigned
+            .iter()
+            .filter(|k| !self.parts.contains_key(*k))
+            .count();
+        let started = Instant::now();
+        let quiet = retry_store(&self.cfg, &self.metrics, "wait for earlier inserts", || {
+            self.store
+                .wait_for_running_inserts(&["weft_events"], Duration::from_secs(60))
+        })
+        .await?;
+        info!(
+            partitions = assigned.len(),
+            new,
+            waited_ms = started.elapsed().as_millis() as u64,
+            quiet,
+            "waited for the facts inserts running at the rebalance"
+        );
         Ok(())
     }
 

@@ -177,7 +177,8 @@ impl Ingestor {
         .await?;
         if cfg.role == Role::All {
             // The only writer of weft_events in this role: an insert running now is a killed
-            // predecessor's, and the resume points must be read after it lands.
+            // predecessor's, and the resume points must be read after it lands. (The facts
+            // role waits at each assignment instead: `after_rebalance`.)
             retry_store(&cfg, &metrics, "wait for earlier inserts", || {
                 store.wait_for_running_inserts(&["weft_events"], Duration::from_secs(60))
             })
