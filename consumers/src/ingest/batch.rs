@@ -130,6 +130,12 @@ impl PartitionState {
     }
 }
 
+/// Whether no fetched record waits to be stored: none buffered (`buffered`: records and
+/// bytes) and no flush in flight.
+pub(super) fn nothing_waits(buffered: (usize, usize), flusher: &FlusherSlot) -> bool {
+    buffered.0 == 0 && !matches!(flusher, FlusherSlot::Busy(_))
+}
+
 /// What [`PartitionState::take`] decided, for the totals and metrics.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Decided {
@@ -415,5 +421,18 @@ pub(super) mod tests {
         assert_eq!(st.next_offset(), 9);
         let fresh = partition(-1, i64::MAX, Vec::new());
         assert_eq!(fresh.next_offset(), 0);
+    }
+
+    #[tokio::test]
+    async fn nothing_waits_only_with_nothing_buffered_and_no_flush_in_flight() {
+        let gone = FlusherSlot::Gone;
+        assert!(nothing_waits((0, 0), &gone));
+        assert!(!nothing_waits((1, 10), &gone));
+        // A flush in flight holds fetched records that are not stored yet.
+        let busy = FlusherSlot::Busy(tokio::spawn(std::future::pending()));
+        assert!(!nothing_waits((0, 0), &busy));
+        if let FlusherSlot::Busy(t) = busy {
+            t.abort();
+        }
     }
 }

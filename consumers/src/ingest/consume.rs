@@ -9,7 +9,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use super::align::Lanes;
-use super::batch::PartitionState;
+use super::batch::{nothing_waits, PartitionState};
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
@@ -260,6 +260,11 @@ impl Ingestor {
         self.buffered = self.parts.values().fold((0, 0), |(r, b), p| {
             (r + p.facts.len() + p.dead.len(), b + p.bytes)
         });
+        // The records that waited may all have gone with the revoked partitions (or been
+        // stored by another owner): nothing waits now, so nothing can be stalled.
+        if nothing_waits(self.buffered, &self.flusher) {
+            self.metrics.health.progressed(false);
+        }
         info!(partitions = assigned.len(), "rebalanced");
         Ok(())
     }
