@@ -109,20 +109,7 @@ impl Ingestor {
                     _ => st.stored.min(st.projected),
                 };
                 st.expected = Some(from + 1);
-                // A resume point past the log's end means the log is not the one weft stored
-                // (tansu answers such fetches with nothing, so waiting would only hide it).
-                // One offset of slack: tansu's memory engine reports a high watermark one short.
-                let (_, high) =
-                    self.consumer
-                        .fetch_watermarks(t.name(), p.id(), Duration::from_secs(10))?;
-                if from > high {
-                    return Err(IngestError::Rewound {
-                        topic: t.name().to_owned(),
-                        partition: p.id(),
-                        expected: from + 1,
-                        got: high,
-                    });
-                }
+                self.refuse_rewound(t.name(), p.id(), from)?;
                 tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
             }
         }
@@ -145,6 +132,25 @@ impl Ingestor {
         Ok(())
     }
 
+    /// A resume point (`after`: the last offset done) past the log's end means the log is
+    /// not the one weft stored: recreated or truncated (tansu answers fetches past its end
+    /// with nothing, so waiting would only hide it). One offset of slack: tansu's memory
+    /// engine reports a high watermark one short.
+    fn refuse_rewound(&self, topic: &str, partition: i32, after: i64) -> Result<(), IngestError> {
+        let (_, high) =
+            self.consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        if after > high {
+            return Err(IngestError::Rewound {
+                topic: topic.to_owned(),
+                partition,
+                expected: after + 1,
+                got: high,
+            });
+        }
+        Ok(())
+    }
+
     pub(super) async fn partition_state(
         &mut self,
         topic: &str,
@@ -153,6 +159,12 @@ impl Ingestor {
         let key = (topic.to_owned(), partition);
         if !self.parts.contains_key(&key) {
             let st = self.load_partition(topic, partition).await?;
+            if self.cfg.role == Role::Facts {
+                // The single-process roles check this when they assign (`subscribe`); a
+                // group member, when a partition first reaches it: otherwise a recreated
+                // log's records would all pass for stored ones and be skipped.
+                self.refuse_rewound(topic, partition, st.stored)?;
+            }
             self.parts.insert(key.clone(), st);
         }
         Ok(self
