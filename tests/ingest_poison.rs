@@ -263,6 +263,59 @@ async fn a_header_name_that_is_not_utf8_and_an_extreme_record_time_do_not_stop_i
     assert_eq!(health.status(), 200);
 }
 
+/// The high watermarks of the dead-letter topic, summed: what it has received so far.
+fn received(dlq: &str) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", common::brokers())
+        .create()
+        .unwrap();
+    let md = consumer
+        .fetch_metadata(Some(dlq), Duration::from_secs(10))
+        .unwrap();
+    md.topics()[0]
+        .partitions()
+        .iter()
+        .map(|part| {
+            consumer
+                .fetch_watermarks(dlq, part.id(), Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .sum()
+}
+
+/// Dead letters at the end of a partition are not sent again by a restart. Ingest resumes
+/// after the last stored fact, which is before them: the batch that dead-letters them also
+/// records how far the partition is done (`weft_ingest_floor`). (Named `fault_`: it runs in
+/// `deploy/local/test.sh`'s sqlite phase, since tansu's memory engine turns a caught-up
+/// restart into a rewound log.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_restart_does_not_dead_letter_the_same_records_again() {
+    let p = Pipeline::new("it_dlq_again");
+    p.simulate(&["--events", "200", "--seed", "45", "--clean"]);
+    let events = p.path("events.jsonl");
+    p.publish(&events);
+    let valid = distinct_facts(&[&events]);
+    let topic = format!("{}trace_events", p.prefix);
+    let prod = producer();
+    for i in 0..3 {
+        send(&prod, &topic, &format!("junk-{i}"), b"{\"event_id\": ").await;
+    }
+    let ingest = p.ingest(None);
+    p.wait_for_facts(valid, Duration::from_secs(120)).await;
+    let dlq = format!("{}dead_letter", p.prefix);
+    assert_eq!(dead_letters(&dlq, 3).len(), 3);
+    let before = received(&dlq);
+    assert_eq!(ingest.terminate().code(), Some(0));
+
+    // Restarted, it reads on from there: a good event behind the junk on the same partition
+    // is stored once the junk is behind it.
+    let _ingest = p.ingest(None);
+    send(&prod, &topic, "after", &big_event("te-after-restart", 400)).await;
+    p.wait_for_facts(valid + 1, Duration::from_secs(120)).await;
+    assert_eq!(received(&dlq), before, "a dead letter was sent again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_at_the_configured_maximum_is_stored() {
     let p = Pipeline::new("it_maxsize");

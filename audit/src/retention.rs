@@ -8,6 +8,7 @@ use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 
 use crate::{ch_err, AuditError, Store};
+use weft_store::{FloorRow, INGEST_FLOOR};
 
 /// A tenant's retention settings. The default keeps everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Row, Serialize, Deserialize)]
@@ -90,14 +91,6 @@ const COVERED: &str = "tenant = {t:String} AND ts < fromUnixTimestamp64Micro({c:
     AND offset <= arrayElement({offsets:Array(UInt64)}, \
           indexOf({keys:Array(String)}, concat(topic, '/', toString(partition))))";
 
-/// One source partition's highest stored offset, as `weft_ingest_floor` records it.
-#[derive(Debug, Row, Serialize, Deserialize)]
-struct Floor {
-    topic: String,
-    partition: u32,
-    offset: u64,
-}
-
 /// What [`apply`] removed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Applied {
@@ -123,7 +116,7 @@ pub struct Plan {
     /// The retention (days) the cutoff was computed from; [`Plan::execute`] refuses if it
     /// has changed since.
     days: u32,
-    floor: Vec<Floor>,
+    floor: Vec<FloorRow>,
 }
 
 /// The plan of an apply for `tenant`, without writing anything: `Ok(None)` when its retention
@@ -139,7 +132,7 @@ pub async fn plan(store: &Store, tenant: &str) -> Result<Option<Plan>, AuditErro
         return Ok(None);
     }
     let cutoff = chrono::Utc::now().timestamp_micros() - i64::from(r.days) * 86_400_000_000;
-    let floor: Vec<Floor> = store
+    let floor: Vec<FloorRow> = store
         .client()
         .query("SELECT topic, partition, max(offset) AS offset FROM weft_events GROUP BY topic, partition")
         .fetch_all()
@@ -216,7 +209,7 @@ impl Plan {
         if self.facts > 0 {
             // Re-checked right before deleting: a hold placed meanwhile wins.
             unchanged().await?;
-            weft_store::insert::<Floor>(store, "weft_ingest_floor", &self.floor).await?;
+            weft_store::insert::<FloorRow>(store, INGEST_FLOOR, &self.floor).await?;
             deleted = self
                 .covered(store, "SELECT count() FROM weft_events")
                 .fetch_one()

@@ -223,8 +223,9 @@ pub async fn stored_max_offset(
             .param("p", partition as u32)
             .fetch_all::<(u64, u64)>()
     };
-    let (events, floor) = tokio::try_join!(highest("weft_events"), highest("weft_ingest_floor"))
-        .map_err(store.err())?;
+    let (events, floor) =
+        tokio::try_join!(highest("weft_events"), highest(weft_store::INGEST_FLOOR))
+            .map_err(store.err())?;
     Ok([events, floor]
         .iter()
         .filter_map(|rows| rows.first().filter(|(n, _)| *n > 0))

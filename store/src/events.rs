@@ -259,6 +259,22 @@ impl StoredColumns {
     }
 }
 
+/// The table of [`FloorRow`]s (migration 0015).
+pub const INGEST_FLOOR: &str = "weft_ingest_floor";
+
+/// A row of `weft_ingest_floor`: every record of a source partition up to `offset` is done
+/// (stored, dead-lettered, or deleted by retention after it was stored), so ingest resumes
+/// after it even where `weft_events` holds no row that far. Readers take the highest.
+#[derive(Debug, Clone, Row, Serialize, serde::Deserialize)]
+pub struct FloorRow {
+    /// Source topic.
+    pub topic: String,
+    /// Source partition.
+    pub partition: u32,
+    /// The partition's last offset done.
+    pub offset: u64,
+}
+
 /// One row of `weft_events`, as ingest writes it (every column but the MATERIALIZED ones).
 /// It borrows every string from the [`Fact`] it describes (and the partition's topic), so
 /// building a batch copies no payloads.

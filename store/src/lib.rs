@@ -28,7 +28,9 @@ pub mod search;
 mod store;
 pub mod telemetry;
 
-pub use events::{typed_columns, EventRow, Fact, StoredColumns, TypedColumns};
+pub use events::{
+    typed_columns, EventRow, Fact, FloorRow, StoredColumns, TypedColumns, INGEST_FLOOR,
+};
 pub use native::{insert_native, insert_native_as};
 pub use store::{
     check_columns, insert, ClickHouseConfig, Compression, MigrateReport, Store, StoreError,

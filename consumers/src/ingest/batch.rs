@@ -160,6 +160,27 @@ pub(super) struct FlushPart {
     pub(super) projected: i64,
 }
 
+impl FlushPart {
+    /// The floor to record when this batch ends in dead letters: its last offset, past every
+    /// fact it stores.
+    pub(super) fn dead_tail(&self) -> Option<weft_store::FloorRow> {
+        let last_dead = self.dead.iter().map(|d| d.offset).max()?;
+        let last_fact = self
+            .facts
+            .iter()
+            .zip(&self.keep)
+            .filter(|(_, k)| k.is_some())
+            .map(|((o, _), _)| *o)
+            .max()
+            .unwrap_or(-1);
+        (last_dead > last_fact).then(|| weft_store::FloorRow {
+            topic: self.topic.clone(),
+            partition: self.partition as u32,
+            offset: self.last_offset.max(last_dead) as u64,
+        })
+    }
+}
+
 impl Ingestor {
     /// Start a flush of every partition that has buffered records (dead letters, then one
     /// facts insert for all partitions alongside one projector pass for all), after the one

@@ -15,7 +15,7 @@ use crate::facts;
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::{ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
-use weft_store::{insert_native_as, EventRow, Store, StoreError};
+use weft_store::{insert_native_as, EventRow, FloorRow, Store, StoreError, INGEST_FLOOR};
 
 /// The flusher, idle or away in the flush task. At most one flush is in flight: the loop
 /// decodes the next batch while it runs, and waits for it before starting another.
@@ -110,7 +110,12 @@ impl Flusher {
             self.report(parts, &spans, &rows, insert_ms, ingested_at);
         }
         projected?;
-        // 4. Let rdkafka commit the next offsets.
+        // 4. A partition whose batch ends in dead letters: how far it is done, or a restart
+        //    (which resumes after the last stored fact) would dead-letter them again.
+        if self.cfg.role != Role::Narratives {
+            self.record_floors(parts).await?;
+        }
+        // 5. Let rdkafka commit the next offsets.
         for p in parts.iter() {
             if let Err(e) = self
                 .consumer
@@ -127,6 +132,25 @@ impl Flusher {
             inserted: rows.len() as u64,
             dead_lettered,
         })
+    }
+
+    /// Record in `weft_ingest_floor` the last offset of each partition whose batch ends in
+    /// dead letters, once its facts are stored (so the floor never passes a fact that is not):
+    /// ingest resumes after the highest stored offset or floor. Retried until it lands; a
+    /// crash before that only sends those dead letters again.
+    async fn record_floors(&self, parts: &[FlushPart]) -> Result<(), Stopped> {
+        let floors: Vec<FloorRow> = parts.iter().filter_map(FlushPart::dead_tail).collect();
+        if floors.is_empty() {
+            return Ok(());
+        }
+        let mut attempt = 0;
+        while let Err(e) = weft_store::insert::<FloorRow>(&self.store, INGEST_FLOOR, &floors).await
+        {
+            attempt += 1;
+            warn!(error = %e, attempt, "recording how far dead-lettered partitions are done failed; retrying");
+            self.back_off(attempt).await?;
+        }
+        Ok(())
     }
 
     /// Wait before retry `attempt`, or give up as soon as the process is told to stop: a
