@@ -255,7 +255,26 @@ pub enum ConfigError {
     /// `replay_batch` or `queue_bound` is 0.
     #[error("publisher: replay_batch and queue_bound must be >= 1")]
     Zero,
+    /// A Kafka property would override a setting `check` validates; holds (property,
+    /// the publisher setting to use instead).
+    #[error(
+        "publisher: the Kafka property `{0}` would bypass the checked `{1}`: set `{1}` instead"
+    )]
+    Overrides(String, &'static str),
 }
+
+/// The librdkafka properties the publisher derives from its own (checked) settings, with the
+/// setting each comes from: in `kafka_properties`, applied last, they would silently undo the
+/// check (acks=1 under receipts that promise acks=all, or a delivery timeout the spool's
+/// replay and pacing do not know).
+const DERIVED: [(&str, &str); 6] = [
+    ("acks", "acks"),
+    ("request.required.acks", "acks"),
+    ("enable.idempotence", "idempotence"),
+    ("message.timeout.ms", "message_timeout_ms"),
+    ("delivery.timeout.ms", "message_timeout_ms"),
+    ("message.max.bytes", "max_message_bytes"),
+];
 
 impl PublisherConfig {
     /// Reject combinations that would fail later, or silently weaken a guarantee.
@@ -283,6 +302,12 @@ impl PublisherConfig {
         }
         if self.replay_batch == 0 || self.queue_bound == 0 {
             return Err(ConfigError::Zero);
+        }
+        if let Some((key, setting)) = DERIVED
+            .iter()
+            .find(|(key, _)| self.kafka_properties.contains_key(*key))
+        {
+            return Err(ConfigError::Overrides((*key).to_owned(), setting));
         }
         Ok(())
     }
@@ -369,6 +394,16 @@ mod tests {
             ..ok.clone()
         };
         assert!(matches!(c.check(), Err(ConfigError::NoRegistry)));
+        // A property that would undo a checked setting names the setting to use.
+        let mut c = ok.clone();
+        c.kafka_properties.insert("acks".into(), "1".into());
+        let e = c.check().unwrap_err();
+        assert!(matches!(e, ConfigError::Overrides(..)), "{e}");
+        assert!(e.to_string().contains("`acks`"), "{e}");
+        let mut c = ok.clone();
+        c.kafka_properties
+            .insert("socket.keepalive.enable".into(), "true".into());
+        assert!(c.check().is_ok(), "other properties pass");
         // Events the spool could not hold would fail exactly when Kafka is down.
         let c = PublisherConfig {
             max_message_bytes: crate::spool::MAX_RECORD as usize,
