@@ -255,6 +255,10 @@ impl Ingestor {
             .map(|e| (e.topic().to_owned(), e.partition()))
             .collect();
         self.parts.retain(|k, _| assigned.contains(k));
+        // The lag monitor reports only the partitions this process reads.
+        if let Ok(mut pos) = self.positions.lock() {
+            pos.retain(|k, _| assigned.contains(k));
+        }
         if self.cfg.role == Role::Facts && !assigned.is_empty() {
             self.wait_for_previous_owners(&assigned).await?;
         }
@@ -439,6 +443,13 @@ impl Ingestor {
             });
         }
         st.expected = Some(rec.offset + 1);
+        // Fetched again: in the facts role a rebalance refetches a kept partition from its
+        // committed offset, and this process holds those records already (buffered, or
+        // flushed). Taken twice, a dead letter would be sent twice.
+        if rec.offset <= st.last_offset {
+            self.metrics.replay_skipped.inc();
+            return Ok(false);
+        }
         let need_fact = role != Role::Narratives && rec.offset > st.stored;
         let need_projection = rec.offset > st.projected;
         st.last_offset = st.last_offset.max(rec.offset);

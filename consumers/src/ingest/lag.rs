@@ -1,6 +1,6 @@
 //! The lag monitor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,11 +25,21 @@ pub(super) fn spawn_lag_monitor(
     std::thread::spawn(move || {
         let client: Result<rdkafka::consumer::BaseConsumer, _> = brokers.create();
         let Ok(client) = client else { return };
+        // The partitions whose lag the gauge shows: one this process no longer reads (a
+        // rebalance took it) leaves the gauge instead of freezing there.
+        let mut shown: BTreeSet<(String, i32)> = BTreeSet::new();
         while !*stop.borrow() {
             let snapshot: Vec<((String, i32), i64)> = positions
                 .lock()
                 .map(|p| p.iter().map(|(k, v)| (k.clone(), *v)).collect())
                 .unwrap_or_default();
+            let now: BTreeSet<(String, i32)> = snapshot.iter().map(|(k, _)| k.clone()).collect();
+            for (topic, partition) in shown.difference(&now) {
+                let _ = metrics
+                    .lag
+                    .remove_label_values(&[topic, &partition.to_string()]);
+            }
+            shown = now;
             for ((topic, partition), next) in snapshot {
                 if let Ok((_, high)) =
                     client.fetch_watermarks(&topic, partition, Duration::from_secs(2))
