@@ -31,6 +31,10 @@ impl Drop for Gateway {
 
 impl Gateway {
     fn start(max_body: usize) -> Self {
+        Self::start_with(max_body, &[])
+    }
+
+    fn start_with(max_body: usize, extra: &[&str]) -> Self {
         let prefix = common::unique("gwlim") + ".";
         let spool = tempfile::tempdir().unwrap();
         let mut child = common::weft()
@@ -45,6 +49,7 @@ impl Gateway {
             .arg(&prefix)
             .arg("--spool-dir")
             .arg(spool.path())
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -132,6 +137,45 @@ impl Gateway {
             buf.extend_from_slice(&chunk[..n]);
         }
     }
+}
+
+/// Past `--max-concurrent-requests`, a request is answered 503 `busy` before its body is
+/// read, so many slow or large requests cannot take the gateway's memory;
+/// a slot freed is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_concurrency_limit_is_refused_busy_before_its_body() {
+    use tokio::io::AsyncWriteExt;
+    let gw = Gateway::start_with(8 << 20, &["--max-concurrent-requests", "1"]);
+    let item = || {
+        format!(
+            r#"{{"kind":"trace_event","payload":{}}}"#,
+            trace_payload("busy", 1)
+        )
+    };
+    // One request in hand: its head declares 1 MB of body that never comes.
+    let addr = gw.url.trim_start_matches("http://").to_owned();
+    let mut held = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\ncontent-length: 1000000\r\n\r\n"
+    );
+    held.write_all(head.as_bytes()).await.unwrap();
+    // Once the gateway holds it, another request is refused at once.
+    let refused = common::wait_for_async(Duration::from_secs(30), || async {
+        let (status, _, v) = gw.post(Some(KEY), item()).await;
+        (status == 503).then_some(v)
+    })
+    .await
+    .expect("a second request was never refused busy");
+    assert!(is_error_body(&refused, "busy"), "{refused}");
+    // The slot comes back when the held request ends.
+    drop(held);
+    let ok = common::wait_for_async(Duration::from_secs(30), || async {
+        let (status, _, _) = gw.post(Some(KEY), item()).await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(ok.is_some(), "the slot was not freed");
 }
 
 fn is_error_body(v: &Value, code: &str) -> bool {

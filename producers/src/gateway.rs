@@ -50,6 +50,10 @@ pub struct GatewayConfig {
     /// nor of the `x_<org>_<field>` shape (`nonconforming_key`); by default such keys are
     /// only counted (`weft_gateway_nonconforming_keys_total`) and logged.
     pub refuse_nonconforming_keys: bool,
+    /// Most `POST /v1/events` requests handled at once; one more is answered 503 `busy`
+    /// at once, before its body is read. With `max_body_bytes`, it bounds the memory that
+    /// requests can take, whatever their number.
+    pub max_concurrent_requests: usize,
 }
 
 impl Default for GatewayConfig {
@@ -61,12 +65,17 @@ impl Default for GatewayConfig {
             max_body_bytes: 8 << 20,
             max_items: DEFAULT_MAX_ITEMS,
             refuse_nonconforming_keys: false,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
         }
     }
 }
 
 /// Default [`GatewayConfig::max_items`].
 pub const DEFAULT_MAX_ITEMS: usize = 10_000;
+
+/// Default [`GatewayConfig::max_concurrent_requests`]: 16 bodies of the default 8 MiB are
+/// 128 MiB.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 16;
 
 /// Longest `request_id` (and `kind`, `tenant`) an item may carry; longer: `string_too_long`.
 pub const MAX_FIELD_BYTES: usize = weft_schemas::identity::MAX_ID_BYTES;
@@ -84,6 +93,8 @@ pub struct Gateway {
     max_items: usize,
     refuse_nonconforming_keys: bool,
     nonconforming: weft_http::prometheus::IntCounter,
+    /// One permit per request in hand ([`GatewayConfig::max_concurrent_requests`]).
+    in_hand: Arc<tokio::sync::Semaphore>,
 }
 
 /// One submitted item, before validation. Unknown fields are refused: a typo such as
@@ -139,7 +150,14 @@ impl Gateway {
             max_items: DEFAULT_MAX_ITEMS,
             refuse_nonconforming_keys: false,
             nonconforming,
+            in_hand: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CONCURRENT_REQUESTS)),
         }
+    }
+
+    /// Most requests handled at once (one more: 503 `busy`, before its body is read).
+    pub fn with_max_concurrent_requests(mut self, n: usize) -> Self {
+        self.in_hand = Arc::new(tokio::sync::Semaphore::new(n.max(1)));
+        self
     }
 
     /// Most items per request (more: 422 `too_many_items`).
@@ -427,6 +445,20 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
             }
         };
         tracing::Span::current().record("tenant", tenant.as_str());
+        // Held until the answer: the body, its items and their wait for durability.
+        let Ok(_permit) = g.in_hand.clone().try_acquire_owned() else {
+            g.metrics_reject("busy");
+            let mut r = weft_http::error_response(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many requests in hand; retry shortly",
+            );
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            return r;
+        };
         let bytes = match read_body(&g, &headers, body).await {
             Ok(b) => b,
             Err(e) => {

@@ -73,6 +73,11 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "N")]
     pub max_items: Option<usize>,
 
+    /// Most requests handled at once; one more is answered 503 `busy` before its body is
+    /// read [default: [gateway] max_concurrent_requests, else 16].
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_requests: Option<usize>,
+
     /// Refuse payload keys neither defined by their kind nor of the x_<org>_<field> shape
     /// (by default they are counted in /metrics and logged) [default: [gateway]
     /// refuse_nonconforming_keys, else false].
@@ -104,6 +109,10 @@ pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
     println!("listening on http://{local}");
     let gw = Gateway::new(publisher.clone(), keys, max_body)
         .with_max_items(args.max_items.unwrap_or(cfg.max_items))
+        .with_max_concurrent_requests(
+            args.max_concurrent_requests
+                .unwrap_or(cfg.max_concurrent_requests),
+        )
         .refusing_nonconforming_keys(
             args.refuse_nonconforming_keys || cfg.refuse_nonconforming_keys,
         );

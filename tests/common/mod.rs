@@ -59,6 +59,23 @@ pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Op
     }
 }
 
+/// [`wait_for`], for a condition that is a future.
+pub async fn wait_for_async<T, F>(timeout: Duration, mut cond: impl FnMut() -> F) -> Option<T>
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Path of the repository root.
 pub fn repo_root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
