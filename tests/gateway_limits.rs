@@ -100,7 +100,14 @@ impl Gateway {
 impl Gateway {
     /// A POST whose head declares `len` bytes of body, none of which is sent; the answer.
     async fn post_declared(&self, key: &str, len: usize) -> (u16, Value) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = self.open_declared(key, len).await;
+        read_answer(&mut s).await
+    }
+
+    /// A connection that has sent the head of a POST declaring `len` bytes of body, and none
+    /// of the body.
+    async fn open_declared(&self, key: &str, len: usize) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
         let addr = self.url.trim_start_matches("http://").to_owned();
         let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
         let head = format!(
@@ -108,34 +115,37 @@ impl Gateway {
              content-type: application/json\r\ncontent-length: {len}\r\n\r\n"
         );
         s.write_all(head.as_bytes()).await.unwrap();
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        // Read until the head and the whole body (by content-length) have arrived.
-        loop {
-            let text = String::from_utf8_lossy(&buf).into_owned();
-            if let Some((h, body)) = text.split_once("\r\n\r\n") {
-                let want = h
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().to_owned())
-                    })
-                    .and_then(|v| v.parse::<usize>().ok());
-                if want.is_some_and(|n| body.len() >= n) {
-                    let status = h.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-                    return (status, serde_json::from_str(body).unwrap_or(Value::Null));
-                }
+        s
+    }
+}
+
+/// Read one whole answer (head, and the body by its content-length) from `s`.
+async fn read_answer(s: &mut tokio::net::TcpStream) -> (u16, Value) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((h, body)) = text.split_once("\r\n\r\n") {
+            let want = h
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .and_then(|v| v.parse::<usize>().ok());
+            if want.is_some_and(|n| body.len() >= n) {
+                let status = h.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+                return (status, serde_json::from_str(body).unwrap_or(Value::Null));
             }
-            assert!(std::time::Instant::now() < deadline, "no answer: {text}");
-            let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut chunk))
-                .await
-                .expect("the gateway answers")
-                .unwrap();
-            assert!(n > 0, "connection closed before a whole answer: {text}");
-            buf.extend_from_slice(&chunk[..n]);
         }
+        let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut chunk))
+            .await
+            .unwrap_or_else(|_| panic!("no whole answer in 30 s: {text}"))
+            .unwrap();
+        assert!(n > 0, "connection closed before a whole answer: {text}");
+        buf.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -144,32 +154,25 @@ impl Gateway {
 /// a slot freed is taken again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_the_concurrency_limit_is_refused_busy_before_its_body() {
-    use tokio::io::AsyncWriteExt;
     let gw = Gateway::start_with(8 << 20, &["--max-concurrent-requests", "1"]);
+    // Two requests whose heads declare 1 MB of body that never comes: whichever reaches the
+    // handler first holds the only slot (waiting for its body), the other is refused at once.
+    let mut a = gw.open_declared(KEY, 1_000_000).await;
+    let mut b = gw.open_declared(KEY, 1_000_000).await;
+    let ((status, v), holder) = tokio::select! {
+        r = read_answer(&mut a) => (r, b),
+        r = read_answer(&mut b) => (r, a),
+    };
+    assert_eq!(status, 503, "{v}");
+    assert!(is_error_body(&v, "busy"), "{v}");
+    // The slot comes back when the held request ends.
+    drop(holder);
     let item = || {
         format!(
             r#"{{"kind":"trace_event","payload":{}}}"#,
             trace_payload("busy", 1)
         )
     };
-    // One request in hand: its head declares 1 MB of body that never comes.
-    let addr = gw.url.trim_start_matches("http://").to_owned();
-    let mut held = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let head = format!(
-        "POST /v1/events HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {KEY}\r\n\
-         content-type: application/json\r\ncontent-length: 1000000\r\n\r\n"
-    );
-    held.write_all(head.as_bytes()).await.unwrap();
-    // Once the gateway holds it, another request is refused at once.
-    let refused = common::wait_for_async(Duration::from_secs(30), || async {
-        let (status, _, v) = gw.post(Some(KEY), item()).await;
-        (status == 503).then_some(v)
-    })
-    .await
-    .expect("a second request was never refused busy");
-    assert!(is_error_body(&refused, "busy"), "{refused}");
-    // The slot comes back when the held request ends.
-    drop(held);
     let ok = common::wait_for_async(Duration::from_secs(30), || async {
         let (status, _, _) = gw.post(Some(KEY), item()).await;
         (status == 200).then_some(())
