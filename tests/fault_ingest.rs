@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::pipeline::{distinct_facts, free_port, truth_membership, Pipeline};
+use common::pipeline::{distinct_facts, free_port, truth_membership, Pipeline, Proc};
 
 fn stack(args: &[&str]) {
     let st = Command::new("bash")
@@ -318,59 +318,34 @@ async fn fault_ingest_refuses_a_recreated_topic() {
     }
     publish_flows(&p, "fresh.jsonl", "2", "32");
 
-    let mut ingest = p.ingest(None);
+    let ingest = p.ingest(None);
+    stops_on_the_rewound_log(&p, ingest, &topic, "ingest");
+
+    // A facts-role group member (a fresh group, so it reads every partition from its start)
+    // meets the same log when the partition's first record reaches it, and stops too; it
+    // used to skip that log's records as stored ones.
+    let group = common::unique("facts");
+    let member = p.ingest_args(None, &[], &["--role", "facts", "--group", &group]);
+    stops_on_the_rewound_log(&p, member, &topic, "a facts member");
+}
+
+/// `ingest` exits with an error, and the log gains a clear one naming `topic`.
+fn stops_on_the_rewound_log(p: &Pipeline, mut ingest: Proc, topic: &str, what: &str) {
+    let said = || p.ingest_log_all().matches("recreated or truncated").count();
+    let before = said();
     let status = common::wait_for(Duration::from_secs(120), || {
         ingest.0.try_wait().ok().flatten()
     })
     .unwrap_or_else(|| {
         panic!(
-            "ingest kept running on a recreated topic:\n{}",
+            "{what} kept running on a recreated topic:\n{}",
             p.ingest_log()
         )
     });
-    assert!(!status.success(), "ingest must fail on a rewound partition");
-    let log = p.ingest_log_all();
+    assert!(!status.success(), "{what} must fail on a rewound partition");
     assert!(
-        log.contains("recreated or truncated") && log.contains(&topic),
-        "no clear error naming the topic:\n{}",
-        p.ingest_log()
-    );
-
-    // A facts-role group member (a fresh group, so it reads every partition from its start)
-    // meets the same log when the partition's first record reaches it, and stops too; it
-    // used to skip that log's records as stored ones.
-    let before = log.matches("recreated or truncated").count();
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(p.path("ingest.log"))
-        .unwrap();
-    let mut member = common::pipeline::Proc(
-        p.weft()
-            .args(["ingest", "--listen", "", "--role", "facts", "--group"])
-            .arg(common::unique("facts"))
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let status = common::wait_for(Duration::from_secs(120), || {
-        member.0.try_wait().ok().flatten()
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "a facts member kept running on a recreated topic:\n{}",
-            p.ingest_log()
-        )
-    });
-    assert!(
-        !status.success(),
-        "a facts member must fail on a rewound partition"
-    );
-    let log = p.ingest_log_all();
-    assert!(
-        log.matches("recreated or truncated").count() > before && log.contains(&topic),
-        "no clear error naming the topic:\n{}",
+        said() > before && p.ingest_log_all().contains(topic),
+        "{what}: no clear error naming the topic:\n{}",
         p.ingest_log()
     );
 }

@@ -158,8 +158,12 @@ impl Pipeline {
             .arg("ingest")
             .arg("--listen")
             .arg(listen.unwrap_or(""))
-            .arg("--group")
-            .arg(&self.db)
+            // The pipeline's own group, unless `args` names another.
+            .args(
+                ["--group", &self.db]
+                    .iter()
+                    .filter(|_| !args.contains(&"--group")),
+            )
             .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())

@@ -161,8 +161,8 @@ pub(super) struct FlushPart {
 }
 
 impl FlushPart {
-    /// The floor to record when this batch ends in dead letters: its last offset, past every
-    /// fact it stores.
+    /// The floor to record when this batch ends in dead letters: its last offset (at least
+    /// the last dead letter's), past every fact it stores.
     pub(super) fn dead_tail(&self) -> Option<weft_store::FloorRow> {
         let last_dead = self.dead.iter().map(|d| d.offset).max()?;
         let last_fact = self
@@ -176,7 +176,7 @@ impl FlushPart {
         (last_dead > last_fact).then(|| weft_store::FloorRow {
             topic: self.topic.clone(),
             partition: self.partition as u32,
-            offset: self.last_offset.max(last_dead) as u64,
+            offset: self.last_offset as u64,
         })
     }
 }
