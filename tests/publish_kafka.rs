@@ -242,5 +242,63 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
         .collect();
     assert_eq!(recs.len(), 2, "{ids:?}");
     assert!(!ids.contains(&"te-big".to_owned()));
+
+    // Republished before the cause is fixed: refused again, kept with the new error; a line
+    // an operator mangled is kept as it was.
+    let file = spool.path().join("refused.jsonl");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str("{\"not\": \"a record\"}\n");
+    std::fs::write(&file, &text).unwrap();
+    let again = republish(&p).await;
+    assert_eq!((again.delivered, again.kept), (0, 1), "{again:?}");
+    assert_eq!(again.unreadable.len(), 1, "{again:?}");
+    assert_eq!(again.unreadable[0].0, 2, "the mangled line's number");
     close(p).await;
+
+    // The cause fixed (a publisher allowing the size): the record goes out as it was spooled,
+    // headers included, and leaves the file; the unreadable line stays.
+    let p = Publisher::connect(weft_producers::PublisherConfig {
+        max_message_bytes: 400_000,
+        ..config(&prefix, spool.path())
+    })
+    .await
+    .unwrap();
+    let done = republish(&p).await;
+    assert_eq!((done.delivered, done.kept), (1, 0), "{done:?}");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "{\"not\": \"a record\"}\n"
+    );
+    let recs = consume(&topics, 3, Duration::from_secs(30));
+    let big = recs
+        .iter()
+        .find(|r| r.value == lines[0]["value"]["utf8"].as_str().unwrap().as_bytes())
+        .expect("the republished record");
+    let spooled: Vec<(String, String)> = lines[0]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h[0].as_str().unwrap().into(),
+                h[1]["utf8"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(big.key.as_deref(), Some(&b"r"[..]), "the key as spooled");
+    let got: Vec<(String, String)> = big
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), String::from_utf8(v.clone()).unwrap()))
+        .collect();
+    assert_eq!(got, spooled, "the headers as spooled");
+    close(p).await;
+}
+
+async fn republish(p: &Publisher) -> weft_producers::Republished {
+    let p = p.clone();
+    tokio::task::spawn_blocking(move || p.republish_refused(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .unwrap()
 }

@@ -17,4 +17,6 @@ pub mod spool;
 
 pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};
 pub use metrics::Metrics;
-pub use publisher::{Delivery, PublishError, Publisher, PublisherError, Receipt};
+pub use publisher::{
+    Delivery, PublishError, Publisher, PublisherError, Receipt, RefusedFileError, Republished,
+};

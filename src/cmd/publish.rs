@@ -109,7 +109,9 @@ impl PublisherArgs {
 /// number and reason, and never published. The command returns once every accepted event is
 /// durable: acknowledged by Kafka (acks=all), or written to the spool when Kafka is
 /// unreachable. Spooled events are replayed by the next run, or by `weft publish
-/// --drain-spool`.
+/// --drain-spool`. A spooled event Kafka refused for good on replay is set aside in the
+/// spool folder's refused.jsonl; once the cause is fixed, `--republish-refused` sends those
+/// again (stop the process that owns the spool first: one process per spool).
 ///
 /// Exit status: 0 when every line was accepted and made durable, 1 otherwise.
 ///
@@ -118,11 +120,15 @@ impl PublisherArgs {
 ///   weft simulate --flows 10 --out - | weft publish -
 ///   weft publish --kind trace_event payloads.jsonl
 ///   weft publish --drain-spool --drain-timeout 120
+///   weft publish --republish-refused
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PublishArgs {
     /// JSONL file to publish; `-` reads standard input.
-    #[arg(value_name = "FILE", required_unless_present = "drain_spool")]
+    #[arg(
+        value_name = "FILE",
+        required_unless_present_any = ["drain_spool", "republish_refused"]
+    )]
     pub file: Option<PathBuf>,
 
     /// Lines are bare payloads of this kind, not envelopes.
@@ -140,6 +146,12 @@ pub struct PublishArgs {
     /// Only deliver what the spool holds from earlier runs, then exit (with FILE: after it).
     #[arg(long)]
     pub drain_spool: bool,
+
+    /// Send the records set aside in the spool's refused.jsonl (Kafka refused them for good
+    /// on replay) again, as they were spooled; the ones Kafka refuses again stay in the file
+    /// with the new error. Exit status 1 if any stays.
+    #[arg(long)]
+    pub republish_refused: bool,
 
     /// How long --drain-spool waits for the spool to empty (seconds).
     #[arg(long, default_value_t = 300, value_name = "SECS")]
@@ -258,6 +270,23 @@ pub async fn run(args: PublishArgs, mut settings: Settings) -> anyhow::Result<bo
         let timeout = Duration::from_secs(args.drain_timeout);
         drained = tokio::task::spawn_blocking(move || p.wait_drained(timeout)).await?;
     }
+    let mut republished_all = true;
+    if args.republish_refused {
+        let p = publisher.clone();
+        let timeout = Duration::from_millis(settings.publisher.message_timeout_ms + 5_000);
+        let r = tokio::task::spawn_blocking(move || p.republish_refused(timeout)).await??;
+        for (line, why) in &r.unreadable {
+            eprintln!("{}:{line}: unreadable, kept: {why}", r.path.display());
+        }
+        println!(
+            "{}: {} republished to Kafka, {} refused again and kept, {} unreadable and kept",
+            r.path.display(),
+            r.delivered,
+            r.kept,
+            r.unreadable.len()
+        );
+        republished_all = r.kept == 0 && r.unreadable.is_empty();
+    }
     let pending = publisher.spool_pending();
     let p = publisher.clone();
     tokio::task::spawn_blocking(move || p.close(Duration::from_secs(30))).await?;
@@ -291,5 +320,5 @@ pub async fn run(args: PublishArgs, mut settings: Settings) -> anyhow::Result<bo
     if !drained {
         eprintln!("the spool did not drain within {}s", args.drain_timeout);
     }
-    Ok(tally.rejected.is_empty() && drained)
+    Ok(tally.rejected.is_empty() && drained && republished_all)
 }

@@ -34,6 +34,7 @@
 
 mod delivery;
 mod receipt;
+mod refused;
 mod replay;
 mod state;
 mod writer;
@@ -64,6 +65,7 @@ use state::{lock, read, write, Job, Kafka, Shared, State};
 use writer::{writer_loop, WriterMsg};
 
 pub use receipt::{Delivery, Receipt};
+pub use refused::{RefusedFileError, Republished};
 
 /// Why an event was not accepted, or could not be made durable.
 #[derive(Debug, thiserror::Error)]

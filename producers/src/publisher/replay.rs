@@ -10,6 +10,7 @@ use tracing::{debug, error, warn};
 
 use super::delivery::{is_permanent, Pending};
 use super::owned_headers;
+use super::refused::set_aside;
 use super::state::{lock, read, Kafka, Shared};
 use crate::spool::{ReadBatch, SpoolRecord};
 
@@ -166,45 +167,6 @@ fn await_reports(
                 break;
             }
         }
-    }
-}
-
-/// Keep a record Kafka refused for good beside the spool, in `refused.jsonl` (one JSON object
-/// per line: when, why, topic, key, value and headers, each bytes field as `{"utf8": ..}` or
-/// `{"hex": ..}`), for an operator to fix and publish again; logged and counted
-/// (`weft_publisher_spool_refused_total`). If even that write fails, the record is only in
-/// the log line.
-fn set_aside(sh: &Shared, r: &SpoolRecord, error: &str) {
-    fn bytes(b: &[u8]) -> serde_json::Value {
-        match std::str::from_utf8(b) {
-            Ok(s) => serde_json::json!({ "utf8": s }),
-            Err(_) => serde_json::json!({ "hex": hex::encode(b) }),
-        }
-    }
-    let line = serde_json::json!({
-        "at": weft_schemas::time::now_rfc3339(),
-        "error": error,
-        "topic": r.topic,
-        "key": r.key.as_deref().map(bytes),
-        "value": bytes(&r.value),
-        "headers": r.headers.iter().map(|(k, v)| (k, bytes(v))).collect::<Vec<_>>(),
-    });
-    let path = lock(&sh.spool).dir().join("refused.jsonl");
-    let written = (|| {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?;
-        writeln!(f, "{line}")?;
-        f.sync_data()
-    })();
-    sh.metrics.spool_refused.inc();
-    match written {
-        Ok(()) => error!(%error, topic = %r.topic, path = %path.display(),
-            "Kafka refused a spooled event for good; set aside, the spool moves on"),
-        Err(e) => error!(%error, topic = %r.topic, record = %line, write_error = %e,
-            "Kafka refused a spooled event for good, and setting it aside failed; it is only in this line"),
     }
 }
 

@@ -1,0 +1,269 @@
+//! `refused.jsonl`: spooled records Kafka refused for good, set aside beside the spool so
+//! that one of them cannot block every event behind it, and sent again on an operator's
+//! word (`weft publish --republish-refused`) once the cause is fixed.
+//!
+//! One JSON object per line ([`RefusedLine`]): when, why, and the record as it was spooled
+//! (topic, key, value, headers), each bytes field as `{"utf8": ..}` or `{"hex": ..}`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::BaseRecord;
+use serde::{Deserialize, Serialize};
+use tracing::{error, info, warn};
+
+use super::delivery::Pending;
+use super::owned_headers;
+use super::state::{lock, read, Shared};
+use super::Publisher;
+use crate::spool::SpoolRecord;
+
+/// The file's name in the spool folder.
+pub const FILE: &str = "refused.jsonl";
+
+/// Bytes as they are written: text when they are UTF-8, else hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Bytes {
+    Utf8(String),
+    Hex(String),
+}
+
+impl Bytes {
+    fn of(b: &[u8]) -> Self {
+        match std::str::from_utf8(b) {
+            Ok(s) => Bytes::Utf8(s.to_owned()),
+            Err(_) => Bytes::Hex(hex::encode(b)),
+        }
+    }
+
+    fn into_vec(self) -> Result<Vec<u8>, String> {
+        match self {
+            Bytes::Utf8(s) => Ok(s.into_bytes()),
+            Bytes::Hex(h) => hex::decode(h).map_err(|e| format!("bad hex: {e}")),
+        }
+    }
+}
+
+/// One line of `refused.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RefusedLine {
+    at: String,
+    error: String,
+    topic: String,
+    key: Option<Bytes>,
+    value: Bytes,
+    headers: Vec<(String, Bytes)>,
+}
+
+impl RefusedLine {
+    fn new(r: &SpoolRecord, error: &str) -> Self {
+        RefusedLine {
+            at: weft_schemas::time::now_rfc3339(),
+            error: error.to_owned(),
+            topic: r.topic.clone(),
+            key: r.key.as_deref().map(Bytes::of),
+            value: Bytes::of(&r.value),
+            headers: r
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), Bytes::of(v)))
+                .collect(),
+        }
+    }
+
+    fn into_record(self) -> Result<SpoolRecord, String> {
+        Ok(SpoolRecord {
+            topic: self.topic,
+            key: self.key.map(Bytes::into_vec).transpose()?,
+            value: self.value.into_vec()?,
+            headers: self
+                .headers
+                .into_iter()
+                .map(|(k, v)| v.into_vec().map(|v| (k, v)))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// Append `lines` to `path` and make them durable.
+fn append(path: &Path, lines: &[String]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    for l in lines {
+        writeln!(f, "{l}")?;
+    }
+    f.sync_data()
+}
+
+/// Keep a record Kafka refused for good beside the spool, for an operator to fix and
+/// publish again; logged and counted (`weft_publisher_spool_refused_total`). If even that
+/// write fails, the record is only in the log line.
+pub(super) fn set_aside(sh: &Shared, r: &SpoolRecord, error: &str) {
+    let line = serde_json::to_string(&RefusedLine::new(r, error)).unwrap_or_default();
+    let path = lock(&sh.spool).dir().join(FILE);
+    sh.metrics.spool_refused.inc();
+    match append(&path, std::slice::from_ref(&line)) {
+        Ok(()) => error!(%error, topic = %r.topic, path = %path.display(),
+            "Kafka refused a spooled event for good; set aside, the spool moves on"),
+        Err(e) => error!(%error, topic = %r.topic, record = %line, write_error = %e,
+            "Kafka refused a spooled event for good, and setting it aside failed; it is only in this line"),
+    }
+}
+
+/// What [`Publisher::republish_refused`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Republished {
+    /// Where the set-aside records are (and the ones still refused stay).
+    pub path: PathBuf,
+    /// Records Kafka acknowledged (acks=all) this time.
+    pub delivered: u64,
+    /// Records still refused or not acknowledged, kept in the file with this run's error.
+    pub kept: u64,
+    /// Lines that could not be read as a set-aside record, kept in the file as they were
+    /// (with their line number and why).
+    pub unreadable: Vec<(u64, String)>,
+}
+
+/// Errors of [`Publisher::republish_refused`]: the file could not be read or rewritten.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct RefusedFileError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+impl Publisher {
+    /// Send every record of the spool's `refused.jsonl` to Kafka again, as it was spooled
+    /// (same topic, key, value and headers, so consumers drop a copy by identity), once the
+    /// cause is fixed (a broker limit raised, a topic authorized). The records Kafka
+    /// acknowledges leave the file; the others stay, with this run's error, and so do lines
+    /// that cannot be read. The file is replaced atomically at the end: a run killed half
+    /// way leaves it as it was, and the next run sends its records again (copies, dropped by
+    /// identity downstream). The spool's lock (one process per spool) keeps another
+    /// publisher from setting records aside meanwhile; this one's replayer waits.
+    pub fn republish_refused(&self, timeout: Duration) -> Result<Republished, RefusedFileError> {
+        let sh = &*self.inner.shared;
+        // Held throughout: our replayer cannot set a record aside while the file is rewritten.
+        let spool = lock(&sh.spool);
+        let path = spool.dir().join(FILE);
+        let fail = |source| RefusedFileError {
+            path: path.clone(),
+            source,
+        };
+        let mut out = Republished {
+            path: path.clone(),
+            ..Default::default()
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(fail(e)),
+        };
+        let mut keep: Vec<String> = Vec::new();
+        let mut lines: Vec<RefusedLine> = Vec::new();
+        let mut records: Vec<SpoolRecord> = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            if raw.trim().is_empty() {
+                continue;
+            }
+            let parsed = serde_json::from_str::<RefusedLine>(raw)
+                .map_err(|e| e.to_string())
+                .and_then(|l| l.clone().into_record().map(|r| (l, r)));
+            match parsed {
+                Ok((l, r)) => {
+                    lines.push(l);
+                    records.push(r);
+                }
+                Err(why) => {
+                    out.unreadable.push((i as u64 + 1, why));
+                    keep.push(raw.to_owned());
+                }
+            }
+        }
+        let outcomes = send_all(sh, &records, timeout);
+        for (l, outcome) in lines.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => out.delivered += 1,
+                Err(error) => {
+                    out.kept += 1;
+                    let again = RefusedLine {
+                        at: weft_schemas::time::now_rfc3339(),
+                        error,
+                        ..l
+                    };
+                    keep.push(serde_json::to_string(&again).unwrap_or_default());
+                }
+            }
+        }
+        let tmp = path.with_extension("jsonl.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        append(&tmp, &keep).map_err(fail)?;
+        std::fs::rename(&tmp, &path).map_err(fail)?;
+        if let Ok(d) = std::fs::File::open(spool.dir()) {
+            let _ = d.sync_all();
+        }
+        drop(spool);
+        info!(delivered = out.delivered, kept = out.kept, unreadable = out.unreadable.len(),
+            path = %path.display(), "republished the records set aside");
+        Ok(out)
+    }
+}
+
+/// Send each record and wait for its delivery report (at most `timeout` past the last
+/// send): each record's outcome, an error text for the ones not acknowledged.
+fn send_all(sh: &Shared, records: &[SpoolRecord], timeout: Duration) -> Vec<Result<(), String>> {
+    let mut outcomes: Vec<Result<(), String>> =
+        vec![Err("no delivery report in time".into()); records.len()];
+    let (tx, rx) = mpsc::channel();
+    let mut sent = 0;
+    {
+        let guard = read(&sh.producer);
+        let Some(producer) = guard.as_ref() else {
+            return vec![Err("the publisher is closed".into()); records.len()];
+        };
+        for (i, r) in records.iter().enumerate() {
+            let mut record =
+                BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone(), i)))
+                    .payload(&r.value)
+                    .headers(owned_headers(&r.headers));
+            if let Some(k) = &r.key {
+                record = record.key(k.as_slice());
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => {
+                        sent += 1;
+                        break;
+                    }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
+                        record = rec;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err((e, _)) => {
+                        outcomes[i] = Err(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    drop(tx);
+    let deadline = Instant::now() + timeout;
+    for _ in 0..sent {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((i, r)) => outcomes[i] = r.map_err(|e| e.to_string()),
+            Err(_) => {
+                warn!("delivery reports missing after the timeout; those records stay set aside");
+                break;
+            }
+        }
+    }
+    outcomes
+}
