@@ -302,3 +302,41 @@ async fn republish(p: &Publisher) -> weft_producers::Republished {
         .unwrap()
         .unwrap()
 }
+
+/// `fsync = interval:<ms>`: a spooled event's receipt resolves only with the fsync that
+/// covers it, not when its bytes are written; closing the publisher makes that fsync. With a
+/// one-hour interval, an event appended (and a second one appended after it, so the writer is
+/// past the first one's group) is still unconfirmed until the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_fsync_receipt_waits_for_the_fsync_that_covers_it() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let p = Publisher::connect(weft_producers::PublisherConfig {
+        // Nothing listens on the discard port: every delivery times out, so all is spooled.
+        brokers: "127.0.0.1:9".into(),
+        message_timeout_ms: 300,
+        fsync: weft_producers::FsyncPolicy::Interval(Duration::from_secs(3600)),
+        ..config(&prefix, spool.path())
+    })
+    .await
+    .unwrap();
+    let mut first = p.publish(trace_envelope("iv", 1, Some("r"))).unwrap();
+    let spooled = |n: u64| {
+        common::wait_for(Duration::from_secs(30), || {
+            (p.metrics().spooled.get() >= n).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{n} event(s) not spooled in 30 s"))
+    };
+    spooled(1);
+    let second = p.publish(trace_envelope("iv", 2, Some("r"))).unwrap();
+    spooled(2);
+    assert!(
+        tokio::time::timeout(Duration::ZERO, &mut first)
+            .await
+            .is_err(),
+        "a receipt resolved before any fsync covered its event"
+    );
+    close(p.clone()).await;
+    assert_eq!(first.await.unwrap(), Delivery::Spooled);
+    assert_eq!(second.await.unwrap(), Delivery::Spooled);
+}
