@@ -144,7 +144,7 @@ impl Publisher {
     /// (same topic, key, value and headers, so consumers drop a copy by identity), once the
     /// cause is fixed (a broker limit raised, a topic authorized). The records Kafka
     /// acknowledges leave the file; the others stay, with this run's error, and so do lines
-    /// that cannot be read. The file is replaced atomically at the end: a run killed half
+    /// that cannot be read. The file is replaced atomically at the end (removed when empty): a run killed half
     /// way leaves it as it was, and the next run sends its records again (copies, dropped by
     /// identity downstream). The spool's lock (one process per spool) keeps another
     /// publisher from setting records aside meanwhile; this one's replayer waits.
@@ -202,10 +202,14 @@ impl Publisher {
                 }
             }
         }
-        let tmp = path.with_extension("jsonl.tmp");
-        let _ = std::fs::remove_file(&tmp);
-        append(&tmp, &keep).map_err(fail)?;
-        std::fs::rename(&tmp, &path).map_err(fail)?;
+        if keep.is_empty() {
+            std::fs::remove_file(&path).map_err(fail)?;
+        } else {
+            let tmp = path.with_extension("jsonl.tmp");
+            let _ = std::fs::remove_file(&tmp);
+            append(&tmp, &keep).map_err(fail)?;
+            std::fs::rename(&tmp, &path).map_err(fail)?;
+        }
         if let Ok(d) = std::fs::File::open(spool.dir()) {
             let _ = d.sync_all();
         }
