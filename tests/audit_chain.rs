@@ -277,7 +277,12 @@ async fn tampering_is_detected_and_named() {
         "{r}"
     );
 
-    // Retention: a legal hold blocks deletion...
+    // Retention: a number of days past 100 years is refused (it once overflowed into a
+    // cutoff after every fact)...
+    let out = audit(&p, &["retention", "set", "--days", "999999999"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("0..=36500"));
+    // ... a legal hold blocks deletion...
     assert!(audit(&p, &["retention", "set", "--days", "1"])
         .status
         .success());

@@ -397,3 +397,80 @@ async fn audit_finds_exactly_the_injected_violations() {
     let logged = p.scalar("SELECT count() FROM weft_audit_log WHERE action IN ('check', 'timeline', 'search', 'bundle')").await;
     assert!(logged >= 8, "only {logged} audit reads logged");
 }
+
+/// Two findings the checks' cheap first passes used to drop:
+/// - I-02: a decision with one execution before its authorization and one after; the first
+///   pass compared the authorization with the *latest* execution, so the early one was lost;
+/// - I-01: a frame whose raw-output key is written with a JSON escape (`raw\u005foutput`):
+///   stored as sent, it has no literal `"raw_output"` for the text pre-filter, but every JSON
+///   reader sees the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_key() {
+    let p = Pipeline::new("it_audit_edges");
+    let ts = |ms: u32| format!("2026-11-01T00:00:00.{ms:03}Z");
+    let trace = |id: &str, ty: &str, ms: u32| {
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-edge","payload":{{"event_id":"{id}","event_type":"{ty}","timestamp":"{}","capability_id":"org.weaver.web_search","principal":"p","decision_id":"pd-edge","outcome":"success"}}}}"#,
+            ts(ms)
+        )
+    };
+    let frame = |id: &str, key: &str| {
+        format!(
+            r#"{{"kind":"frame","request_id":"r-edge","payload":{{"frame_id":"{id}","capability_id":"org.weaver.web_search","summary":"s","handle_refs":[],"created_at":"{}","{key}":"secret"}}}}"#,
+            ts(500)
+        )
+    };
+    let lines = [
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-edge","payload":{{"decision_id":"pd-edge","decision":"allow","capability_id":"org.weaver.web_search","principal":"p","reason":"r","timestamp":"{}"}}}}"#,
+            ts(100)
+        ),
+        trace("te-exec-early", "capability_executed", 200),
+        trace("te-auth", "capability_authorized", 300),
+        trace("te-exec-late", "capability_executed", 400),
+        frame("frame-escaped", r"raw\u005foutput"),
+        frame("frame-clean", "x_acme_note"),
+    ];
+    let file = p.path("edges.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let report = ok_json(
+        run(
+            &p,
+            &[
+                "check",
+                "--format",
+                "json",
+                "--grace-secs",
+                "0",
+                "--from",
+                "2026-10-01T00:00:00Z",
+                "--to",
+                "2027-01-01T00:00:00Z",
+            ],
+        ),
+        "audit check",
+    );
+    let subjects = |inv: &str| -> BTreeSet<String> {
+        report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["invariant"] == inv)
+            .map(|f| f["subject"]["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        subjects("I-02"),
+        BTreeSet::from(["te-exec-early".to_owned()]),
+        "{report:#}"
+    );
+    assert_eq!(
+        subjects("I-01"),
+        BTreeSet::from(["frame-escaped".to_owned()]),
+        "{report:#}"
+    );
+}

@@ -125,10 +125,10 @@ struct I02Row {
 // single-pass version 3x dearer over 10M events; a UInt64 key is 7% cheaper than the string)
 // and keeps the decisions that break a rule; the second gathers the proving ids for those few
 // decisions only (`IN` the first pass's set). The first pass is a superset test (any
-// non-allow version, any late authorization), the second applies the exact rules. Two
-// decision ids with one hash share a group, which can hide a finding only if the other
-// decision's events mask it: about one chance in 2^64 / (decisions in the range) per decision
-// for ids made independently. cityHash64 is not keyed, so a producer able to choose its ids
+// non-allow version, an authorization later than the earliest execution), the second
+// applies the exact rules. Two decision ids with one hash share a group, which can hide a
+// finding only if the other decision's events mask it: about one chance in 2^64 / (decisions
+// in the range) per decision for ids made independently. cityHash64 is not keyed, so a producer able to choose its ids
 // could craft a collision on purpose (the orphan check's hashed sets share this limit).
 const I02_SQL: &str = "
 WITH bad AS (
@@ -144,7 +144,7 @@ WITH bad AS (
             OR countIf(kind = 'policy_decision' AND decision != 'allow') > 0
             OR countIf(event_type = 'capability_authorized') = 0
             OR countIf(event_type = 'capability_denied') > 0
-            OR minIf(ts, event_type = 'capability_authorized') > maxIf(ts, kind = 'trace_event' AND event_type = 'capability_executed' AND {TS}))
+            OR minIf(ts, event_type = 'capability_authorized') > minIf(ts, kind = 'trace_event' AND event_type = 'capability_executed' AND {TS}))
 )
 SELECT e.1 AS exec, d AS decision_id, pd, verdict, auth,
        toUInt8(auth != '' AND ats > e.2) AS auth_late, denied
@@ -286,10 +286,15 @@ ARRAY JOIN us AS u
 WHERE reused OR expired OR out_of_scope
 ";
 
+// The text search only spares `JSONHas` the frames that cannot hold a key: one written with
+// a JSON escape (`"raw\u005foutput"`, stored as the producer sent it, and read as `raw_output`
+// by `JSONHas`, serde and the bundle's conformance check alike) has no literal `"raw_output"`,
+// so a payload with any `\u` escape is always parsed.
 const I01_SQL: &str = "
 SELECT DISTINCT id FROM weft_events
 WHERE tenant = {t:String} AND kind = 'frame' AND {TS}
-  AND multiSearchAny(payload, arrayMap(k -> concat('\"', k, '\"'), {keys:Array(String)}))
+  AND (multiSearchAny(payload, arrayMap(k -> concat('\"', k, '\"'), {keys:Array(String)}))
+       OR position(payload, '\\\\u') > 0)
   AND arrayExists(k -> JSONHas(payload, k), {keys:Array(String)})
 ";
 

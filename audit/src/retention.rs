@@ -33,22 +33,41 @@ struct RetentionRow<'a> {
 
 /// The tenant's current settings (the latest row).
 pub async fn get(store: &Store, tenant: &str) -> Result<Retention, AuditError> {
-    let rows: Vec<Retention> = store
+    Ok(read(store, tenant).await?.0)
+}
+
+/// The tenant's current settings and the version of the latest row (0: none yet).
+async fn read(store: &Store, tenant: &str) -> Result<(Retention, u64), AuditError> {
+    #[derive(Row, Deserialize)]
+    struct Latest {
+        days: u32,
+        legal_hold: u8,
+        pruned_before: i64,
+        version: u64,
+    }
+    let rows: Vec<Latest> = store
         .client()
         .query(
             "SELECT argMax(days, version) AS days, argMax(legal_hold, version) AS legal_hold, \
-                    toUnixTimestamp64Micro(argMax(pruned_before, version)) AS pruned_before \
+                    toUnixTimestamp64Micro(argMax(pruned_before, version)) AS pruned_before, \
+                    max(version) AS version \
              FROM weft_audit_retention WHERE tenant = {t:String} GROUP BY tenant",
         )
         .param("t", tenant)
         .fetch_all()
         .await
         .map_err(ch_err(store))?;
-    Ok(rows.into_iter().next().unwrap_or_default())
+    Ok(rows.into_iter().next().map_or_else(Default::default, |l| {
+        let r = Retention {
+            days: l.days,
+            legal_hold: l.legal_hold,
+            pruned_before: l.pruned_before,
+        };
+        (r, l.version)
+    }))
 }
 
-async fn put(store: &Store, tenant: &str, r: &Retention) -> Result<(), AuditError> {
-    let now = chrono::Utc::now().timestamp_micros();
+async fn write(store: &Store, tenant: &str, r: &Retention, version: u64) -> Result<(), AuditError> {
     let mut ins = store
         .client()
         .insert::<RetentionRow>("weft_audit_retention")
@@ -59,28 +78,77 @@ async fn put(store: &Store, tenant: &str, r: &Retention) -> Result<(), AuditErro
         days: r.days,
         legal_hold: r.legal_hold,
         pruned_before: r.pruned_before,
-        version: now as u64,
-        updated_at: now,
+        version,
+        updated_at: chrono::Utc::now().timestamp_micros(),
     })
     .await
     .map_err(ch_err(store))?;
     ins.end().await.map_err(ch_err(store))
 }
 
-/// Set the retention in days (0 = keep forever).
+/// Write `r`, read at version `read`, as the tenant's latest settings; the settings as they
+/// then stand. Every write is a whole row, so a legal hold placed between the read and this
+/// write would be lost under it: when one was, it is written again on top (a hold is never
+/// lifted by a write that did not mean to lift it).
+async fn put(
+    store: &Store,
+    tenant: &str,
+    r: &Retention,
+    read: u64,
+) -> Result<Retention, AuditError> {
+    let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
+    let version = now.max(read + 1);
+    write(store, tenant, r, version).await?;
+    if r.legal_hold == 1 {
+        return Ok(r.clone());
+    }
+    let held: u64 = store
+        .client()
+        .query(
+            "SELECT count() FROM weft_audit_retention \
+             WHERE tenant = {t:String} AND version > {read:UInt64} AND version != {ours:UInt64} \
+               AND legal_hold = 1",
+        )
+        .param("t", tenant)
+        .param("read", read)
+        .param("ours", version)
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))?;
+    if held == 0 {
+        return Ok(r.clone());
+    }
+    let kept = Retention {
+        legal_hold: 1,
+        ..r.clone()
+    };
+    let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
+    write(store, tenant, &kept, now.max(version + 1)).await?;
+    Ok(kept)
+}
+
+/// The longest retention a tenant can be given, in days (100 years; 0 keeps forever). A
+/// larger number would put the cutoff before the Unix epoch or, once it overflowed, after
+/// every fact.
+pub const MAX_DAYS: u32 = 36_500;
+
+/// Set the retention in days (0 = keep forever, at most [`MAX_DAYS`]).
 pub async fn set_days(store: &Store, tenant: &str, days: u32) -> Result<Retention, AuditError> {
-    let mut r = get(store, tenant).await?;
+    if days > MAX_DAYS {
+        return Err(AuditError::Refused(format!(
+            "retention of {days} days: at most {MAX_DAYS} (100 years); 0 keeps facts forever"
+        )));
+    }
+    let (mut r, read) = self::read(store, tenant).await?;
     r.days = days;
-    put(store, tenant, &r).await?;
-    Ok(r)
+    put(store, tenant, &r, read).await
 }
 
 /// Place or lift the legal hold.
 pub async fn set_hold(store: &Store, tenant: &str, hold: bool) -> Result<Retention, AuditError> {
-    let mut r = get(store, tenant).await?;
+    let (mut r, read) = self::read(store, tenant).await?;
     r.legal_hold = u8::from(hold);
-    put(store, tenant, &r).await?;
-    Ok(r)
+    put(store, tenant, &r, read).await
 }
 
 /// The rows [`apply`] deletes: the tenant's facts before the cutoff (`{c}`) at or below their
@@ -128,10 +196,12 @@ pub async fn plan(store: &Store, tenant: &str) -> Result<Option<Plan>, AuditErro
             "tenant {tenant} is on legal hold: nothing is deleted"
         )));
     }
-    if r.days == 0 {
+    // A cutoff that does not fit (days set before MAX_DAYS existed) deletes nothing.
+    let Some(cutoff) = (r.days > 0 && r.days <= MAX_DAYS)
+        .then(|| chrono::Utc::now().timestamp_micros() - i64::from(r.days) * 86_400_000_000)
+    else {
         return Ok(None);
-    }
-    let cutoff = chrono::Utc::now().timestamp_micros() - i64::from(r.days) * 86_400_000_000;
+    };
     let floor: Vec<FloorRow> = store
         .client()
         .query("SELECT topic, partition, max(offset) AS offset FROM weft_events GROUP BY topic, partition")
@@ -187,7 +257,7 @@ impl Plan {
     pub async fn execute(self, store: &Store) -> Result<Applied, AuditError> {
         let tenant = self.tenant.as_str();
         let unchanged = || async {
-            let r = get(store, tenant).await?;
+            let (r, version) = read(store, tenant).await?;
             if r.legal_hold == 1 {
                 return Err(AuditError::Refused(format!(
                     "tenant {tenant} was put on legal hold"
@@ -200,11 +270,15 @@ impl Plan {
                     self.days, r.days
                 )));
             }
-            Ok(r)
+            Ok((r, version))
         };
-        let mut r = unchanged().await?;
+        let (mut r, read) = unchanged().await?;
         r.pruned_before = r.pruned_before.max(self.cutoff);
-        put(store, tenant, &r).await?;
+        if put(store, tenant, &r, read).await?.legal_hold == 1 {
+            return Err(AuditError::Refused(format!(
+                "tenant {tenant} was put on legal hold"
+            )));
+        }
         let mut deleted = 0;
         if self.facts > 0 {
             // Re-checked right before deleting: a hold placed meanwhile wins.

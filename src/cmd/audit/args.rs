@@ -144,7 +144,8 @@ pub struct TenantArg {
 pub struct RetentionSetArgs {
     #[command(flatten)]
     pub tenant: TenantArg,
-    #[arg(long)]
+    /// Days to keep the tenant's facts: 1 to 36500 (100 years); 0 keeps them forever.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=i64::from(weft_audit::retention::MAX_DAYS)))]
     pub days: u32,
 }
 
