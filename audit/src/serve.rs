@@ -56,7 +56,14 @@ pub struct AppState {
     /// The most stored facts, links and checkpoints one `/v1/audit/verify` may read
     /// ([`chain::VerifyOptions::max_rows`]).
     pub max_verify_rows: u64,
+    /// The most `/v1/audit` requests handled at once; one more is answered 503 `busy`
+    /// ([`weft_http::limit_in_hand`]). Each is bounded by the read limits above; this bounds
+    /// how many of them ClickHouse serves together.
+    pub max_concurrent_requests: usize,
 }
+
+/// The default [`AppState::max_concurrent_requests`].
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 8;
 
 /// The most findings of one invariant `/v1/audit/check` returns (`limit`, default
 /// [`DEFAULT_LIMIT`]); `counts` still counts them all.
@@ -72,14 +79,21 @@ pub const DEFAULT_LIMIT: u64 = 1_000;
 
 /// The router of the audit API.
 pub fn router(state: AppState) -> Router {
+    let in_hand = Arc::new(tokio::sync::Semaphore::new(
+        state.max_concurrent_requests.max(1),
+    ));
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
         .route("/v1/audit/check", get(check_route))
         .route("/v1/audit/timeline/{id}", get(timeline_route))
         .route("/v1/audit/search", get(search_route))
         .route("/v1/audit/bundle/{id}", get(bundle_route))
         .route("/v1/audit/verify", get(verify_route))
         .route("/v1/audit/checkpoints", get(checkpoints_route))
+        .route_layer(axum::middleware::from_fn_with_state(
+            in_hand,
+            weft_http::limit_in_hand,
+        ))
+        .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
 
@@ -115,9 +129,19 @@ fn fail(e: AuditError) -> Response {
             )
             .into_response()
         }
+        AuditError::Store(e) if e.is_transient() => {
+            tracing::warn!(error = %e, "audit query failed; the store is unreachable or busy");
+            ApiError::unavailable("store unavailable or busy; retry later").into_response()
+        }
         AuditError::Store(e) => {
-            tracing::warn!(error = %e, "audit query failed");
-            ApiError::unavailable("store unavailable; retry later").into_response()
+            // Refused, and it would be again: retrying cannot help the client.
+            tracing::error!(error = %e, "the store refused an audit query (schema not migrated? run `weft migrate`)");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store_error",
+                "the store refused the query; the server log says why",
+            )
+            .into_response()
         }
     }
 }

@@ -5,6 +5,7 @@
 //!   compared in constant time, loaded by one loader ([`ApiKeys::load`]);
 //! - [`Caller`]: the one auth extractor (tenant and key id of the bearer key);
 //! - [`ApiError`]: the one error body, `{"error": {"code": "...", "message": "..."}}`;
+//! - [`limit_in_hand`]: at most N requests in hand, one more answered 503 `busy`;
 //! - [`MetricsRegistry`]: the one `prometheus` registry helper behind `GET /metrics`;
 //! - [`cpu`]: CPU seconds from procfs (`process_cpu_seconds_total`, the benchmarks);
 //! - [`bind`]: listen on an address, refusing non-loopback addresses unless asked, because
@@ -18,11 +19,13 @@ mod auth;
 pub mod cpu;
 mod error;
 mod keys;
+mod limit;
 mod metrics;
 
 pub use auth::{Caller, HasApiKeys};
 pub use error::{check_len, error_response, ApiError, ErrorDetail};
 pub use keys::{ApiKeys, AuthError, KeySources, Unauthorized};
+pub use limit::{busy, limit_in_hand};
 pub use metrics::{metrics_response, MetricsRegistry};
 pub use prometheus;
 

@@ -448,16 +448,7 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
         // Held until the answer: the body, its items and their wait for durability.
         let Ok(_permit) = g.in_hand.clone().try_acquire_owned() else {
             g.metrics_reject("busy");
-            let mut r = weft_http::error_response(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "busy",
-                "too many requests in hand; retry shortly",
-            );
-            r.headers_mut().insert(
-                header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
-            return r;
+            return weft_http::busy();
         };
         let bytes = match read_body(&g, &headers, body).await {
             Ok(b) => b,

@@ -474,6 +474,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         keyring,
         copy_window_secs,
         max_verify_rows: a.max_verify_rows,
+        max_concurrent_requests: a.max_concurrent_requests,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;

@@ -208,6 +208,12 @@ pub struct ServeArgs {
     /// rare filter. Ask for less, or run the CLI, which has no limit.
     #[arg(long, env = "WEFT_AUDIT_MAX_READ_ROWS", default_value_t = 5_000_000)]
     pub max_read_rows: u64,
+    /// The most /v1/audit requests handled at once; one more is answered at once, 503
+    /// `busy` with `Retry-After: 1`. With --max-read-rows this bounds what the API can ask of
+    /// ClickHouse at any moment.
+    #[arg(long, env = "WEFT_AUDIT_MAX_CONCURRENT_REQUESTS",
+          default_value_t = weft_audit::serve::DEFAULT_MAX_CONCURRENT_REQUESTS)]
+    pub max_concurrent_requests: usize,
 }
 
 /// The tenant and time bounds every query takes.
