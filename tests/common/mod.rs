@@ -8,6 +8,7 @@
 
 pub mod facts;
 pub mod pipeline;
+pub mod proxy;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
