@@ -217,6 +217,14 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
             "body_too_large",
         ),
         (
+            "a candidate_id twice",
+            json!({"candidates": [{"candidate_id": "a", "candidate_type": "tool"},
+                                  {"candidate_id": "b", "candidate_type": "tool"},
+                                  {"candidate_id": "a", "candidate_type": "tool"}]}),
+            422,
+            "duplicate_candidate",
+        ),
+        (
             "65 candidates",
             json!({"candidates": many(65)}),
             422,

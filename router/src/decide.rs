@@ -85,6 +85,7 @@ pub fn check(
         limits::CANDIDATES,
         "candidates",
     )?;
+    let mut ids = std::collections::HashSet::with_capacity(req.candidates.len());
     for c in &req.candidates {
         at_most(
             "candidate_id",
@@ -92,6 +93,9 @@ pub fn check(
             limits::ID_BYTES,
             "bytes",
         )?;
+        if !ids.insert(c.candidate_id.as_str()) {
+            return Err(RouterError::DuplicateCandidate(c.candidate_id.clone()));
+        }
     }
     at_most(
         "context",

@@ -34,6 +34,10 @@ pub enum RouterError {
     /// `candidates` is empty.
     #[error("candidates is empty")]
     NoCandidates,
+    /// Two candidates share an id: feedback, aggregates and evaluation know a candidate by
+    /// its id, so the logged propensity of one copy would not be the probability of the id.
+    #[error("candidate_id `{0}` is given more than once")]
+    DuplicateCandidate(String),
     /// `context.tenant` names another tenant than the key's.
     #[error("context.tenant is not the key's tenant")]
     TenantForbidden,
@@ -68,6 +72,9 @@ impl RouterError {
             RouterError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
             RouterError::TooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "over_limit"),
             RouterError::NoCandidates => (StatusCode::BAD_REQUEST, "no_candidates"),
+            RouterError::DuplicateCandidate(_) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "duplicate_candidate")
+            }
             RouterError::TenantForbidden => (StatusCode::FORBIDDEN, "tenant_forbidden"),
             RouterError::UnknownPolicy(_) => (StatusCode::BAD_REQUEST, "unknown_policy"),
             RouterError::Publish(code, _, s) => (*s, code),

@@ -156,7 +156,7 @@ pub async fn run(args: EvalArgs, settings: Settings) -> anyhow::Result<bool> {
     );
     let violations = weft_schemas::Validator::global()
         .check("evaluation_artifact", &art)
-        .unwrap_or_default();
+        .context("validating the evaluation artifact")?;
     anyhow::ensure!(
         violations.is_empty(),
         "the evaluation artifact does not validate: {violations:?}"

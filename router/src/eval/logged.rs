@@ -18,9 +18,26 @@ fn f(v: &Value, path: &[&str]) -> Option<f64> {
     path.iter().try_fold(v, |v, k| v.get(k))?.as_f64()
 }
 
+/// Logged decisions left out of an evaluation, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// No usable `x_weft_propensity` (or, for a contextual target, no logged features).
+    pub without_propensity: usize,
+    /// The feedback is about another candidate than the logged choice (a fallback ran): its
+    /// reward is not the chosen action's, so the pair is no bandit sample.
+    pub other_candidate: usize,
+}
+
+impl Skipped {
+    /// Every decision left out.
+    pub fn total(&self) -> usize {
+        self.without_propensity + self.other_candidate
+    }
+}
+
 /// Turn logged pairs into evaluation records for the target policy. Returns the records,
-/// the number of decisions skipped for lack of a propensity, and the logged success rate,
-/// mean cost and mean latency.
+/// the decisions left out ([`Skipped`]), and the logged success rate, mean cost and mean
+/// latency.
 ///
 /// The target scores candidates from `target` (a snapshot file) or, by default, from
 /// statistics fitted on the same pairs (in-sample). For `squarecb` the target is contextual:
@@ -34,7 +51,7 @@ pub fn records(
     cfg: &PolicyConfig,
     target: Option<&Snapshot>,
     seed: u64,
-) -> (Vec<Logged>, usize, [f64; 3]) {
+) -> (Vec<Logged>, Skipped, [f64; 3]) {
     let reward = |fb: &Value| Outcome::from_feedback(fb, &cfg.weights, cfg.prior_quality).reward;
     let contextual = cfg.policy == PolicyName::SquareCb;
     let fitted = fit_aggregates(pairs, tenant);
@@ -49,20 +66,24 @@ pub fn records(
     };
     let mut rng = Rng::new(seed ^ 0x5eed);
     let mut out = Vec::new();
-    let mut skipped = 0;
+    let mut skipped = Skipped::default();
     let (mut succ, mut cost, mut lat, mut lat_n) = (0.0, 0.0, 0.0, 0.0);
     for p in pairs {
         let d = &p.decision;
         let Some(prop) = f(d, &["metadata", "x_weft_propensity"]).filter(|x| *x > 0.0) else {
-            skipped += 1;
+            skipped.without_propensity += 1;
             continue;
         };
-        let cands = admissible_set(d);
         let chosen_id = d["candidate"]["candidate_id"].as_str().unwrap_or_default();
+        if p.feedback["candidate_id"].as_str() != Some(chosen_id) {
+            skipped.other_candidate += 1;
+            continue;
+        }
+        let cands = admissible_set(d);
         let actions: Vec<String> = cands.keys().cloned().collect();
         let (context, target_p) = if contextual {
             let Some(rem) = Remembered::from_payload(d) else {
-                skipped += 1;
+                skipped.without_propensity += 1;
                 continue;
             };
             let xs: Vec<Example> = actions.iter().filter_map(|a| rem.example(a)).collect();
@@ -139,10 +160,10 @@ fn fit_aggregates(pairs: &[LoggedPair], tenant: &str) -> Snapshot {
         let ctx = p.decision["metadata"]["x_weft_context"]
             .as_str()
             .unwrap_or_default();
-        let id = p.decision["candidate"]["candidate_id"]
-            .as_str()
-            .unwrap_or_default();
+        // The outcome is about the candidate the feedback names (a fallback, when the
+        // choice did not run).
         let fb = &p.feedback;
+        let id = fb["candidate_id"].as_str().unwrap_or_default();
         fitted
             .arms_mut(tenant, ctx)
             .entry(id.to_owned())
@@ -186,7 +207,7 @@ pub fn artifact(
     cfg: &PolicyConfig,
     tenant: &str,
     range: (&str, &str),
-    skipped: usize,
+    skipped: Skipped,
     missing_feedback: usize,
     rates: [f64; 3],
     bootstrap: usize,
@@ -197,15 +218,23 @@ pub fn artifact(
         || report.effective_sample_size < 0.05 * n
     {
         "high_risk"
-    } else if report.warnings.is_empty() && skipped == 0 {
+    } else if report.warnings.is_empty() && skipped.total() == 0 {
         "ok"
     } else {
         "caution"
     };
     let mut warnings = report.warnings.clone();
-    if skipped > 0 {
+    if skipped.without_propensity > 0 {
         warnings.push(format!(
-            "{skipped} decisions carry no propensity and were left out"
+            "{} decisions carry no propensity and were left out",
+            skipped.without_propensity
+        ));
+    }
+    if skipped.other_candidate > 0 {
+        warnings.push(format!(
+            "{} decisions have feedback about another candidate than the one chosen (a \
+             fallback ran) and were left out",
+            skipped.other_candidate
         ));
     }
     let uplift = report.dr.value - report.logged_value;
@@ -256,7 +285,8 @@ pub fn artifact(
             "unsupported_share": report.unsupported_share,
             "decisions_evaluated": report.n,
             "decisions_without_feedback": missing_feedback,
-            "decisions_without_propensity": skipped,
+            "decisions_without_propensity": skipped.without_propensity,
+            "decisions_with_feedback_for_another_candidate": skipped.other_candidate,
         },
         "propensity_diagnostics": {
             "max_importance_weight": report.max_importance_weight,
@@ -272,4 +302,42 @@ pub fn artifact(
         "provenance": {"tenant": tenant, "from": range.0, "to": range.1, "source": "weft_events"},
         "metadata": {"x_weft_weights": cfg.weights},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(chosen: &str, fallback: &str, feedback_for: &str) -> LoggedPair {
+        LoggedPair {
+            decision: json!({
+                "decision_id": "d",
+                "candidate": {"candidate_id": chosen, "candidate_type": "tool"},
+                "fallback_candidates": [{"candidate_id": fallback, "candidate_type": "tool"}],
+                "metadata": {"x_weft_propensity": 0.9, "x_weft_context": "c"}
+            }),
+            feedback: json!({"decision_id": "d", "candidate_id": feedback_for, "success": true}),
+        }
+    }
+
+    /// A fallback's outcome is not the chosen action's reward: such a pair is left out and
+    /// counted, never credited to the choice.
+    #[test]
+    fn feedback_about_a_fallback_is_left_out_not_credited_to_the_choice() {
+        let cfg = PolicyConfig {
+            policy: PolicyName::Greedy,
+            ..PolicyConfig::default()
+        };
+        let pairs = [pair("a", "b", "a"), pair("a", "b", "b")];
+        let (records, skipped, _) = records(&pairs, "t", &cfg, None, 1);
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].actions[records[0].chosen], "a");
+        assert_eq!(
+            skipped,
+            Skipped {
+                without_propensity: 0,
+                other_candidate: 1
+            }
+        );
+    }
 }
