@@ -426,6 +426,21 @@ impl Remembered {
         }
     }
 
+    /// About the bytes it holds on the heap and inline (for [`crate::service`]'s bound on
+    /// remembered decisions).
+    pub fn bytes(&self) -> usize {
+        let feature = std::mem::size_of::<Feature>();
+        let entry = std::mem::size_of::<(String, Vec<Feature>)>();
+        std::mem::size_of::<Self>()
+            + self.context_key.len()
+            + self.ctx.len() * feature
+            + self
+                .cands
+                .iter()
+                .map(|(id, f)| entry + id.len() + f.len() * feature)
+                .sum::<usize>()
+    }
+
     /// The example of `candidate` (one of the decision's), if it was one.
     pub fn example(&self, candidate: &str) -> Option<Example> {
         self.cands
