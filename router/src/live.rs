@@ -28,6 +28,10 @@ use crate::store::OutcomeRow;
 pub const APPLIED_MAX: usize = 500_000;
 /// Pending (not yet stored) outcomes kept per tenant; the oldest go first.
 pub const PENDING_MAX: usize = 100_000;
+/// A pending outcome the stored rows have not brought back in this long leaves the pending
+/// list: its decision was not stored (its publish failed after the answer), so no rebuild
+/// will ever learn it, and every refresh replayed it for nothing.
+pub const PENDING_MAX_AGE: Duration = Duration::from_secs(600);
 /// A decision counts as in flight for this long without its outcome.
 pub const INFLIGHT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Candidates tracked in flight per tenant. Past it the expired ones go, then the least
@@ -127,20 +131,27 @@ impl Rebuilt {
 struct TenantState {
     served: Arc<TenantModel>,
     base: Base,
-    pending: VecDeque<Observation>,
+    /// Outcomes learnt at once, with when, oldest first.
+    pending: VecDeque<(Instant, Observation)>,
     pending_ids: HashSet<String>,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
 }
 
 impl TenantState {
-    /// Drop pending outcomes the base now holds; serve the base with the rest replayed.
+    /// Drop pending outcomes the base now holds, and those older than [`PENDING_MAX_AGE`];
+    /// serve the base with the rest replayed.
     fn reserve(&mut self, cfg: &LearnerConfig) {
         let applied = &self.base.applied.set;
-        self.pending.retain(|p| !applied.contains(&p.feedback_id));
-        self.pending_ids = self.pending.iter().map(|p| p.feedback_id.clone()).collect();
+        self.pending
+            .retain(|(at, p)| at.elapsed() < PENDING_MAX_AGE && !applied.contains(&p.feedback_id));
+        self.pending_ids = self
+            .pending
+            .iter()
+            .map(|(_, p)| p.feedback_id.clone())
+            .collect();
         let mut served = self.base.model.clone();
-        for p in &self.pending {
+        for (_, p) in &self.pending {
             served.learn(cfg, p);
         }
         self.served = Arc::new(served);
@@ -197,12 +208,12 @@ impl Live {
         }
         Arc::make_mut(&mut t.served).learn(cfg, &obs);
         if t.pending.len() >= PENDING_MAX {
-            if let Some(old) = t.pending.pop_front() {
+            if let Some((_, old)) = t.pending.pop_front() {
                 t.pending_ids.remove(&old.feedback_id);
             }
         }
         t.pending_ids.insert(obs.feedback_id.clone());
-        t.pending.push_back(obs);
+        t.pending.push_back((Instant::now(), obs));
         true
     }
 
@@ -431,6 +442,27 @@ mod tests {
         );
         // A row that becomes visible before the last one learnt is reported as late.
         assert!(r2.reconcile(&cfg, vec![stored("f0", 0, 1.0)]));
+    }
+
+    /// An outcome whose decision was never stored never comes back from ClickHouse: after
+    /// [`PENDING_MAX_AGE`] it leaves the pending list (it was replayed at every refresh).
+    #[test]
+    fn a_pending_outcome_that_never_comes_back_leaves_after_its_age() {
+        let cfg = LearnerConfig::default();
+        let l = Live::default();
+        assert!(l.learn_now(&cfg, "t", obs("lost", 1.0)));
+        assert!(l.learn_now(&cfg, "t", obs("fresh", 1.0)));
+        let old = Instant::now()
+            .checked_sub(PENDING_MAX_AGE + Duration::from_secs(1))
+            .expect("the clock is past the age");
+        l.tenant("t").write().pending[0].0 = old;
+        l.install(&cfg, Rebuilt::default());
+        assert_eq!(l.pending("t"), 1, "only the fresh one stays");
+        assert_eq!(l.model("t").updates, 1);
+        assert!(
+            l.learn_now(&cfg, "t", obs("lost", 1.0)),
+            "it is no longer pending"
+        );
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! candidate), and is added to the aggregates' arms of its context at decision time. It
 //! leaves at the refresh that reads its feedback identity back from ClickHouse (the
 //! contextual model's base then holds it; the aggregates, read just before, do too, or at
-//! the next refresh), or when older than the aggregates' window. It is never counted twice:
+//! the next refresh), or after twelve refreshes (at least a minute): feedback that joins no
+//! stored decision reaches the aggregates but never the model's base, so it cannot wait for
+//! that (held for the window, it counted twice for days, and a tenant's full overlay took
+//! no new outcome). Otherwise it is never counted twice:
 //! the overlay is trimmed before the new aggregates are installed, so a decision sees
 //! either the old aggregates with the overlay or the new ones without what they hold (an
 //! outcome stored between the two reads of one refresh counts from the next one).

@@ -95,6 +95,17 @@ struct RecentCap {
     bytes: usize,
 }
 
+/// How long an outcome stays in the overlay when the model's base never holds it: feedback
+/// that joins no stored decision (an unknown decision, a candidate it did not offer) reaches
+/// the aggregates but never the base, and held longer it would count twice. Twelve refreshes,
+/// at least a minute, at most the window: an outcome whose feedback ingest stores later than
+/// that counts late, from the aggregates, never twice for long.
+fn overlay_settle(refresh: Duration, window_s: u64) -> Duration {
+    (refresh * 12)
+        .max(Duration::from_secs(60))
+        .min(Duration::from_secs(window_s))
+}
+
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
 /// Posterior states memoised at most (then the memo starts afresh).
@@ -282,7 +293,7 @@ impl Service {
         // Trimmed before the new aggregates are served, so nothing counts twice.
         self.overlay.trim(
             |t, id| self.live.holds(t, id),
-            Duration::from_secs(self.cfg.window_s),
+            overlay_settle(self.cfg.refresh_period, self.cfg.window_s),
         );
         *self.snapshot.write() = Arc::new(stats);
         let mut h = self.health.lock();
@@ -708,6 +719,14 @@ pub fn app(s: Arc<Service>) -> AxumRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_overlay_settles_in_twelve_refreshes_between_a_minute_and_the_window() {
+        let s = |refresh_ms, window_s| overlay_settle(Duration::from_millis(refresh_ms), window_s);
+        assert_eq!(s(5_000, 604_800), Duration::from_secs(60));
+        assert_eq!(s(30_000, 604_800), Duration::from_secs(360));
+        assert_eq!(s(30_000, 100), Duration::from_secs(100));
+    }
 
     #[test]
     fn remembered_decisions_stay_within_the_byte_cap() {
