@@ -136,6 +136,8 @@ struct TenantState {
     pending_ids: HashSet<String>,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
+    /// Held while a constrained decision is made ([`Live::constrained_gate`]).
+    gate: Arc<parking_lot::Mutex<()>>,
 }
 
 impl TenantState {
@@ -202,9 +204,6 @@ impl Live {
         if t.base.applied.set.contains(&obs.feedback_id) || t.pending_ids.contains(&obs.feedback_id)
         {
             return false;
-        }
-        if let Some(f) = t.inflight.get_mut(&obs.candidate_id) {
-            f.0 = f.0.saturating_sub(1);
         }
         Arc::make_mut(&mut t.served).learn(cfg, &obs);
         if t.pending.len() >= PENDING_MAX {
@@ -287,6 +286,21 @@ impl Live {
         match t.inflight.get(candidate) {
             Some((n, at)) if at.elapsed() < INFLIGHT_TIMEOUT => *n,
             _ => 0,
+        }
+    }
+
+    /// The lock a constrained decision of `tenant` holds from its admission (the risk
+    /// budget's check) until [`Live::decided`] counts it.
+    pub fn constrained_gate(&self, tenant: &str) -> Arc<parking_lot::Mutex<()>> {
+        self.tenant(tenant).read().gate.clone()
+    }
+
+    /// An outcome arrived for a decision that chose `candidate`: one fewer in flight.
+    pub fn settled(&self, tenant: &str, candidate: &str) {
+        if let Some(t) = self.tenants.read().get(tenant) {
+            if let Some(f) = t.write().inflight.get_mut(candidate) {
+                f.0 = f.0.saturating_sub(1);
+            }
         }
     }
 
@@ -473,6 +487,8 @@ mod tests {
         l.decided("t", "a");
         assert_eq!(l.inflight("t", "a"), 2);
         l.learn_now(&cfg, "t", obs("f1", 1.0));
+        assert_eq!(l.inflight("t", "a"), 2, "learning is not settling");
+        l.settled("t", "a");
         assert_eq!(l.inflight("t", "a"), 1);
         assert_eq!(l.inflight("u", "a"), 0);
     }

@@ -365,6 +365,15 @@ impl Service {
             self.metrics.rejected.inc();
             e.into_response()
         })?;
+        // A constrained request's risk budget is checked at admission and counted once the
+        // decision is made: the tenant's constrained decisions are made one at a time, so
+        // that concurrent requests cannot all pass the check before any is counted.
+        let gate = req
+            .constraints
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+            .then(|| self.live.constrained_gate(tenant));
+        let _one_at_a_time = gate.as_ref().map(|g| g.lock());
         let live = self.live.model(tenant);
         let snap = self.snapshot();
         // The contextual policy reads this replica's outcomes from its model; the others
@@ -561,6 +570,12 @@ impl Service {
                 quality: outcome.quality,
             },
         );
+        if let Some(r) = &remembered {
+            // The decision's choice is no longer in flight, whichever candidate ran.
+            if let Some((chosen, _)) = r.cands.first() {
+                self.live.settled(tenant, chosen);
+            }
+        }
         let example = remembered.and_then(|r| r.example(&candidate));
         if let Some(example) = example {
             let obs = Observation {
