@@ -113,6 +113,9 @@ const MEMO_CAPACITY: usize = 16_384;
 /// Re-read this much before the last visible row at each refresh (rows of an insert in
 /// flight become visible after their `ingested_at`); identities already learnt are skipped.
 const VISIBILITY_MARGIN_US: i64 = 10_000_000;
+/// The contextual model's part of a refresh (a full rebuild, or the new rows) at most; the
+/// whole refresh has 60 s.
+const MODEL_READ_BUDGET: Duration = Duration::from_secs(45);
 /// Incremental refreshes between two full rebuilds of the contextual model.
 pub const REBUILD_EVERY: u32 = 60;
 
@@ -274,28 +277,49 @@ impl Service {
             )
         };
         let pc = &self.cfg.policy;
-        let top = if full {
-            let fresh = crate::live::rebuild(store, pc, self.cfg.window_s).await?;
-            let top = fresh.top;
-            self.live.install(&pc.learner, fresh);
-            top
-        } else {
-            let after = since.map_or(0, |w| w - VISIBILITY_MARGIN_US);
-            let rows = crate::store::read_outcomes(store, (after, ""), self.cfg.window_s).await?;
-            self.metrics.refresh_rows.inc_by(rows.len() as u64);
-            let top = rows.iter().map(|r| r.visible_us).max();
-            let late = self
-                .live
-                .reconcile(&pc.learner, crate::live::observations(rows, pc));
+        // The model's part has a time budget of its own: when it fails, the aggregates just
+        // read are still served (a rebuild too slow for the refresh's timeout used to throw
+        // them away at every try, and the snapshot stayed stale for good).
+        let model = tokio::time::timeout(MODEL_READ_BUDGET, async {
+            if full {
+                let fresh = crate::live::rebuild(store, pc, self.cfg.window_s).await?;
+                let top = fresh.top;
+                self.live.install(&pc.learner, fresh);
+                return Ok::<_, RouterError>(top);
+            }
+            // Page by page from the cursor, as the rebuild does: one page ending inside the
+            // visibility margin would otherwise be read again at every refresh.
+            let mut cursor = (since.map_or(0, |w| w - VISIBILITY_MARGIN_US), String::new());
+            let (mut top, mut late) = (None, false);
+            loop {
+                let rows =
+                    crate::store::read_outcomes(store, (cursor.0, &cursor.1), self.cfg.window_s)
+                        .await?;
+                let more = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
+                if let Some(last) = rows.last() {
+                    cursor = (last.visible_us, last.feedback_id.clone());
+                }
+                self.metrics.refresh_rows.inc_by(rows.len() as u64);
+                top = top.max(rows.iter().map(|r| r.visible_us).max());
+                late |= self
+                    .live
+                    .reconcile(&pc.learner, crate::live::observations(rows, pc));
+                if !more {
+                    break;
+                }
+            }
             self.health.lock().late = late;
-            top
-        };
+            Ok(top)
+        })
+        .await
+        .unwrap_or(Err(RouterError::Timeout));
         // Trimmed before the new aggregates are served, so nothing counts twice.
         self.overlay.trim(
             |t, id| self.live.holds(t, id),
             overlay_settle(self.cfg.refresh_period, self.cfg.window_s),
         );
         *self.snapshot.write() = Arc::new(stats);
+        let top = model?;
         let mut h = self.health.lock();
         if full {
             h.since_rebuild = 0;
