@@ -474,3 +474,67 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
         "{report:#}"
     );
 }
+
+/// A search page stops at `PAGE_MAX_BYTES` of payload (16 MiB) and hands out a cursor,
+/// whatever `limit` says: 18 events of ~990 KB come in more than one page, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_page_of_large_events_ends_early_with_its_cursor() {
+    let p = Pipeline::new("it_audit_bytes");
+    let note = "n".repeat(990_000);
+    let lines: Vec<String> = (0..18)
+        .map(|i| {
+            format!(
+                r#"{{"kind":"trace_event","request_id":"r-big","payload":{{"event_id":"te-big-{i:02}","event_type":"flow_started","timestamp":"2026-11-01T00:00:{i:02}Z","metadata":{{"note":"{note}"}}}}}}"#
+            )
+        })
+        .collect();
+    let file = p.path("big.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(18, Duration::from_secs(120)).await;
+    let search = |all: bool| {
+        let mut args = vec![
+            "search",
+            "--kind",
+            "trace_event",
+            "--limit",
+            "100",
+            "--format",
+            "jsonl",
+            "--from",
+            "2026-10-01T00:00:00Z",
+            "--to",
+            "2027-01-01T00:00:00Z",
+        ];
+        if all {
+            args.push("--all");
+        }
+        let out = run(&p, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        (ids, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (first, stderr) = search(false);
+    assert!(
+        !first.is_empty() && first.len() < 18,
+        "one page of {} hits",
+        first.len()
+    );
+    assert!(stderr.contains("next cursor: "), "{stderr}");
+    let (every, _) = search(true);
+    let distinct: BTreeSet<&String> = every.iter().collect();
+    assert_eq!((every.len(), distinct.len()), (18, 18));
+}

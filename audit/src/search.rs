@@ -14,6 +14,9 @@ use crate::{ch_err, AuditError, Range, Store};
 
 /// The largest page a caller may ask for.
 pub const MAX_LIMIT: u64 = 10_000;
+/// A page ends early, with a cursor, once its hits hold this many bytes of payload (10,000
+/// hits of events up to 1 MB each would otherwise be one answer of gigabytes).
+pub const PAGE_MAX_BYTES: usize = 16 << 20;
 
 /// What to search for. Every filter is an exact match; empty means "any".
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -106,7 +109,7 @@ pub async fn page(
         Some(c) => (1u8, decode_cursor(c)?),
         None => (0u8, (0, String::new(), String::new(), String::new())),
     };
-    let hits: Vec<Hit> = store
+    let mut rows = store
         .client()
         .query(SQL)
         .param("t", tenant)
@@ -126,10 +129,19 @@ pub async fn page(
         .param("cid", &cid)
         .param("chash", &chash)
         .param("limit", limit)
-        .fetch_all()
-        .await
+        .fetch::<Hit>()
         .map_err(ch_err(store))?;
-    let next_cursor = if hits.len() as u64 == limit {
+    // Read as they come, up to the byte budget: a page cut short says so with its cursor.
+    let (mut hits, mut bytes, mut cut) = (Vec::new(), 0usize, false);
+    while let Some(h) = rows.next().await.map_err(ch_err(store))? {
+        bytes += h.payload.len();
+        hits.push(h);
+        if bytes >= PAGE_MAX_BYTES && (hits.len() as u64) < limit {
+            cut = true;
+            break;
+        }
+    }
+    let next_cursor = if cut || hits.len() as u64 == limit {
         hits.last().map(encode_cursor)
     } else {
         None
