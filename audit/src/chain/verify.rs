@@ -26,6 +26,22 @@ const SPAN_ROWS_SQL: &str = concat!(
     ")"
 );
 
+/// How many facts a [`Span`] holds, and the parts of `weft_events` they are in. Every
+/// column is in the `by_partition` projection (ordered by topic, partition and offset), so
+/// this reads the span's offsets only; the facts are then read from those parts, not from
+/// the tenant's whole range of the kind, which every partition's span shares.
+const SPAN_PARTS_SQL: &str = concat!(
+    "SELECT count() AS n, groupUniqArray(_part) AS parts FROM weft_events WHERE ",
+    events_span_where!()
+);
+
+/// What [`SPAN_PARTS_SQL`] finds.
+#[derive(Debug, clickhouse::Row, Deserialize)]
+struct SpanParts {
+    n: u64,
+    parts: Vec<String>,
+}
+
 /// The checkpoints of a [`Span`], in offset order.
 const SPAN_CHECKPOINTS_SQL: &str = concat!(
     checkpoints_select!(),
@@ -297,7 +313,20 @@ impl Run<'_> {
             )
             .collect();
         let chain: Vec<Link> = span.rows(store, LINKS_SQL).await?;
-        let rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
+        let found: SpanParts = span
+            .query(store, SPAN_PARTS_SQL)
+            .fetch_one()
+            .await
+            .map_err(ch_err(store))?;
+        let span = Span {
+            parts: &found.parts,
+            ..span
+        };
+        let mut rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
+        if rows.len() as u64 != found.n {
+            // A part merged away (or a fact deleted) since they were counted.
+            rows = Span { parts: &[], ..span }.rows(store, ROWS_SQL).await?;
+        }
         let (heads, sealed) = self.walk(p, &chain, &rows, prev, rep)?;
         // The partition's last sealed offset, also when the window ends before it.
         let last_sealed = match self.opt.range {
@@ -326,8 +355,9 @@ impl Run<'_> {
         {
             let after = last_sealed.map_or(after, |l| (l as i64).max(after));
             let window = self.opt.copy_window_secs;
+            let expect = rows.iter().filter(|r| r.offset as i64 > after).count();
             for (what, r, detail) in
-                unsealed_problems(store, Span { after, ..span }, None, window).await?
+                unsealed_problems(store, Span { after, ..span }, Some(expect), window).await?
             {
                 rep.problems
                     .push(problem(p, what, r.offset, &r.kind, &r.id, detail));
