@@ -381,4 +381,14 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         .scalar(&format!("SELECT count() FROM weft_audit_log WHERE position(actor, '{ACME}') > 0 OR position(query, '{ACME}') > 0"))
         .await;
     assert_eq!(leaked, 0);
+    // The five refused reads of another tenant are on the caller's record too.
+    let refused = p
+        .wait_for_count(
+            "SELECT count() FROM weft_audit_log WHERE tenant = 'acme' \
+             AND action = 'refused_tenant_forbidden' AND position(query, 'globex') > 0",
+            5,
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(refused, 5);
 }

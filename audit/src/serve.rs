@@ -153,12 +153,28 @@ struct AuditCaller(Caller);
 impl FromRequestParts<AppState> for AuditCaller {
     type Rejection = ApiError;
 
+    /// Refusals are on the record too: a 401 (no tenant to file it under) in the log, a
+    /// 403 also in the key's tenant's `weft_audit_log` (`refused_tenant_forbidden`, with the
+    /// tenant asked for and the path).
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
-        let caller = Caller::from_request_parts(parts, s).await?;
+        let path = parts.uri.path().to_owned();
+        let caller = Caller::from_request_parts(parts, s).await.inspect_err(|e| {
+            tracing::warn!(target: "weft_audit", code = %e.code, %path, "audit request refused");
+        })?;
         let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(&parts.uri)
             .ok()
             .and_then(|Query(m)| m.get("tenant").cloned());
-        if asked.is_some_and(|asked| asked != caller.tenant) {
+        if let Some(asked) = asked.filter(|asked| *asked != caller.tenant) {
+            let q = json!({"tenant": asked, "path": path});
+            record(
+                s,
+                &caller.tenant,
+                &caller.key_id,
+                "refused_tenant_forbidden",
+                q,
+                0,
+            )
+            .await;
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "tenant_forbidden",
