@@ -60,20 +60,28 @@ impl Applied {
     }
 }
 
-/// One tenant's model learnt from ClickHouse alone, with the identities it holds and the
-/// place in the visibility order of the last row it learnt.
+/// One tenant's model learnt from ClickHouse alone, with the identities it holds, the
+/// decisions it has an outcome of, and the place in the visibility order of the last row
+/// it learnt.
 #[derive(Default)]
 struct Base {
     model: TenantModel,
     applied: Applied,
+    answered: Applied,
     last: (i64, String),
 }
 
 impl Base {
-    /// Learn a stored row unless its identity is already held; `true` when it came out of
-    /// the visibility order (before the last row learnt).
+    /// Learn a stored row unless its identity is already held, or its decision already has
+    /// an outcome (one decision, one reward: a feedback posted again, through another
+    /// replica or with another timestamp, is another identity of the same outcome; it is
+    /// held, not learnt); `true` when it came out of the visibility order (before the last
+    /// row learnt).
     fn learn(&mut self, cfg: &LearnerConfig, row: &Stored) -> bool {
         if !self.applied.insert(&row.obs.feedback_id) {
+            return false;
+        }
+        if !self.answered.insert(&row.decision_id) {
             return false;
         }
         self.model.learn(cfg, &row.obs);
@@ -93,6 +101,8 @@ pub struct Stored {
     pub tenant: String,
     /// (visibility µs, feedback id): the order rows are learnt in.
     pub key: (i64, String),
+    /// The decision the feedback answers.
+    pub decision_id: String,
     /// What to learn.
     pub obs: Observation,
 }
@@ -131,9 +141,11 @@ impl Rebuilt {
 struct TenantState {
     served: Arc<TenantModel>,
     base: Base,
-    /// Outcomes learnt at once, with when, oldest first.
-    pending: VecDeque<(Instant, Observation)>,
+    /// Outcomes learnt at once, with when and their decision, oldest first.
+    pending: VecDeque<(Instant, String, Observation)>,
+    /// The feedback identities and the decisions of `pending`.
     pending_ids: HashSet<String>,
+    pending_decisions: HashSet<String>,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
     /// Held while a constrained decision is made ([`Live::constrained_gate`]).
@@ -144,16 +156,20 @@ impl TenantState {
     /// Drop pending outcomes the base now holds, and those older than [`PENDING_MAX_AGE`];
     /// serve the base with the rest replayed.
     fn reserve(&mut self, cfg: &LearnerConfig) {
-        let applied = &self.base.applied.set;
-        self.pending
-            .retain(|(at, p)| at.elapsed() < PENDING_MAX_AGE && !applied.contains(&p.feedback_id));
+        let (applied, answered) = (&self.base.applied.set, &self.base.answered.set);
+        self.pending.retain(|(at, d, p)| {
+            at.elapsed() < PENDING_MAX_AGE
+                && !applied.contains(&p.feedback_id)
+                && !answered.contains(d)
+        });
         self.pending_ids = self
             .pending
             .iter()
-            .map(|(_, p)| p.feedback_id.clone())
+            .map(|(_, _, p)| p.feedback_id.clone())
             .collect();
+        self.pending_decisions = self.pending.iter().map(|(_, d, _)| d.clone()).collect();
         let mut served = self.base.model.clone();
-        for (_, p) in &self.pending {
+        for (_, _, p) in &self.pending {
             served.learn(cfg, p);
         }
         self.served = Arc::new(served);
@@ -196,23 +212,36 @@ impl Live {
         }
     }
 
-    /// Learn one of this replica's outcomes at once (skipped when the base already holds
-    /// its feedback identity, or it is already pending).
-    pub fn learn_now(&self, cfg: &LearnerConfig, tenant: &str, obs: Observation) -> bool {
+    /// Learn one of this replica's outcomes of `decision_id` at once (skipped when the base
+    /// already holds its feedback identity or an outcome of the decision, or either is
+    /// already pending).
+    pub fn learn_now(
+        &self,
+        cfg: &LearnerConfig,
+        tenant: &str,
+        decision_id: &str,
+        obs: Observation,
+    ) -> bool {
         let t = self.tenant(tenant);
         let mut t = t.write();
-        if t.base.applied.set.contains(&obs.feedback_id) || t.pending_ids.contains(&obs.feedback_id)
+        if t.base.applied.set.contains(&obs.feedback_id)
+            || t.pending_ids.contains(&obs.feedback_id)
+            || t.base.answered.set.contains(decision_id)
+            || t.pending_decisions.contains(decision_id)
         {
             return false;
         }
         Arc::make_mut(&mut t.served).learn(cfg, &obs);
         if t.pending.len() >= PENDING_MAX {
-            if let Some((_, old)) = t.pending.pop_front() {
+            if let Some((_, d, old)) = t.pending.pop_front() {
                 t.pending_ids.remove(&old.feedback_id);
+                t.pending_decisions.remove(&d);
             }
         }
         t.pending_ids.insert(obs.feedback_id.clone());
-        t.pending.push_back((Instant::now(), obs));
+        t.pending_decisions.insert(decision_id.to_owned());
+        t.pending
+            .push_back((Instant::now(), decision_id.to_owned(), obs));
         true
     }
 
@@ -343,6 +372,7 @@ pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
             Some(Stored {
                 tenant: r.tenant,
                 key: (r.visible_us, r.feedback_id.clone()),
+                decision_id: f.get("decision_id")?.as_str()?.to_owned(),
                 obs: Observation {
                     feedback_id: r.feedback_id,
                     candidate_id: cand.to_owned(),
@@ -414,6 +444,7 @@ mod tests {
         Stored {
             tenant: "t".into(),
             key: (at, id.into()),
+            decision_id: format!("d-{id}"),
             obs: obs(id, reward),
         }
     }
@@ -423,9 +454,12 @@ mod tests {
         let cfg = LearnerConfig::default();
         let (r1, r2) = (Live::default(), Live::default());
         // Replica 1 hears f1, replica 2 hears f2: each learns its own at once.
-        assert!(r1.learn_now(&cfg, "t", obs("f1", 1.0)));
-        assert!(!r1.learn_now(&cfg, "t", obs("f1", 1.0)), "twice is once");
-        assert!(r2.learn_now(&cfg, "t", obs("f2", 0.0)));
+        assert!(r1.learn_now(&cfg, "t", "d-f1", obs("f1", 1.0)));
+        assert!(
+            !r1.learn_now(&cfg, "t", "d-f1", obs("f1", 1.0)),
+            "twice is once"
+        );
+        assert!(r2.learn_now(&cfg, "t", "d-f2", obs("f2", 0.0)));
         assert_eq!(r1.model("t").updates, 1);
         // ClickHouse has stored both, one of them twice; read again in an overlapping window.
         let rows = vec![
@@ -447,11 +481,11 @@ mod tests {
         assert_eq!(*r1.model("t"), rebuilt);
         assert_eq!(*r2.model("t"), rebuilt);
         // An outcome heard after the refresh, not yet stored, stays on top of the base.
-        r1.learn_now(&cfg, "t", obs("f3", 1.0));
+        r1.learn_now(&cfg, "t", "d-f3", obs("f3", 1.0));
         r1.reconcile(&cfg, vec![]);
         assert_eq!(r1.model("t").updates, 3);
         assert!(
-            !r1.learn_now(&cfg, "t", obs("f2", 0.0)),
+            !r1.learn_now(&cfg, "t", "d-f2", obs("f2", 0.0)),
             "already in the base"
         );
         // A row that becomes visible before the last one learnt is reported as late.
@@ -464,8 +498,8 @@ mod tests {
     fn a_pending_outcome_that_never_comes_back_leaves_after_its_age() {
         let cfg = LearnerConfig::default();
         let l = Live::default();
-        assert!(l.learn_now(&cfg, "t", obs("lost", 1.0)));
-        assert!(l.learn_now(&cfg, "t", obs("fresh", 1.0)));
+        assert!(l.learn_now(&cfg, "t", "d-lost", obs("lost", 1.0)));
+        assert!(l.learn_now(&cfg, "t", "d-fresh", obs("fresh", 1.0)));
         let old = Instant::now()
             .checked_sub(PENDING_MAX_AGE + Duration::from_secs(1))
             .expect("the clock is past the age");
@@ -474,9 +508,37 @@ mod tests {
         assert_eq!(l.pending("t"), 1, "only the fresh one stays");
         assert_eq!(l.model("t").updates, 1);
         assert!(
-            l.learn_now(&cfg, "t", obs("lost", 1.0)),
+            l.learn_now(&cfg, "t", "d-lost", obs("lost", 1.0)),
             "it is no longer pending"
         );
+    }
+
+    /// One decision, one reward: a feedback posted again (through another replica, so not
+    /// stamped alike, or with another timestamp) is another identity of the same outcome.
+    /// It is held, not learnt, by the base and by the pending list alike.
+    #[test]
+    fn a_second_feedback_of_one_decision_is_not_learnt_again() {
+        let cfg = LearnerConfig::default();
+        let (r1, r2) = (Live::default(), Live::default());
+        assert!(r1.learn_now(&cfg, "t", "d-1", obs("f1", 1.0)));
+        assert!(!r1.learn_now(&cfg, "t", "d-1", obs("f1-again", 1.0)));
+        assert!(r2.learn_now(&cfg, "t", "d-1", obs("f1-again", 1.0)));
+        let mut again = stored("f1-again", 2, 1.0);
+        again.decision_id = "d-1".into();
+        let mut first = stored("f1", 1, 1.0);
+        first.decision_id = "d-1".into();
+        let rows = vec![first, again];
+        let mut fresh = Rebuilt::default();
+        fresh.learn(&cfg, rows.clone());
+        assert_eq!(fresh.models()["t"].updates, 1);
+        assert!(!r2.reconcile(&cfg, rows));
+        assert_eq!(
+            r2.model("t").updates,
+            1,
+            "the pending copy left with the stored one"
+        );
+        assert_eq!(r2.pending("t"), 0);
+        assert!(r2.holds("t", "f1-again"), "held, so the overlay lets it go");
     }
 
     #[test]
@@ -486,7 +548,7 @@ mod tests {
         l.decided("t", "a");
         l.decided("t", "a");
         assert_eq!(l.inflight("t", "a"), 2);
-        l.learn_now(&cfg, "t", obs("f1", 1.0));
+        l.learn_now(&cfg, "t", "d-f1", obs("f1", 1.0));
         assert_eq!(l.inflight("t", "a"), 2, "learning is not settling");
         l.settled("t", "a");
         assert_eq!(l.inflight("t", "a"), 1);

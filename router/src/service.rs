@@ -546,7 +546,8 @@ impl Service {
         }
         let has_ctx = sent_context.is_some();
         let candidate = candidate.to_owned();
-        let remembered = self.recent.lock().get(tenant, decision_id);
+        let decision_id = decision_id.to_owned();
+        let remembered = self.recent.lock().get(tenant, &decision_id);
         if let Some(r) = &remembered {
             if !has_ctx {
                 let meta = v.entry("metadata").or_insert_with(|| json!({}));
@@ -608,7 +609,7 @@ impl Service {
                 example,
                 outcome,
             };
-            if self.live.learn_now(&pc.learner, tenant, obs) {
+            if self.live.learn_now(&pc.learner, tenant, &decision_id, obs) {
                 self.metrics.learned_now.inc();
             }
         }
