@@ -60,9 +60,15 @@ impl Applied {
     }
 }
 
+/// What one outcome is the outcome of: a decision's candidate (the choice, or a fallback
+/// that ran instead).
+fn outcome_key(decision_id: &str, candidate_id: &str) -> String {
+    format!("{decision_id}\n{candidate_id}")
+}
+
 /// One tenant's model learnt from ClickHouse alone, with the identities it holds, the
-/// decisions it has an outcome of, and the place in the visibility order of the last row
-/// it learnt.
+/// (decision, candidate) pairs it has an outcome of, and the place in the visibility order
+/// of the last row it learnt.
 #[derive(Default)]
 struct Base {
     model: TenantModel,
@@ -72,16 +78,19 @@ struct Base {
 }
 
 impl Base {
-    /// Learn a stored row unless its identity is already held, or its decision already has
-    /// an outcome (one decision, one reward: a feedback posted again, through another
-    /// replica or with another timestamp, is another identity of the same outcome; it is
-    /// held, not learnt); `true` when it came out of the visibility order (before the last
-    /// row learnt).
+    /// Learn a stored row unless its identity is already held, or its decision's candidate
+    /// already has an outcome (one outcome per candidate of a decision: a feedback posted
+    /// again, through another replica or with another timestamp, is another identity of the
+    /// same outcome; it is held, not learnt); `true` when it came out of the visibility
+    /// order (before the last row learnt).
     fn learn(&mut self, cfg: &LearnerConfig, row: &Stored) -> bool {
         if !self.applied.insert(&row.obs.feedback_id) {
             return false;
         }
-        if !self.answered.insert(&row.decision_id) {
+        if !self
+            .answered
+            .insert(&outcome_key(&row.decision_id, &row.obs.candidate_id))
+        {
             return false;
         }
         self.model.learn(cfg, &row.obs);
@@ -141,11 +150,11 @@ impl Rebuilt {
 struct TenantState {
     served: Arc<TenantModel>,
     base: Base,
-    /// Outcomes learnt at once, with when and their decision, oldest first.
+    /// Outcomes learnt at once, with when and their [`outcome_key`], oldest first.
     pending: VecDeque<(Instant, String, Observation)>,
-    /// The feedback identities and the decisions of `pending`.
+    /// The feedback identities and the outcome keys of `pending`.
     pending_ids: HashSet<String>,
-    pending_decisions: HashSet<String>,
+    pending_keys: HashSet<String>,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
     /// Held while a constrained decision is made ([`Live::constrained_gate`]).
@@ -157,17 +166,17 @@ impl TenantState {
     /// serve the base with the rest replayed.
     fn reserve(&mut self, cfg: &LearnerConfig) {
         let (applied, answered) = (&self.base.applied.set, &self.base.answered.set);
-        self.pending.retain(|(at, d, p)| {
+        self.pending.retain(|(at, key, p)| {
             at.elapsed() < PENDING_MAX_AGE
                 && !applied.contains(&p.feedback_id)
-                && !answered.contains(d)
+                && !answered.contains(key)
         });
         self.pending_ids = self
             .pending
             .iter()
             .map(|(_, _, p)| p.feedback_id.clone())
             .collect();
-        self.pending_decisions = self.pending.iter().map(|(_, d, _)| d.clone()).collect();
+        self.pending_keys = self.pending.iter().map(|(_, d, _)| d.clone()).collect();
         let mut served = self.base.model.clone();
         for (_, _, p) in &self.pending {
             served.learn(cfg, p);
@@ -213,8 +222,8 @@ impl Live {
     }
 
     /// Learn one of this replica's outcomes of `decision_id` at once (skipped when the base
-    /// already holds its feedback identity or an outcome of the decision, or either is
-    /// already pending).
+    /// already holds its feedback identity or an outcome of the decision's candidate, or
+    /// either is already pending).
     pub fn learn_now(
         &self,
         cfg: &LearnerConfig,
@@ -222,12 +231,13 @@ impl Live {
         decision_id: &str,
         obs: Observation,
     ) -> bool {
+        let key = outcome_key(decision_id, &obs.candidate_id);
         let t = self.tenant(tenant);
         let mut t = t.write();
         if t.base.applied.set.contains(&obs.feedback_id)
             || t.pending_ids.contains(&obs.feedback_id)
-            || t.base.answered.set.contains(decision_id)
-            || t.pending_decisions.contains(decision_id)
+            || t.base.answered.set.contains(&key)
+            || t.pending_keys.contains(&key)
         {
             return false;
         }
@@ -235,13 +245,12 @@ impl Live {
         if t.pending.len() >= PENDING_MAX {
             if let Some((_, d, old)) = t.pending.pop_front() {
                 t.pending_ids.remove(&old.feedback_id);
-                t.pending_decisions.remove(&d);
+                t.pending_keys.remove(&d);
             }
         }
         t.pending_ids.insert(obs.feedback_id.clone());
-        t.pending_decisions.insert(decision_id.to_owned());
-        t.pending
-            .push_back((Instant::now(), decision_id.to_owned(), obs));
+        t.pending_keys.insert(key.clone());
+        t.pending.push_back((Instant::now(), key, obs));
         true
     }
 
@@ -513,9 +522,9 @@ mod tests {
         );
     }
 
-    /// One decision, one reward: a feedback posted again (through another replica, so not
-    /// stamped alike, or with another timestamp) is another identity of the same outcome.
-    /// It is held, not learnt, by the base and by the pending list alike.
+    /// One outcome per candidate of a decision: a feedback posted again (through another
+    /// replica, so not stamped alike, or with another timestamp) is another identity of the
+    /// same outcome. It is held, not learnt, by the base and by the pending list alike.
     #[test]
     fn a_second_feedback_of_one_decision_is_not_learnt_again() {
         let cfg = LearnerConfig::default();
@@ -539,6 +548,10 @@ mod tests {
         );
         assert_eq!(r2.pending("t"), 0);
         assert!(r2.holds("t", "f1-again"), "held, so the overlay lets it go");
+        // A fallback that ran instead is another candidate's outcome: learnt.
+        let mut fallback = obs("f1-b", 0.0);
+        fallback.candidate_id = "b".into();
+        assert!(r2.learn_now(&cfg, "t", "d-1", fallback));
     }
 
     #[test]
