@@ -364,6 +364,15 @@ pub fn build(
     );
     metadata.insert("x_weft_propensity".into(), ch.propensity.into());
     metadata.insert("x_weft_scores".into(), Value::Object(scores));
+    // The admissible candidates in request order: the order the policy saw (ties, static's
+    // first), which the fallbacks (best first) and the scores (by id) do not keep, and
+    // `weft eval` needs to judge a target policy on the same set.
+    let admissible: Vec<Value> = adm
+        .admissible
+        .iter()
+        .map(|i| Value::from(adm.ests[*i].candidate_id.clone()))
+        .collect();
+    metadata.insert("x_weft_admissible".into(), Value::Array(admissible));
     metadata.insert("x_weft_context".into(), context_key(&req.context).into());
     metadata.insert("x_weft_features".into(), Value::Object(logged));
     metadata.insert("x_weft_excluded".into(), Value::Object(adm.excluded));

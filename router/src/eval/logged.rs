@@ -80,7 +80,7 @@ pub fn records(
             continue;
         }
         let cands = admissible_set(d);
-        let actions: Vec<String> = cands.keys().cloned().collect();
+        let actions: Vec<String> = cands.iter().map(|(id, _)| id.clone()).collect();
         let (context, target_p) = if contextual {
             let Some(rem) = Remembered::from_payload(d) else {
                 skipped.without_propensity += 1;
@@ -134,9 +134,11 @@ pub fn records(
     (out, skipped, rates)
 }
 
-/// The admissible set of a logged decision: the choice and its fallbacks, ordered by id.
-fn admissible_set(d: &Value) -> BTreeMap<String, Option<Map<String, Value>>> {
-    let mut cands = BTreeMap::new();
+/// The admissible set of a logged decision, with each candidate's metadata: in request
+/// order, the order its policy saw them (`x_weft_admissible`); a decision logged without it
+/// (before it was logged), the choice and its fallbacks ordered by id.
+fn admissible_set(d: &Value) -> Vec<(String, Option<Map<String, Value>>)> {
+    let mut cands: BTreeMap<String, Option<Map<String, Value>>> = BTreeMap::new();
     for c in std::iter::once(&d["candidate"]).chain(
         d.get("fallback_candidates")
             .and_then(Value::as_array)
@@ -150,7 +152,22 @@ fn admissible_set(d: &Value) -> BTreeMap<String, Option<Map<String, Value>>> {
             );
         }
     }
-    cands
+    let order = d["metadata"]["x_weft_admissible"].as_array();
+    match order {
+        Some(ids) if ids.len() == cands.len() => {
+            let ordered: Vec<_> = ids
+                .iter()
+                .filter_map(Value::as_str)
+                .filter_map(|id| cands.get_key_value(id))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if ordered.len() == cands.len() {
+                return ordered;
+            }
+            cands.into_iter().collect()
+        }
+        _ => cands.into_iter().collect(),
+    }
 }
 
 /// Aggregate statistics per (context key, candidate) fitted on the pairs.
@@ -318,6 +335,23 @@ mod tests {
             }),
             feedback: json!({"decision_id": "d", "candidate_id": feedback_for, "success": true}),
         }
+    }
+
+    /// The target policy sees the candidates in the order the logging policy saw them: the
+    /// static policy that logged `z` (first in the request) gives `z` probability 1 (in id
+    /// order it gave `a` 1 and its own choice 0).
+    #[test]
+    fn the_target_sees_the_admissible_set_in_request_order() {
+        let cfg = PolicyConfig {
+            policy: PolicyName::Static,
+            ..PolicyConfig::default()
+        };
+        let mut p = pair("z", "a", "z");
+        p.decision["metadata"]["x_weft_admissible"] = json!(["z", "a"]);
+        let (records, _, _) = records(&[p], "t", &cfg, None, 1);
+        let r = &records[0];
+        assert_eq!(r.actions, ["z", "a"]);
+        assert_eq!(r.target[r.chosen], 1.0);
     }
 
     /// A fallback's outcome is not the chosen action's reward: such a pair is left out and
