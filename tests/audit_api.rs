@@ -391,4 +391,8 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         )
         .await;
     assert_eq!(refused, 5);
+    let addr = base.trim_start_matches("http://");
+    let forbidden =
+        common::metric(addr, "weft_audit_refused_total{code=\"tenant_forbidden\"}").await;
+    assert!(forbidden.is_some_and(|n| n >= 5), "{forbidden:?}");
 }

@@ -791,4 +791,12 @@ async fn the_sealing_loop_seals_what_arrives_and_resumes_after_a_killed_seal() {
         )
         .await;
     assert_eq!(miscounted, 0);
+    // What an operator alerts on: rounds that sealed every tenant, none failed or held back.
+    let m = |name: &'static str| {
+        let addr = addr.clone();
+        async move { common::metric(&addr, name).await.expect("GET /metrics") }
+    };
+    assert!(m("weft_audit_seal_rounds_total").await > 0);
+    assert!(m("weft_audit_seal_last_success_seconds").await > 1_700_000_000);
+    assert_eq!(m("weft_audit_seal_rows_held").await, 0);
 }

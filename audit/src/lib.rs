@@ -23,6 +23,7 @@ pub mod bundle;
 pub mod chain;
 pub mod check;
 pub mod log;
+pub mod metrics;
 pub mod retention;
 pub mod search;
 pub mod serve;

@@ -34,6 +34,7 @@ use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
 use weft_store::narrative::query::API_MAX_MEMBERS;
 
 use crate::check::CheckOptions;
+use crate::metrics::AuditMetrics;
 use crate::search::Filter;
 use crate::sign::{Key, Keyring};
 use crate::{bundle, chain, check, log, search, timeline, AuditError, Range, Store};
@@ -60,6 +61,8 @@ pub struct AppState {
     /// ([`weft_http::limit_in_hand`]). Each is bounded by the read limits above; this bounds
     /// how many of them ClickHouse serves together.
     pub max_concurrent_requests: usize,
+    /// `GET /metrics`, shared with [`seal_loop`].
+    pub metrics: Arc<AuditMetrics>,
 }
 
 /// The default [`AppState::max_concurrent_requests`].
@@ -94,6 +97,12 @@ pub fn router(state: AppState) -> Router {
             weft_http::limit_in_hand,
         ))
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|State(s): State<AppState>| async move {
+                weft_http::metrics_response(s.metrics.render())
+            }),
+        )
         .with_state(state)
 }
 
@@ -159,6 +168,7 @@ impl FromRequestParts<AppState> for AuditCaller {
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, ApiError> {
         let path = parts.uri.path().to_owned();
         let caller = Caller::from_request_parts(parts, s).await.inspect_err(|e| {
+            s.metrics.refused.with_label_values(&[&e.code]).inc();
             tracing::warn!(target: "weft_audit", code = %e.code, %path, "audit request refused");
         })?;
         let asked = Query::<std::collections::HashMap<String, String>>::try_from_uri(&parts.uri)
@@ -166,6 +176,10 @@ impl FromRequestParts<AppState> for AuditCaller {
             .and_then(|Query(m)| m.get("tenant").cloned());
         if let Some(asked) = asked.filter(|asked| *asked != caller.tenant) {
             let q = json!({"tenant": asked, "path": path});
+            s.metrics
+                .refused
+                .with_label_values(&["tenant_forbidden"])
+                .inc();
             record(
                 s,
                 &caller.tenant,
@@ -199,14 +213,16 @@ async fn record(
 ) {
     // The row is written off the response path (the `tracing` event inside is immediate);
     // a crash may lose the last rows, never the answer's correctness.
-    let (store, tenant, actor, action) = (
+    let (store, tenant, actor, action, metrics) = (
         s.store.clone(),
         tenant.to_owned(),
         actor.to_owned(),
         action.to_owned(),
+        s.metrics.clone(),
     );
     tokio::spawn(async move {
         if let Err(e) = log::record(&store, &tenant, &actor, &action, &q, n).await {
+            metrics.log_write_failures.inc();
             tracing::warn!(error = %e, "could not write weft_audit_log");
         }
     });
@@ -594,27 +610,48 @@ pub async fn seal_loop(
     key: Option<Arc<Key>>,
     every: std::time::Duration,
     copy_window_secs: u64,
+    metrics: Arc<AuditMetrics>,
 ) {
     let mut sealer = chain::Sealer::default();
     loop {
         tokio::time::sleep(every).await;
+        metrics.seal_rounds.inc();
+        let mut failed = false;
         match sealer
             .seal_new(&store, key.as_deref(), copy_window_secs)
             .await
         {
             Ok(done) => {
+                let mut held = 0;
                 for (t, r) in done {
                     match r {
-                        Ok(r) if !r.held.is_empty() => tracing::error!(
-                            tenant = %t, held = r.held.len(), first = %r.held[0].detail,
-                            "rows left unsealed: they disagree with their payload (run weft audit verify)"
-                        ),
+                        Ok(r) if !r.held.is_empty() => {
+                            held += r.held.len();
+                            tracing::error!(
+                                tenant = %t, held = r.held.len(), first = %r.held[0].detail,
+                                "rows left unsealed: they disagree with their payload (run weft audit verify)"
+                            );
+                        }
                         Ok(_) => {}
-                        Err(e) => tracing::warn!(tenant = %t, error = %e, "seal failed"),
+                        Err(e) => {
+                            failed = true;
+                            tracing::warn!(tenant = %t, error = %e, "seal failed");
+                        }
                     }
                 }
+                metrics.seal_rows_held.set(held as i64);
             }
-            Err(e) => tracing::warn!(error = %e, "seal: finding the tenants with new facts failed"),
+            Err(e) => {
+                failed = true;
+                tracing::warn!(error = %e, "seal: finding the tenants with new facts failed");
+            }
+        }
+        if failed {
+            metrics.seal_failures.inc();
+        } else {
+            metrics
+                .seal_last_success
+                .set(chrono::Utc::now().timestamp());
         }
     }
 }

@@ -457,12 +457,14 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         .transpose()?
         .map(Arc::new);
     let keyring = read_keyring(a.keyring.as_deref())?.map(Arc::new);
+    let metrics = Arc::new(weft_audit::metrics::AuditMetrics::default());
     if a.seal_every_secs > 0 {
         tokio::spawn(weft_audit::serve::seal_loop(
             store.clone(),
             sign_key.clone(),
             std::time::Duration::from_secs(a.seal_every_secs),
             copy_window_secs,
+            metrics.clone(),
         ));
     }
     let state = weft_audit::serve::AppState {
@@ -475,6 +477,7 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         copy_window_secs,
         max_verify_rows: a.max_verify_rows,
         max_concurrent_requests: a.max_concurrent_requests,
+        metrics,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;
