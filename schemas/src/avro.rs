@@ -55,13 +55,33 @@ pub enum AvroError {
         /// The field where the shapes differ (empty for the top-level record).
         field: String,
     },
-    /// A field that carries JSON text (such as the extra-keys field) holds invalid JSON.
+    /// A field that carries JSON text (such as the extra-keys field) holds invalid JSON, or
+    /// JSON with a key twice in one object (read one way only, as on the JSON path).
     #[error("JSON text inside avro field `{field}` is corrupt: {source}")]
     JsonText {
         /// The Avro field name.
         field: String,
-        /// The JSON parse error.
-        source: serde_json::Error,
+        /// The strict parse's error.
+        source: crate::strict::StrictError,
+    },
+    /// A double that JSON cannot carry (NaN, an infinity): it would be stored as `null`.
+    #[error("avro field `{field}` holds a non-finite double")]
+    NonFinite {
+        /// The Avro field name.
+        field: String,
+    },
+    /// The extra-keys field names a key a typed field of the record already carries: which
+    /// one is the payload's would be a guess.
+    #[error("avro extra-keys field repeats the typed field `{field}`")]
+    ExtraRepeats {
+        /// The repeated key.
+        field: String,
+    },
+    /// Bytes follow the datum: the record is not one datum of the kind's schema.
+    #[error("{trailing} bytes follow the avro datum")]
+    Trailing {
+        /// How many.
+        trailing: usize,
     },
 }
 
@@ -160,6 +180,11 @@ impl AvroSchemas {
             .build()
             .and_then(|r| r.read_value(&mut bytes))
             .map_err(|e| AvroError::Avro(Box::new(e)))?;
+        if !bytes.is_empty() {
+            return Err(AvroError::Trailing {
+                trailing: bytes.len(),
+            });
+        }
         record_to_json(kind, record_of(&ks.schema, kind)?, value)
     }
 }
@@ -268,25 +293,43 @@ fn json_to_record(kind: Kind, rec: &RecordSchema, payload: &Value) -> Result<Avr
     Ok(Avro::Record(fields))
 }
 
-fn avro_to_json(v: Avro) -> Option<Value> {
-    Some(match v {
-        Avro::Null => return None,
+/// A decoded Avro value as JSON (`None` for null); a non-finite double is refused (JSON has
+/// none: `serde_json` would make it `null`, and a bad value would pass as an absent one).
+fn avro_to_json(field: &str, v: Avro) -> Result<Option<Value>, AvroError> {
+    let finite = |d: f64| {
+        if d.is_finite() {
+            Ok(Value::from(d))
+        } else {
+            Err(AvroError::NonFinite {
+                field: field.to_owned(),
+            })
+        }
+    };
+    Ok(Some(match v {
+        Avro::Null => return Ok(None),
         Avro::Boolean(b) => Value::Bool(b),
         Avro::Int(i) => Value::from(i),
         Avro::Long(i) => Value::from(i),
-        Avro::Double(d) => Value::from(d),
-        Avro::Float(d) => Value::from(d as f64),
+        Avro::Double(d) => finite(d)?,
+        Avro::Float(d) => finite(f64::from(d))?,
         Avro::String(s) => Value::String(s),
-        Avro::Array(items) => Value::Array(items.into_iter().filter_map(avro_to_json).collect()),
-        Avro::Union(_, inner) => return avro_to_json(*inner),
-        _ => return None,
-    })
+        Avro::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                out.extend(avro_to_json(field, item)?);
+            }
+            Value::Array(out)
+        }
+        Avro::Union(_, inner) => return avro_to_json(field, *inner),
+        _ => return Ok(None),
+    }))
 }
 
+/// A field that carries JSON text, read one way only ([`crate::strict::parse`]).
 fn parse_json_text(field: &str, v: Avro) -> Result<Option<Value>, AvroError> {
-    match avro_to_json(v) {
+    match avro_to_json(field, v)? {
         Some(Value::String(text)) => {
-            serde_json::from_str(&text)
+            crate::strict::parse(&text)
                 .map(Some)
                 .map_err(|source| AvroError::JsonText {
                     field: field.to_owned(),
@@ -319,14 +362,19 @@ fn record_to_json(kind: Kind, rec: &RecordSchema, value: Avro) -> Result<Value, 
         let decoded = if json_field {
             parse_json_text(&name, v)?
         } else {
-            avro_to_json(v)
+            avro_to_json(&name, v)?
         };
         if let Some(d) = decoded {
             out.insert(name, d);
         }
     }
     match residual {
-        Some(Value::Object(extra)) => out.extend(extra),
+        Some(Value::Object(extra)) => {
+            if let Some(k) = extra.keys().find(|k| out.contains_key(*k)) {
+                return Err(AvroError::ExtraRepeats { field: k.clone() });
+            }
+            out.extend(extra)
+        }
         Some(_) => {
             return Err(AvroError::Shape {
                 kind,
@@ -342,6 +390,77 @@ fn record_to_json(kind: Kind, rec: &RecordSchema, value: Avro) -> Result<Value, 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Datums another Avro producer could write with weft's own schema: each is refused,
+    /// where it used to be stored changed (a duplicate key's last value, the extra-keys
+    /// field's value over the typed one, NaN as `null`, trailing bytes ignored).
+    #[test]
+    fn foreign_datums_that_would_change_the_payload_are_refused() {
+        use apache_avro::types::Value as A;
+        let s = AvroSchemas::global();
+        let ks = s.get(Kind::ExecutionFeedback);
+        let some = |i: u32, v: A| A::Union(i, Box::new(v));
+        let none = || A::Union(0, Box::new(A::Null));
+        let rec = |quality: A, metadata: A, extra: A| {
+            A::Record(vec![
+                ("decision_id".into(), A::String("d".into())),
+                ("candidate_id".into(), A::String("c".into())),
+                ("success".into(), A::Boolean(true)),
+                ("timestamp".into(), A::String("2026-01-01T00:00:00Z".into())),
+                ("latency_ms".into(), none()),
+                ("cost".into(), none()),
+                ("quality_score".into(), quality),
+                ("error_type".into(), none()),
+                ("error_message".into(), none()),
+                ("trace_ref".into(), none()),
+                ("execution_summary".into(), none()),
+                ("metadata".into(), metadata),
+                (EXTRA_FIELD.into(), extra),
+            ])
+        };
+        let datum = |v: A| {
+            apache_avro::writer::datum::GenericDatumWriter::builder(&ks.schema)
+                .build()
+                .and_then(|w| w.write_value_to_vec(v))
+                .expect("a datum of the schema")
+        };
+        let clean = datum(rec(none(), none(), none()));
+        assert!(s.decode_datum(Kind::ExecutionFeedback, &clean).is_ok());
+        let dup = datum(rec(
+            none(),
+            some(1, A::String(r#"{"k":"read","k":"admin"}"#.into())),
+            none(),
+        ));
+        assert!(matches!(
+            s.decode_datum(Kind::ExecutionFeedback, &dup),
+            Err(AvroError::JsonText {
+                source: crate::strict::StrictError::DuplicateKey { .. },
+                ..
+            })
+        ));
+        let repeat = datum(rec(
+            none(),
+            none(),
+            some(1, A::String(r#"{"decision_id":"other"}"#.into())),
+        ));
+        assert!(matches!(
+            s.decode_datum(Kind::ExecutionFeedback, &repeat),
+            Err(AvroError::ExtraRepeats { field }) if field == "decision_id"
+        ));
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let nan = datum(rec(some(2, A::Double(bad)), none(), none()));
+            assert!(matches!(
+                s.decode_datum(Kind::ExecutionFeedback, &nan),
+                Err(AvroError::NonFinite { .. })
+            ));
+        }
+        let mut trailing = clean.clone();
+        trailing.extend_from_slice(b"GARBAGE");
+        assert!(matches!(
+            s.decode_datum(Kind::ExecutionFeedback, &trailing),
+            Err(AvroError::Trailing { trailing: 7 })
+        ));
+    }
 
     #[test]
     fn every_schema_parses_with_distinct_fingerprints() {

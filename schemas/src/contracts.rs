@@ -204,9 +204,10 @@ pub struct Handle {
     pub expires_at: Option<Option<String>>,
     /// The policy that governs resolving the handle. Optional.
     pub access_policy: Option<String>,
-    /// Size of the raw artifact in bytes. Optional, nullable.
+    /// Size of the raw artifact in bytes. Optional, nullable. A JSON number: to the schema
+    /// `10.0` and `1e20` are integers too, which `u64` refused.
     #[serde(default, with = "double_option")]
-    pub byte_size: Option<Option<u64>>,
+    pub byte_size: Option<Option<serde_json::Number>>,
     /// Implementation-specific data. Optional.
     pub metadata: Option<Metadata>,
     /// Keys the spec does not define (including `x_` extensions), kept verbatim.
@@ -444,9 +445,10 @@ pub struct ExecutionFeedback {
     pub success: bool,
     /// When the outcome was recorded (RFC 3339).
     pub timestamp: String,
-    /// How long the execution took, in milliseconds. Optional, nullable.
+    /// How long the execution took, in milliseconds. Optional, nullable. A JSON number (see
+    /// [`Handle::byte_size`]).
     #[serde(default, with = "double_option")]
-    pub latency_ms: Option<Option<u64>>,
+    pub latency_ms: Option<Option<serde_json::Number>>,
     /// What the execution cost, e.g. tokens or money. Optional.
     pub cost: Option<Map<String, Value>>,
     /// Quality of the result, in [0, 1]. Optional, nullable.
@@ -626,3 +628,23 @@ contract_kinds!(
     ExecutionRoutingDecision,
     ExecutionFeedback
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// To the schema an integer is any number with no fraction, however written: the typed
+    /// contracts read `10.0` and `1e20` (which `u64` refused, failing every bundle export of
+    /// a narrative that held one) and write back the same JSON value.
+    #[test]
+    fn integers_written_as_floats_are_read_and_kept() {
+        let handle = r#"{"handle_id":"h","capability_id":"c","artifact_type":"t","created_at":"2026-01-01T00:00:00Z","byte_size":1e20}"#;
+        let h: Handle = serde_json::from_str(handle).expect("a schema-valid handle");
+        let back = serde_json::to_value(&h).expect("serializes");
+        let sent: serde_json::Value = serde_json::from_str(handle).expect("JSON");
+        assert_eq!(back, sent);
+        let fb = r#"{"decision_id":"d","candidate_id":"c","success":true,"timestamp":"2026-01-01T00:00:00Z","latency_ms":5.0}"#;
+        let f: ExecutionFeedback = serde_json::from_str(fb).expect("a schema-valid feedback");
+        assert_eq!(f.latency_ms.flatten().map(|n| n.as_f64()), Some(Some(5.0)));
+    }
+}

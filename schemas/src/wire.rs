@@ -158,6 +158,10 @@ impl WireError {
             | WireError::UnknownSchemaId(_)
             | WireError::KindMismatch(..)
             | WireError::NoSchemaId(_) => "unknown_schema",
+            WireError::Avro(AvroError::JsonText {
+                source: crate::strict::StrictError::DuplicateKey { .. },
+                ..
+            }) => "duplicate_key",
             WireError::Truncated | WireError::Avro(_) => "undecodable_avro",
         }
     }

@@ -814,7 +814,7 @@ impl Gen {
                 created_at: self.now(),
                 expires_at: Some(Some(micros_to_rfc3339(self.t + 24 * 3600 * 1_000_000))),
                 access_policy: Some("policy://agent-kernel/handle-default".into()),
-                byte_size: Some(Some(self.rng.random_range(512..262_144))),
+                byte_size: Some(Some(self.rng.random_range(512..262_144u64).into())),
                 metadata: Some(meta([("storage_backend", json!("handlestore-sim"))])),
                 extra: Map::new(),
             };
@@ -1005,7 +1005,9 @@ impl Gen {
             success: ok,
             timestamp: self.now(),
             latency_ms: Some(Some(
-                u64::try_from((self.t - flow_start) / 1000).unwrap_or(0),
+                u64::try_from((self.t - flow_start) / 1000)
+                    .unwrap_or(0)
+                    .into(),
             )),
             cost: Some(meta([
                 ("llm_tokens", json!(tokens)),
