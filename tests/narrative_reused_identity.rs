@@ -119,3 +119,38 @@ async fn an_identity_with_two_request_ids_lands_in_the_smaller_in_either_order_a
     assert_eq!(live, want(), "the other order");
     assert_eq!(rebuilt, want(), "weft rebuild, the other order");
 }
+
+/// The same payload under another request id, in the same partition within the dedup window,
+/// is not a copy to drop: ingest's narratives take the node's color from it, so
+/// `weft_events` must hold it for `weft rebuild` to agree (it was dropped as a duplicate,
+/// and the rebuild then placed the handle in `adhoc:handle:h` while ingest had `req-copy`).
+/// One partition per topic, so both records meet in one partition's dedup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_payload_under_another_request_id_is_stored_and_the_rebuild_agrees() {
+    let p = Pipeline::new("it_reuse_copy");
+    let (a, b) = (p.path("first.jsonl"), p.path("second.jsonl"));
+    write(&a, &[handle("h", None, "application/json")]);
+    write(&b, &[handle("h", Some("req-copy"), "application/json")]);
+    // Published before ingest starts, so the topics are made with one partition.
+    check(
+        p.weft()
+            .args(["publish", "--partitions", "1"])
+            .arg(&a)
+            .output()
+            .unwrap(),
+        "weft publish",
+    );
+    let ingest = p.ingest(None);
+    p.wait_for_facts(1, Duration::from_secs(120)).await;
+    p.publish(&b);
+    p.wait_for_facts(2, Duration::from_secs(120)).await;
+    let want: Membership = [(
+        "req-copy".to_owned(),
+        BTreeSet::from([("handle".to_owned(), "h".to_owned())]),
+    )]
+    .into();
+    p.wait_for_narratives(&want, Duration::from_secs(60)).await;
+    assert_eq!(ingest.terminate().code(), Some(0));
+    check(p.weft().arg("rebuild").output().unwrap(), "weft rebuild");
+    assert_eq!(p.membership().await, want, "weft rebuild");
+}

@@ -13,7 +13,8 @@
 //! was stored within the dedup window: the most recent ones in memory, the others through a
 //! filter of the window and, for its positives, a ClickHouse check ([`check_stored`]); it is
 //! reloaded ([`load_dedup`]) when a partition is assigned. A known identity with the same
-//! content is dropped; with different content it is stored and flagged `conflict = 1`.
+//! content and request id is dropped ([`copy_hash`]); with different content, or the same
+//! content under another request id, it is stored and flagged `conflict = 1`.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -82,8 +83,19 @@ pub struct DedupLimits {
     pub filter_items: usize,
 }
 
-fn short(hash: &[u8; 32]) -> u64 {
-    u64::from_le_bytes(hash[..8].try_into().unwrap_or_default())
+/// What tells two records of one identity apart for deduplication: the payload's content
+/// hash and the request id it came with. A copy under another request id is not dropped:
+/// the narratives color a node by the request ids it came with (the smallest), and `weft
+/// rebuild` reads those from `weft_events`, so each must be stored there (dropped, ingest's
+/// narratives differed from the rebuild's). Without a request id it is the content hash's
+/// first 8 bytes, as it always was.
+pub fn copy_hash(content_hash: &[u8; 32], request_id: &str) -> u64 {
+    let short = u64::from_le_bytes(content_hash[..8].try_into().unwrap_or_default());
+    if request_id.is_empty() {
+        short
+    } else {
+        xxhash_rust::xxh64::xxh64(request_id.as_bytes(), short)
+    }
 }
 
 fn bloom(items: usize) -> BloomFilter {
@@ -142,15 +154,15 @@ impl DedupCache {
 
     /// What ClickHouse holds for an [`unsure`](DedupCache::unsure) identity: the content
     /// hashes stored within the window (none: it is new).
-    pub fn stored(&mut self, key: u128, hashes: &[[u8; 32]]) {
+    pub fn stored(&mut self, key: u128, hashes: &[u64]) {
         if hashes.is_empty() {
             self.absent.insert(key);
             return;
         }
         let entry = self.current.entry(key).or_default();
         for h in hashes {
-            if !entry.contains(&short(h)) {
-                entry.push(short(h));
+            if !entry.contains(h) {
+                entry.push(*h);
             }
         }
     }
@@ -165,12 +177,11 @@ impl DedupCache {
         }
     }
 
-    /// Classify and remember one identity/content pair (`id_hash`: the identity's
+    /// Classify and remember one identity and its [`copy_hash`] (`id_hash`: the identity's
     /// [`weft_store::ids::id_hash`]). An identity left [`unsure`](DedupCache::unsure) counts
     /// as new.
-    pub fn observe(&mut self, key: u128, id_hash: u64, hash: &[u8; 32]) -> Seen {
+    pub fn observe(&mut self, key: u128, id_hash: u64, h: u64) -> Seen {
         self.rotate();
-        let h = short(hash);
         let seen = match self.known(key) {
             None => Seen::New,
             Some(hs) if hs.contains(&h) => Seen::Duplicate,
@@ -202,6 +213,13 @@ struct IdentityRow {
     kind: String,
     id: String,
     content_hash: [u8; 32],
+    request_id: String,
+}
+
+impl IdentityRow {
+    fn copy_hash(&self) -> u64 {
+        copy_hash(&self.content_hash, &self.request_id)
+    }
 }
 
 /// Highest offset stored for a source partition, or -1 when none: what `weft_events` holds,
@@ -262,7 +280,7 @@ pub async fn load_dedup(
     let mut recent = store
         .client()
         .query(&format!(
-            "SELECT tenant, kind, id, content_hash FROM weft_events WHERE {window} \
+            "SELECT tenant, kind, id, content_hash, request_id FROM weft_events WHERE {window} \
              ORDER BY offset DESC LIMIT {{n:UInt64}}"
         ))
         .param("t", topic)
@@ -272,7 +290,7 @@ pub async fn load_dedup(
         .fetch::<IdentityRow>()
         .map_err(store.err())?;
     while let Some(r) = recent.next().await.map_err(store.err())? {
-        cache.stored(identity_key(&r.tenant, &r.kind, &r.id), &[r.content_hash]);
+        cache.stored(identity_key(&r.tenant, &r.kind, &r.id), &[r.copy_hash()]);
     }
     Ok(cache)
 }
@@ -288,7 +306,7 @@ pub struct Identity {
     pub id: String,
 }
 
-/// The content hashes stored within `window` in one partition for each of `ids` (absent
+/// The [`copy_hash`]es stored within `window` in one partition for each of `ids` (absent
 /// ids map to nothing). One query per tenant and kind, ids cut to fit a parameter.
 pub async fn check_stored(
     store: &Store,
@@ -296,7 +314,7 @@ pub async fn check_stored(
     partition: i32,
     window: Duration,
     ids: &[Identity],
-) -> Result<HashMap<Identity, Vec<[u8; 32]>>, StoreError> {
+) -> Result<HashMap<Identity, Vec<u64>>, StoreError> {
     let mut groups: HashMap<(&str, &str), Vec<String>> = HashMap::new();
     for i in ids {
         groups
@@ -304,13 +322,13 @@ pub async fn check_stored(
             .or_default()
             .push(i.id.clone());
     }
-    let mut out: HashMap<Identity, Vec<[u8; 32]>> = HashMap::new();
+    let mut out: HashMap<Identity, Vec<u64>> = HashMap::new();
     for ((tenant, kind), group) in groups {
         for chunk in chunks_by_bytes(group, MAX_PARAM_BYTES) {
             let rows: Vec<IdentityRow> = store
                 .client()
                 .query(
-                    "SELECT tenant, kind, id, content_hash FROM weft_events \
+                    "SELECT tenant, kind, id, content_hash, request_id FROM weft_events \
                      WHERE topic = {t:String} AND partition = {p:UInt32} \
                        AND ingested_at >= now64(6) - toIntervalSecond({w:UInt64}) \
                        AND tenant = {tenant:String} AND kind = {kind:String} \
@@ -326,12 +344,13 @@ pub async fn check_stored(
                 .await
                 .map_err(store.err())?;
             for r in rows {
+                let h = r.copy_hash();
                 let key = Identity {
                     tenant: r.tenant,
                     kind: r.kind,
                     id: r.id,
                 };
-                out.entry(key).or_default().push(r.content_hash);
+                out.entry(key).or_default().push(h);
             }
         }
     }
@@ -348,16 +367,25 @@ pub(crate) mod tests {
         let k = identity_key("t", "frame", "f1");
         assert_ne!(k, identity_key("t", "frame", "f2"));
         assert_ne!(identity_key("ab", "c", "d"), identity_key("a", "bc", "d"));
-        assert_eq!(c.observe(k, 1, &[1; 32]), Seen::New);
-        assert_eq!(c.observe(k, 1, &[1; 32]), Seen::Duplicate);
-        assert_eq!(c.observe(k, 1, &[2; 32]), Seen::Conflict);
-        assert_eq!(c.observe(k, 1, &[2; 32]), Seen::Duplicate);
-        assert_eq!(c.observe(k, 1, &[1; 32]), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, 1), Seen::New);
+        assert_eq!(c.observe(k, 1, 1), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, 2), Seen::Conflict);
+        assert_eq!(c.observe(k, 1, 2), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, 1), Seen::Duplicate);
+
+        // The same content under another request id is another record, kept.
+        let under = |r: &str| copy_hash(&[1; 32], r);
+        assert_eq!(under(""), 0x0101_0101_0101_0101, "no request id: as before");
+        assert_ne!(under("req-1"), under("req-2"));
+        let mut c = DedupCache::new(limits(Duration::from_secs(3600), 1000));
+        assert_eq!(c.observe(k, 1, under("req-1")), Seen::New);
+        assert_eq!(c.observe(k, 1, under("req-1")), Seen::Duplicate);
+        assert_eq!(c.observe(k, 1, under("req-2")), Seen::Conflict);
 
         let mut short_lived = DedupCache::new(limits(Duration::ZERO, 1000));
-        assert_eq!(short_lived.observe(k, 1, &[1; 32]), Seen::New);
+        assert_eq!(short_lived.observe(k, 1, 1), Seen::New);
         // Rotates on every call: still remembered one generation later, then forgotten.
-        assert_eq!(short_lived.observe(k, 1, &[1; 32]), Seen::Duplicate);
+        assert_eq!(short_lived.observe(k, 1, 1), Seen::Duplicate);
     }
 
     pub(crate) fn limits(window: Duration, max_entries: usize) -> DedupLimits {
@@ -373,7 +401,7 @@ pub(crate) mod tests {
         let mut c = DedupCache::new(limits(Duration::from_secs(3600), 10));
         let key = |i: u32| identity_key("t", "handle", &format!("h-{i}"));
         for i in 0..100u32 {
-            assert_eq!(c.observe(key(i), i as u64, &[1; 32]), Seen::New);
+            assert_eq!(c.observe(key(i), i as u64, 1), Seen::New);
             if i % 10 == 9 {
                 c.decided();
             }
@@ -384,13 +412,13 @@ pub(crate) mod tests {
         // Never seen at all: the filter rules it out (no ClickHouse check).
         assert!(!c.unsure(identity_key("t", "handle", "never"), 1_000_000));
         // ClickHouse says h-0 is stored with this content: a copy.
-        c.stored(key(0), &[[1; 32]]);
+        c.stored(key(0), &[1]);
         assert!(!c.unsure(key(0), 0));
-        assert_eq!(c.observe(key(0), 0, &[1; 32]), Seen::Duplicate);
+        assert_eq!(c.observe(key(0), 0, 1), Seen::Duplicate);
         // ClickHouse says h-1 is not stored (a filter false positive): new.
         c.stored(key(1), &[]);
         assert!(!c.unsure(key(1), 1));
-        assert_eq!(c.observe(key(1), 1, &[2; 32]), Seen::New);
+        assert_eq!(c.observe(key(1), 1, 2), Seen::New);
         c.decided();
     }
 }

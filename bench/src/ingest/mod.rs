@@ -22,7 +22,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tokio::sync::watch;
 use weft_consumers::decode::{self, Record};
-use weft_consumers::facts::{identity_key, DedupCache};
+use weft_consumers::facts::{copy_hash, identity_key, DedupCache};
 use weft_consumers::ingest::{IngestConfig, IngestTotals, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
 use weft_producers::{Delivery, PublisherConfig, Receipt};

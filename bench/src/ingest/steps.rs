@@ -122,7 +122,11 @@ pub(super) fn step_costs(cfg: SimConfig, n: usize, topics: &Topics) -> anyhow::R
                 let (tenant, kind) = (&f.envelope.tenant, f.envelope.kind.as_str());
                 let k = identity_key(tenant, kind, &f.id);
                 let h = weft_store::ids::id_hash(tenant, kind, &f.id);
-                std::hint::black_box(cache.observe(k, h, &f.content_hash));
+                let c = copy_hash(
+                    &f.content_hash,
+                    f.envelope.request_id.as_deref().unwrap_or(""),
+                );
+                std::hint::black_box(cache.observe(k, h, c));
             }
         },
     );

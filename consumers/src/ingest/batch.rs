@@ -8,7 +8,7 @@ use super::dead_letter::DeadLetter;
 use super::flush::{FlusherSlot, Stopped};
 use super::{retry_store, Ingestor, Role};
 use crate::decode::Fact;
-use crate::facts::{self, identity_key, DedupCache, Identity, Seen};
+use crate::facts::{self, copy_hash, identity_key, DedupCache, Identity, Seen};
 use weft_store::ids::id_hash;
 
 /// Buffered work and resume points of one source partition.
@@ -58,7 +58,7 @@ impl PartitionState {
                 let key = identity_key(tenant, kind, &f.id);
                 match self
                     .dedup
-                    .observe(key, id_hash(tenant, kind, &f.id), &f.content_hash)
+                    .observe(key, id_hash(tenant, kind, &f.id), copy_hash_of(f))
                 {
                     Seen::Duplicate => {
                         decided.duplicates += 1;
@@ -301,6 +301,14 @@ impl Ingestor {
     }
 }
 
+/// A fact's [`copy_hash`]: its content and the request id it came with.
+fn copy_hash_of(f: &Fact) -> u64 {
+    copy_hash(
+        &f.content_hash,
+        f.envelope.request_id.as_deref().unwrap_or(""),
+    )
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use std::time::Duration;
@@ -364,7 +372,7 @@ pub(super) mod tests {
         let b = fact("b", "flow_started");
         let key = identity_key(&b.envelope.tenant, b.envelope.kind.as_str(), &b.id);
         let h = id_hash(&b.envelope.tenant, b.envelope.kind.as_str(), &b.id);
-        assert_eq!(st.dedup.observe(key, h, &b.content_hash), Seen::New);
+        assert_eq!(st.dedup.observe(key, h, copy_hash_of(&b)), Seen::New);
 
         let (part, decided) = st.take(Role::All).expect("records to flush");
         let offsets: Vec<i64> = part.facts.iter().map(|(o, _)| *o).collect();
