@@ -44,6 +44,12 @@ pub const DEFAULT_MAX_NODES: usize = 300_000;
 pub struct VersionClock(u64);
 
 impl VersionClock {
+    /// A clock whose versions come after `v`: the newest this shard has written, so that a
+    /// wall clock stepped back across a restart cannot give newer rows older versions.
+    pub fn after(v: u64) -> Self {
+        Self(v)
+    }
+
     /// The next version: now in micros, or one past the last if the clock did not advance.
     pub fn tick(&mut self) -> u64 {
         let now = std::time::SystemTime::now()
@@ -189,6 +195,7 @@ impl Projector {
         }
         keep_colors(&store, &mut restored).await?;
         let n_unfinished = restored.len();
+        let newest = restored.iter().map(|r| r.version).fold(completed, u64::max);
         insert_native(&store, "weft_narrative_nodes", &restored).await?;
         let progress = progress
             .into_iter()
@@ -204,7 +211,7 @@ impl Projector {
         Ok(Self {
             store,
             graph: Graph::new(),
-            clock: VersionClock::default(),
+            clock: VersionClock::after(newest),
             progress,
             max_nodes,
             seen,
@@ -663,4 +670,20 @@ async fn keep_colors(store: &Store, restored: &mut [NodeRow]) -> Result<(), Stor
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VersionClock;
+
+    /// Versions after a restart come after the newest stored, even when the wall clock is
+    /// behind it (stepped back, or another host's).
+    #[test]
+    fn a_clock_resumed_after_a_future_version_stays_ahead_of_it() {
+        let future = 4_000_000_000_000_000; // µs: the year 2096
+        let mut c = VersionClock::after(future);
+        let first = c.tick();
+        assert!(first > future);
+        assert!(c.tick() > first);
+    }
 }
