@@ -13,7 +13,6 @@
 // failed request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +41,10 @@ use crate::policy::{PolicyConfig, PolicyName, PosteriorMemo};
 use crate::rng::Rng;
 
 pub use crate::decide::context_key;
+use recent::Recent;
+pub use recent::{RECENT_MAX, RECENT_MAX_BYTES};
+
+mod recent;
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -56,43 +59,6 @@ pub struct ServiceConfig {
     pub half_life_s: f64,
     /// Source label of snapshots read from ClickHouse.
     pub source: String,
-}
-
-/// Bounded memory of recent decisions, per tenant and decision id: what their feedback
-/// needs (the context key to stamp, the features to learn from). A tenant's feedback can
-/// only ever find its own decisions here.
-///
-/// At most [`RECENT_MAX`] decisions and [`RECENT_MAX_BYTES`] in all: a decision of 64
-/// candidates with long ids and many features holds some 36 KB, so the count alone would
-/// allow several GB. When full, the oldest decision of the tenant that holds the most bytes
-/// goes first, so a busy tenant cannot push a quiet one's decisions out: it only ever evicts
-/// its own until the two hold as much.
-#[derive(Default)]
-struct Recent {
-    tenants: HashMap<String, TenantRecent>,
-    len: usize,
-    bytes: usize,
-}
-
-/// One tenant's recent decisions, oldest first in `order`.
-#[derive(Default)]
-struct TenantRecent {
-    map: HashMap<String, Arc<Remembered>>,
-    order: VecDeque<String>,
-    bytes: usize,
-}
-
-/// Decisions remembered at most, all tenants together.
-pub const RECENT_MAX: usize = 200_000;
-/// Bytes of remembered decisions at most, all tenants together (about, see
-/// [`Remembered::bytes`]).
-pub const RECENT_MAX_BYTES: usize = 256 << 20;
-
-/// What [`Recent`] may hold.
-#[derive(Debug, Clone, Copy)]
-struct RecentCap {
-    decisions: usize,
-    bytes: usize,
 }
 
 /// How long an outcome stays in the overlay when the model's base never holds it: feedback
@@ -118,57 +84,6 @@ const VISIBILITY_MARGIN_US: i64 = 10_000_000;
 const MODEL_READ_BUDGET: Duration = Duration::from_secs(45);
 /// Incremental refreshes between two full rebuilds of the contextual model.
 pub const REBUILD_EVERY: u32 = 60;
-
-impl Recent {
-    fn insert(&mut self, tenant: &str, decision_id: String, r: Arc<Remembered>) {
-        let cap = RecentCap {
-            decisions: RECENT_MAX,
-            bytes: RECENT_MAX_BYTES,
-        };
-        self.insert_capped(tenant, decision_id, r, cap);
-    }
-
-    /// The bytes an entry holds: the decision id twice (map key and order) and its features.
-    fn size(decision_id: &str, r: &Remembered) -> usize {
-        2 * decision_id.len() + r.bytes()
-    }
-
-    fn insert_capped(
-        &mut self,
-        tenant: &str,
-        decision_id: String,
-        r: Arc<Remembered>,
-        cap: RecentCap,
-    ) {
-        let size = Self::size(&decision_id, &r);
-        while self.len > 0 && (self.len >= cap.decisions || self.bytes + size > cap.bytes) {
-            // A scan of the tenants: there are as many as API keys name.
-            let largest = self.tenants.iter_mut().max_by_key(|(_, t)| t.bytes);
-            let Some((_, t)) = largest else { break };
-            let Some(old) = t.order.pop_front() else {
-                break;
-            };
-            if let Some(gone) = t.map.remove(&old) {
-                let freed = Self::size(&old, &gone);
-                t.bytes -= freed;
-                self.bytes -= freed;
-                self.len -= 1;
-            }
-        }
-        let t = self.tenants.entry(tenant.to_owned()).or_default();
-        if !t.map.contains_key(&decision_id) {
-            t.order.push_back(decision_id.clone());
-            t.map.insert(decision_id, r);
-            t.bytes += size;
-            self.bytes += size;
-            self.len += 1;
-        }
-    }
-
-    fn get(&self, tenant: &str, decision_id: &str) -> Option<Arc<Remembered>> {
-        self.tenants.get(tenant)?.map.get(decision_id).cloned()
-    }
-}
 
 struct Health {
     loaded_at: Instant,
@@ -757,104 +672,4 @@ pub fn app(s: Arc<Service>) -> AxumRouter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_overlay_settles_in_twelve_refreshes_between_a_minute_and_the_window() {
-        let s = |refresh_ms, window_s| overlay_settle(Duration::from_millis(refresh_ms), window_s);
-        assert_eq!(s(5_000, 604_800), Duration::from_secs(60));
-        assert_eq!(s(30_000, 604_800), Duration::from_secs(360));
-        assert_eq!(s(30_000, 100), Duration::from_secs(100));
-    }
-
-    #[test]
-    fn remembered_decisions_stay_within_the_byte_cap() {
-        use crate::features::Feature;
-        let big = || {
-            Arc::new(Remembered {
-                context_key: "k".repeat(200),
-                ctx: vec![
-                    Feature {
-                        hash: 1,
-                        value: 1.0
-                    };
-                    60
-                ],
-                cands: (0..64)
-                    .map(|i| {
-                        (
-                            format!("{i:0>250}"),
-                            vec![
-                                Feature {
-                                    hash: 2,
-                                    value: 1.0
-                                };
-                                14
-                            ],
-                        )
-                    })
-                    .collect(),
-            })
-        };
-        let one = Recent::size("d-0000", &big());
-        assert!(one > 30_000, "a large decision holds {one} bytes");
-        let cap = RecentCap {
-            decisions: usize::MAX,
-            bytes: 10 * one,
-        };
-        let mut recent = Recent::default();
-        recent.insert_capped("quiet", "q-0000".into(), big(), cap);
-        for i in 0..1000 {
-            recent.insert_capped("busy", format!("d-{i:04}"), big(), cap);
-            assert!(
-                recent.bytes <= cap.bytes,
-                "{} > {}",
-                recent.bytes,
-                cap.bytes
-            );
-        }
-        assert_eq!(recent.len, 10);
-        assert!(
-            recent.get("quiet", "q-0000").is_some(),
-            "the quiet tenant keeps its own"
-        );
-        assert!(recent.get("busy", "d-0999").is_some() && recent.get("busy", "d-0990").is_none());
-    }
-
-    #[test]
-    fn a_busy_tenant_evicts_its_own_decisions_not_a_quiet_ones() {
-        let r = || {
-            Arc::new(Remembered {
-                context_key: String::new(),
-                ctx: vec![],
-                cands: vec![],
-            })
-        };
-        let mut recent = Recent::default();
-        let ten = RecentCap {
-            decisions: 10,
-            bytes: usize::MAX,
-        };
-        recent.insert_capped("quiet", "q-0".into(), r(), ten);
-        recent.insert_capped("quiet", "q-1".into(), r(), ten);
-        for i in 0..100 {
-            recent.insert_capped("busy", format!("b-{i}"), r(), ten);
-        }
-        assert_eq!(recent.len, 10);
-        assert!(recent.get("quiet", "q-0").is_some() && recent.get("quiet", "q-1").is_some());
-        assert!(recent.get("busy", "b-99").is_some() && recent.get("busy", "b-91").is_none());
-        // A tenant never reads another's decision, whatever its id.
-        assert!(recent.get("busy", "q-0").is_none());
-        // Once the quiet tenant holds the most, its own oldest goes first.
-        for i in 2..12 {
-            recent.insert_capped("quiet", format!("q-{i}"), r(), ten);
-        }
-        assert_eq!(recent.len, 10);
-        assert!(recent.get("quiet", "q-0").is_none() && recent.get("quiet", "q-11").is_some());
-        assert!(
-            recent.get("busy", "b-99").is_some(),
-            "the other tenant keeps its newest"
-        );
-    }
-}
+mod tests;
