@@ -10,13 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::BaseRecord;
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use super::delivery::Pending;
-use super::owned_headers;
+use super::replay::enqueue;
 use super::state::{lock, read, Shared};
 use super::Publisher;
 use crate::spool::SpoolRecord;
@@ -233,28 +230,9 @@ fn send_all(sh: &Shared, records: &[SpoolRecord], timeout: Duration) -> Vec<Resu
             return vec![Err("the publisher is closed".into()); records.len()];
         };
         for (i, r) in records.iter().enumerate() {
-            let mut record =
-                BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone(), i)))
-                    .payload(&r.value)
-                    .headers(owned_headers(&r.headers));
-            if let Some(k) = &r.key {
-                record = record.key(k.as_slice());
-            }
-            loop {
-                match producer.send(record) {
-                    Ok(()) => {
-                        sent += 1;
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
-                        record = rec;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    Err((e, _)) => {
-                        outcomes[i] = Err(e.to_string());
-                        break;
-                    }
-                }
+            match enqueue(producer, r, i, &tx) {
+                Ok(()) => sent += 1,
+                Err(e) => outcomes[i] = Err(e.to_string()),
             }
         }
     }

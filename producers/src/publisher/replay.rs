@@ -113,36 +113,42 @@ fn send_batch(
 ) -> Report {
     let mut report = Report::default();
     for (i, r) in records.iter().enumerate() {
-        let headers = owned_headers(&r.headers);
-        let mut record =
-            BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone(), i)))
-                .payload(&r.value)
-                .headers(headers);
-        if let Some(k) = &r.key {
-            record = record.key(k.as_slice());
-        }
-        loop {
-            match producer.send(record) {
-                Ok(()) => {
-                    report.sent += 1;
-                    break;
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
-                    record = rec;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((e, _)) if is_permanent(&e) => {
-                    report.refused.push((i, e.to_string()));
-                    break;
-                }
-                Err((e, _)) => {
-                    report.failed = Some(e.to_string());
-                    return report;
-                }
+        match enqueue(producer, r, i, tx) {
+            Ok(()) => report.sent += 1,
+            Err(e) if is_permanent(&e) => report.refused.push((i, e.to_string())),
+            Err(e) => {
+                report.failed = Some(e.to_string());
+                return report;
             }
         }
     }
     report
+}
+
+/// Hand one spooled record (number `i` of its batch) to librdkafka as it was spooled (topic,
+/// key, value, headers), its delivery report to come on `tx`; a full queue is waited out.
+pub(super) fn enqueue(
+    producer: &Kafka,
+    r: &SpoolRecord,
+    i: usize,
+    tx: &mpsc::Sender<(usize, Result<(), KafkaError>)>,
+) -> Result<(), KafkaError> {
+    let mut record = BaseRecord::with_opaque_to(&r.topic, Box::new(Pending::Replay(tx.clone(), i)))
+        .payload(&r.value)
+        .headers(owned_headers(&r.headers));
+    if let Some(k) = &r.key {
+        record = record.key(k.as_slice());
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
+                record = rec;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
 }
 
 /// Wait for the delivery reports of the records sent (each reports back within
