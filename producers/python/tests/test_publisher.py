@@ -7,6 +7,7 @@ real `weft gateway`. Stdlib only: `python -m unittest discover -s producers/pyth
 
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import os
@@ -146,6 +147,45 @@ class DiskBufferTest(unittest.TestCase):
             b.append([b"y" * 30, b"z" * 30])
         lines, _ = b.read(10, 1 << 20)
         self.assertEqual(lines, [b"x" * 40], "a refused append writes nothing")
+        b.close()
+
+    def test_failed_append_leaves_nothing_in_the_way_of_the_next(self):
+        b = DiskBuffer(self.dir, max_bytes=1 << 20)
+        b.append([b'{"i":0}'])
+        real = b._write_file
+
+        class HalfThenENOSPC:  # the disk fills up halfway through one write
+            failed = False
+
+            def write(self, data):
+                if self.failed:
+                    return real.write(data)
+                self.failed = True
+                real.write(data[: len(data) // 2 + 3])
+                real.flush()
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        b._write_file = HalfThenENOSPC()
+        with self.assertRaises(OSError):
+            b.append([b'{"i":1}', b'{"i":2222222}'])
+        b.append([b'{"i":1}', b'{"i":2222222}'])  # space again: the caller retries
+        lines, pos = b.read(10, 1 << 20)
+        self.assertEqual(lines, [b'{"i":0}'], "the torn segment ends where its last whole append did")
+        b.commit(pos)
+        lines, pos = b.read(10, 1 << 20)
+        self.assertEqual(lines, [b'{"i":1}', b'{"i":2222222}'])
+        b.close()
+        # A later process sees the failed write's bytes: at worst a copy of an event, never garbage.
+        b = DiskBuffer(self.dir, max_bytes=1 << 20)
+        got = []
+        while not b.is_empty():
+            lines, pos = b.read(10, 1 << 20)
+            got += [json.loads(x)["i"] for x in lines]
+            b.commit(pos)
+        self.assertEqual(list(dict.fromkeys(got)), [1, 2222222], "the uncommitted events, whole")
         b.close()
 
     def test_one_user_per_folder(self):

@@ -151,7 +151,11 @@ class DiskBuffer:
     def append(self, lines: list[bytes]) -> None:
         """Append `lines` (each one JSON document, no newline) durably, in order.
 
-        Raises BufferFull, appending nothing, when they do not fit under `max_bytes`.
+        Raises BufferFull, appending nothing, when they do not fit under `max_bytes`, and
+        OSError (a full or failing disk) when they could not be made durable: nothing of
+        them counts as appended then, and the next append starts a new segment, so bytes
+        a failed write may have left are never read back in this process (a later one reads
+        them as a torn tail, or as copies of events that were appended again).
         """
         if not lines:
             return
@@ -161,14 +165,29 @@ class DiskBuffer:
                 f"on-disk buffer {self.directory} is full ({self.size_bytes} of "
                 f"{self.max_bytes} bytes); {len(lines)} events not accepted"
             )
-        if self._write_file is None or self._sizes.get(self._write_seg, 0) >= self.segment_bytes:
-            self._rotate()
-        f = self._write_file
-        assert f is not None
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+            if self._write_file is None or self._sizes.get(self._write_seg, 0) >= self.segment_bytes:
+                self._rotate()
+            f = self._write_file
+            assert f is not None
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:
+            self._abandon_segment()
+            raise
         self._sizes[self._write_seg] = self._sizes.get(self._write_seg, 0) + len(data)
+
+    def _abandon_segment(self) -> None:
+        """After a failed write: stop appending to the current segment (its tail may hold
+        part of the failed write, or get it when the file's buffer is flushed on close)."""
+        if self._write_file is not None:
+            try:
+                self._write_file.close()
+            except OSError:
+                pass
+            self._write_file = None
+        self._write_seg += 1
 
     def _rotate(self) -> None:
         if self._write_file is not None:
