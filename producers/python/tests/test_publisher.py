@@ -324,6 +324,63 @@ class PublisherTest(unittest.TestCase):
         self.assertEqual(ids, sorted(ids), "in order")
         p.close()
 
+    def test_disk_errors_keep_events_in_memory_and_push_back(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}", max_queue=20)  # nothing listens yet
+        real_append = p._disk.append
+        disk_full = True
+
+        def append(lines):
+            if disk_full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_append(lines)
+
+        p._disk.append = append
+        took = []
+        pushed_back = None
+        with self.assertLogs("weft_publish", "ERROR") as logs:
+            for i in range(300):
+                try:
+                    p.publish("trace_event", {"id": i})
+                    took.append(i)
+                except Backpressure as exc:
+                    pushed_back = exc
+                    time.sleep(0.002)
+        self.assertIsNotNone(pushed_back, "a failing disk and a full queue must push back")
+        self.assertIn("No space left on device", str(pushed_back))
+        self.assertIn("No space left on device", "\n".join(logs.output))
+        self.assertEqual(p.stats.get("spilled", 0), 0)
+        disk_full = False
+        self.gw = FakeGateway(port)
+        self.assertTrue(p.flush(15), p.stats)
+        self.assertEqual(self.gw.ids(), took, "every event publish() took, in order")
+        p.close()
+
+    def test_buffer_cursor_errors_are_retried(self):
+        port = free_port()
+        p = self.publisher(f"http://127.0.0.1:{port}", batch_size=10)  # nothing listens yet
+        for i in range(30):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(wait_until(lambda: p.stats.get("spilled", 0) == 30), p.stats)
+        real_write_cursor = p._disk._write_cursor
+        failures = [OSError(errno.EIO, "Input/output error")] * 2
+
+        def write_cursor(pos):
+            if failures:
+                raise failures.pop()
+            real_write_cursor(pos)
+
+        p._disk._write_cursor = write_cursor
+        self.gw = FakeGateway(port)
+        self.assertTrue(p.flush(15), p.stats)
+        self.assertEqual(failures, [], "the cursor write failed twice")
+        self.assertEqual(list(dict.fromkeys(self.gw.ids())), list(range(30)), "all delivered, in order")
+        for i in range(30, 40):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(15), p.stats)
+        self.assertEqual(self.gw.ids()[-10:], list(range(30, 40)))
+        p.close()
+
     def test_publish_many_is_all_or_nothing(self):
         port = free_port()
         p = self.publisher(f"http://127.0.0.1:{port}", max_queue=5, max_buffer_bytes=10)

@@ -193,6 +193,8 @@ class Publisher:
         self._busy = True
         self._closed = False
         self._conn: http.client.HTTPConnection | None = None
+        self._disk_error: str | None = None  # the last spill's OSError, if it failed so
+        self._disk_retry_at = 0.0  # after a disk error, no spill before this (monotonic)
         self._stats = collections.Counter()
         self.rejections: collections.deque[Rejection] = collections.deque(maxlen=1000)
         self.last_error: str | None = None
@@ -219,11 +221,7 @@ class Publisher:
         if self._closed:
             raise PublishError("publisher is closed")
         if len(self._q) >= self._max_queue:
-            self._stats["backpressure"] += 1
-            raise Backpressure(
-                f"weft publisher queue is full ({self._max_queue} events); "
-                f"gateway unreachable and buffer full? last error: {self.last_error}"
-            )
+            raise self._pushback()
         self._q.append((kind, request_id, tenant, payload))
         self._wake.set()
 
@@ -234,13 +232,17 @@ class Publisher:
         if self._closed:
             raise PublishError("publisher is closed")
         if len(self._q) + len(events) > self._max_queue:
-            self._stats["backpressure"] += 1
-            raise Backpressure(
-                f"weft publisher queue is full ({self._max_queue} events); "
-                f"gateway unreachable and buffer full? last error: {self.last_error}"
-            )
+            raise self._pushback()
         self._q.extend((kind, rid, None, payload) for kind, payload, rid in events)
         self._wake.set()
+
+    def _pushback(self) -> Backpressure:
+        self._stats["backpressure"] += 1
+        disk = f"; on-disk buffer failing: {self._disk_error}" if self._disk_error else ""
+        return Backpressure(
+            f"weft publisher queue is full ({self._max_queue} events); "
+            f"gateway unreachable and buffer full? last error: {self.last_error}{disk}"
+        )
 
     @property
     def stats(self) -> dict[str, int]:
@@ -334,12 +336,28 @@ class Publisher:
         return out
 
     def _spill(self, lines: list[bytes]) -> bool:
-        """Append to the disk buffer; False (nothing written) when it is full."""
+        """Append to the disk buffer; False (nothing written) when it is full or failing.
+
+        A disk error (ENOSPC, EIO, EACCES) is handled like a full buffer: the events stay
+        in memory, so the queue fills and `publish` pushes back. After one, the disk is
+        not tried again for `backoff_max` seconds (each try may create a segment file)."""
+        if time.monotonic() < self._disk_retry_at:
+            return False
         try:
             self._disk.append(lines)
         except BufferFull as exc:
             self.last_error = str(exc)
+            self._disk_error = None
             return False
+        except OSError as exc:
+            self._disk_error = f"{self._disk.directory}: {exc}"
+            self._disk_retry_at = time.monotonic() + self._backoff_max
+            log.error(
+                "weft_publish: cannot write the on-disk buffer %s; events stay in memory "
+                "(publish() pushes back when the queue is full)", self._disk_error
+            )
+            return False
+        self._disk_error = None
         self._stats["spilled"] += len(lines)
         return True
 
@@ -358,31 +376,38 @@ class Publisher:
             if stopping and time.monotonic() >= getattr(self, "_close_deadline", 0.0):
                 break
             self._set_busy(True)
-            degraded = bool(held) or inflight is not None or not self._disk.is_empty()
-            if not degraded:
-                lines = self._take(wait=not stopping)
-                if not lines:
-                    if stopping:
-                        break
-                    self._set_busy(False)
-                    self._wake.wait(0.5)
-                    self._wake.clear()
-                    continue
-                held = lines
-            else:
-                # Keep callers flowing while the gateway is away: move memory to disk.
-                if held and self._spill(held):
-                    held = []
-                while not held and self._q:
-                    more = self._take(wait=False)
-                    if more and not self._spill(more):
-                        held = more
-                        break
-            now = time.monotonic()
-            if now < next_try:
-                time.sleep(min(next_try - now, 0.05))
-                continue
+            # OSError: the on-disk buffer could not be read, cleaned or its cursor written;
+            # retried like an unreachable gateway (events taken from memory stay in `held`).
             try:
+                degraded = (
+                    bool(held)
+                    or inflight is not None
+                    or time.monotonic() < next_try  # backing off: the disk is not touched
+                    or not self._disk.is_empty()
+                )
+                if not degraded:
+                    lines = self._take(wait=not stopping)
+                    if not lines:
+                        if stopping:
+                            break
+                        self._set_busy(False)
+                        self._wake.wait(0.5)
+                        self._wake.clear()
+                        continue
+                    held = lines
+                else:
+                    # Keep callers flowing while the gateway is away: move memory to disk.
+                    if held and self._spill(held):
+                        held = []
+                    while not held and self._q:
+                        more = self._take(wait=False)
+                        if more and not self._spill(more):
+                            held = more
+                            break
+                now = time.monotonic()
+                if now < next_try:
+                    time.sleep(min(next_try - now, 0.05))
+                    continue
                 if held:
                     held = self._deliver(held)
                     if held:
@@ -398,27 +423,31 @@ class Publisher:
                         if rest:
                             inflight = (rest, inflight[1])
                             raise _Transient("some items were refused for now")
-                        self._disk.commit(inflight[1])
-                        inflight = None
+                        # Delivered: should the cursor not be written, the buffer's own
+                        # position has moved on all the same (a restart sends them again).
+                        pos, inflight = inflight[1], None
+                        self._disk.commit(pos)
                 if attempt:
                     log.warning("weft_publish: gateway reachable again after %d failed attempts", attempt)
                 attempt = 0
                 next_try = 0.0
-            except _Transient as exc:
+            except (_Transient, OSError) as exc:
                 attempt += 1
                 self._stats["retries"] += 1
-                self.last_error = str(exc)
+                self.last_error = str(exc) if isinstance(exc, _Transient) else f"on-disk buffer: {exc}"
                 if attempt == 1 or attempt % 20 == 0:
-                    log.warning("weft_publish: delivery failed (attempt %d), buffering: %s", attempt, exc)
+                    log.warning("weft_publish: delivery failed (attempt %d), buffering: %s", attempt, self.last_error)
                 delay = min(self._backoff_max, self._backoff_initial * (2 ** min(attempt - 1, 16)))
                 next_try = time.monotonic() + delay * (0.5 + random.random() / 2)
                 if held and self._spill(held):
                     held = []
         # Closing: nothing in memory may be lost; what could not be delivered goes to disk.
+        self._disk_retry_at = 0.0
         leftovers = held + [line for line in (self._encode(i) for i in self._drain_queue()) if line]
         if leftovers and not self._spill(leftovers):
+            code, why = ("buffer_failed_at_close", self._disk_error) if self._disk_error else ("buffer_full_at_close", self.last_error)
             for line in leftovers:
-                self._reject("unknown", None, "buffer_full_at_close", self.last_error or "buffer full", line.decode(errors="replace")[:500])
+                self._reject("unknown", None, code, why or "buffer full", line.decode(errors="replace")[:500])
         self._disk.close()
         if self._conn is not None:
             self._conn.close()
