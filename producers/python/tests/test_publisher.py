@@ -18,7 +18,7 @@ import threading
 import time
 import unittest
 
-from weft_publish import Backpressure, BufferFull, BufferLocked, DiskBuffer, Publisher
+from weft_publish import Backpressure, BufferFull, BufferLocked, DiskBuffer, Publisher, SenderFailed
 
 
 def wait_until(cond, timeout=10.0):
@@ -380,6 +380,27 @@ class PublisherTest(unittest.TestCase):
         self.assertTrue(p.flush(15), p.stats)
         self.assertEqual(self.gw.ids()[-10:], list(range(30, 40)))
         p.close()
+
+    def test_a_dead_sender_thread_is_reported_not_hidden(self):
+        self.gw = FakeGateway()
+        p = self.publisher(self.gw.url)
+
+        def bug(lines):
+            raise RuntimeError("boom")
+
+        p._deliver = bug  # an unexpected error on the sender thread
+        with self.assertLogs("weft_publish", "ERROR") as logs:
+            p.publish("trace_event", {"id": 0})
+            self.assertTrue(wait_until(lambda: not p._thread.is_alive()))
+        self.assertIn("boom", "\n".join(logs.output))
+        with self.assertRaisesRegex(SenderFailed, "RuntimeError: boom"):
+            p.publish("trace_event", {"id": 1})
+        with self.assertRaises(SenderFailed):
+            p.publish_many([("trace_event", {"id": 2}, None)])
+        with self.assertRaises(SenderFailed):
+            p.flush(1)
+        with self.assertRaises(SenderFailed):
+            p.close()
 
     def test_publish_many_is_all_or_nothing(self):
         port = free_port()

@@ -13,6 +13,7 @@ from .publisher import (
     Publisher,
     PublishError,
     Rejection,
+    SenderFailed,
     contract_to_dict,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "Publisher",
     "PublishError",
     "Rejection",
+    "SenderFailed",
     "contract_to_dict",
     "current_flow_step",
     "current_request_id",

@@ -56,6 +56,12 @@ class PublishError(Exception):
     """The event was not accepted for publishing (closed publisher, unknown kind)."""
 
 
+class SenderFailed(PublishError):
+    """The sender thread stopped on an unexpected error: nothing is delivered any more.
+    `publish`, `flush` and `close` raise it from then on; the events it held in memory are
+    lost (those already in the on-disk buffer are sent by the next Publisher on it)."""
+
+
 class Backpressure(PublishError):
     """The in-memory queue is full (and the on-disk buffer too, or the gateway is slow):
     the caller must slow down. The event was NOT enqueued."""
@@ -198,6 +204,7 @@ class Publisher:
         self._stats = collections.Counter()
         self.rejections: collections.deque[Rejection] = collections.deque(maxlen=1000)
         self.last_error: str | None = None
+        self._failure: str | None = None  # set when the sender thread died
         self._thread = threading.Thread(target=self._run, name="weft-publish", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -216,8 +223,11 @@ class Publisher:
         `payload` is a dict, a weaver-contracts dataclass, or a zero-argument callable
         returning one of those (evaluated on the sender thread, so mapping work is off the
         caller's thread). The publisher owns it from now on: do not mutate it afterwards.
-        Raises `Backpressure` when the queue is full, `PublishError` when closed.
+        Raises `Backpressure` when the queue is full, `SenderFailed` once the sender thread
+        has died, `PublishError` when closed.
         """
+        if self._failure is not None:
+            raise SenderFailed(self._failure)
         if self._closed:
             raise PublishError("publisher is closed")
         if len(self._q) >= self._max_queue:
@@ -229,6 +239,8 @@ class Publisher:
         """Enqueue `(kind, payload, request_id)` events all together or not at all, so a
         group that must stay whole (a PolicyDecision and its TraceEvent: I-02) is never
         half-published. Raises `Backpressure` (enqueuing nothing) when they do not fit."""
+        if self._failure is not None:
+            raise SenderFailed(self._failure)
         if self._closed:
             raise PublishError("publisher is closed")
         if len(self._q) + len(events) > self._max_queue:
@@ -255,28 +267,34 @@ class Publisher:
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every event published so far is delivered or rejected (the queue
-        and the on-disk buffer are empty). True if that happened within `timeout`."""
+        and the on-disk buffer are empty). True if that happened within `timeout`.
+        Raises `SenderFailed` once the sender thread has died."""
         deadline = time.monotonic() + timeout
         self._wake.set()
         with self._cv:
-            while len(self._q) > 0 or self._busy:
+            while True:
+                if self._failure is not None:
+                    raise SenderFailed(self._failure)
+                if not self._q and not self._busy:
+                    return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cv.wait(min(left, 0.1))
-        return True
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop accepting events, try to deliver for up to `timeout`, then move whatever is
-        left to the on-disk buffer (replayed by the next Publisher on the same folder)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._close_deadline = time.monotonic() + timeout
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout + 5.0)
-        _LIVE.discard(self)
+        left to the on-disk buffer (replayed by the next Publisher on the same folder).
+        Raises `SenderFailed` if the sender thread has died (then nothing was saved)."""
+        if not self._closed:
+            self._closed = True
+            self._close_deadline = time.monotonic() + timeout
+            self._stop.set()
+            self._wake.set()
+            self._thread.join(timeout + 5.0)
+            _LIVE.discard(self)
+        if self._failure is not None:
+            raise SenderFailed(self._failure)
 
     # -- sender thread -------------------------------------------------------------------
     def _encode(self, item: tuple[str, str | None, str | None, Any]) -> bytes | None:
@@ -367,6 +385,20 @@ class Publisher:
             self._cv.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._send()
+        except BaseException as exc:
+            # A bug, not an outage (those are retried in _send): say so wherever the
+            # caller looks next, rather than accept events nobody will send.
+            self._failure = (
+                f"weft publisher's sender thread failed ({type(exc).__name__}: {exc}); "
+                f"nothing is delivered any more and the events it held are lost"
+            )
+            log.exception("weft_publish: %s", self._failure)
+        finally:
+            self._set_busy(False)
+
+    def _send(self) -> None:
         held: list[bytes] = []  # taken from memory, not yet durable nor delivered
         inflight: tuple[list[bytes], Position] | None = None  # from disk, not yet committed
         attempt = 0
@@ -451,7 +483,6 @@ class Publisher:
         self._disk.close()
         if self._conn is not None:
             self._conn.close()
-        self._set_busy(False)
 
     def _drain_queue(self) -> list[tuple[str, str | None, str | None, Any]]:
         out = []
