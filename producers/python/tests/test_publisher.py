@@ -39,6 +39,7 @@ class FakeGateway:
         self.mode = "ok"  # ok | down503
         self.reject_payload_ids: set = set()  # payload["id"] values to reject (schema_invalid)
         self.transient_once: set = set()  # payload["id"] values to answer spool_full once
+        self.kafka_refused_ids: set = set()  # payload["id"] values Kafka refuses for good
         self.lock = threading.Lock()
         gw = self
 
@@ -63,6 +64,9 @@ class FakeGateway:
                         if pid in gw.reject_payload_ids:
                             results.append({"index": i, "status": "rejected",
                                             "error": {"code": "schema_invalid", "message": "bad"}})
+                        elif pid in gw.kafka_refused_ids:
+                            results.append({"index": i, "status": "rejected",
+                                            "error": {"code": "kafka_refused", "message": "too large"}})
                         elif pid in gw.transient_once:
                             gw.transient_once.discard(pid)
                             results.append({"index": i, "status": "rejected",
@@ -252,6 +256,24 @@ class PublisherTest(unittest.TestCase):
         self.assertEqual([r.code for r in p.rejections], ["schema_invalid"])
         self.assertEqual(len(seen), 1)
         self.assertIn('"id":3', seen[0].envelope)
+        p.close()
+
+    def test_kafka_refused_items_are_rejected_not_retried(self):
+        # The gateway answers kafka_refused only for errors that never go away (e.g. an
+        # event larger than the topic's max.message.bytes); 400 when no item was accepted.
+        self.gw = FakeGateway()
+        self.gw.kafka_refused_ids = {"poison1", "poison2"}
+        seen = []
+        p = self.publisher(self.gw.url, on_rejected=seen.append)
+        p.publish("trace_event", {"id": "poison1"})  # a batch of its own: 400
+        self.assertTrue(p.flush(5), p.stats)
+        for i in ["poison2", 0, 1, 2]:  # the good ones behind a poison one: 207
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(5), p.stats)
+        self.assertEqual(self.gw.ids(), [0, 1, 2])
+        self.assertEqual([r.code for r in p.rejections], ["kafka_refused", "kafka_refused"])
+        self.assertEqual([r.envelope.count('"poison') for r in seen], [1, 1])
+        self.assertEqual(p.stats.get("retries", 0), 0)
         p.close()
 
     def test_unserializable_payload_is_rejected_locally(self):

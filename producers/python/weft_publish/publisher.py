@@ -7,8 +7,9 @@ serialization, no I/O); one background thread serializes, batches and POSTs to
 spills to a bounded on-disk buffer (`DiskBuffer`) that is replayed in order when it comes
 back. When both bounds are reached `publish` raises `Backpressure`: events are refused
 loudly, never dropped silently. Items the gateway rejects (an invalid payload, another
-tenant) are logged, counted and kept in `Publisher.rejections`; only transient failures
-(network, 5xx, 429, a full gateway spool) are retried.
+tenant, an event Kafka refuses for good) are logged, counted and kept in
+`Publisher.rejections`; only transient failures (network, 5xx, 429, a full gateway spool)
+are retried.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ from .buffer import BufferFull, DiskBuffer, Position
 
 log = logging.getLogger("weft_publish")
 
-#: Per-item error codes from the gateway that mean "try again later" (the event is fine).
-TRANSIENT_CODES = frozenset({"spool_full", "spool_failed", "kafka_refused", "closed"})
+#: Per-item error codes from the gateway that mean "try again later" (the event is fine):
+#: the gateway's own retriable codes (`PublishError::RETRIABLE_CODES`). Any other code is a
+#: rejection for good, among them `kafka_refused`, which the gateway gives only for errors
+#: resending cannot fix (e.g. an event larger than the topic's max.message.bytes).
+TRANSIENT_CODES = frozenset({"spool_full", "spool_failed", "closed"})
 
 #: The eight kinds weft accepts.
 KINDS = frozenset(
