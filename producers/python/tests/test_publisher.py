@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import errno
 import http.server
+import inspect
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -423,6 +425,19 @@ class PublisherTest(unittest.TestCase):
             p.flush(1)
         with self.assertRaises(SenderFailed):
             p.close()
+
+    def test_default_timeout_outlasts_the_gateways_kafka_timeout(self):
+        # The gateway answers once every item is durable: with Kafka unreachable, after its
+        # message_timeout_ms (then it spools), up to about twice that for a request under
+        # way when Kafka went. A client that gives up first sends the batch again.
+        config = os.path.join(os.path.dirname(__file__), "..", "..", "src", "config.rs")
+        if not os.path.exists(config):
+            self.skipTest("not in the weft repository")
+        with open(config, encoding="utf-8") as f:
+            m = re.search(r"\bmessage_timeout_ms: ([0-9_]+),", f.read())
+        gateway = int(m.group(1).replace("_", "")) / 1000
+        client = inspect.signature(Publisher).parameters["timeout"].default
+        self.assertGreaterEqual(client, 2 * gateway + 5, f"gateway waits up to ~{2 * gateway} s")
 
     def test_publish_many_is_all_or_nothing(self):
         port = free_port()

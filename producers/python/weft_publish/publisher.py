@@ -158,7 +158,12 @@ class Publisher:
         max_buffer_bytes: bound of the on-disk buffer.
         batch_size / max_batch_bytes: largest batch per POST.
         linger: seconds to wait for a batch to fill before sending it.
-        timeout: HTTP timeout in seconds.
+        timeout: HTTP timeout in seconds. The gateway answers only once every event is
+            durable; with Kafka unreachable that takes its delivery timeout
+            (`message_timeout_ms`, 10 s by default) before it spools them, and up to about
+            twice that for a request under way when Kafka went. Keep `timeout` well above
+            that (the default, 30 s, is): a client that gives up first sends the batch
+            again (weft stores the copies once, but the gateway does the work twice).
         backoff_initial / backoff_max: retry delays (doubling, with jitter).
         on_rejected: called (on the sender thread) with each `Rejection`.
     """
@@ -175,7 +180,7 @@ class Publisher:
         batch_size: int = 500,
         max_batch_bytes: int = 1 << 20,
         linger: float = 0.05,
-        timeout: float = 10.0,
+        timeout: float = 30.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         on_rejected: Callable[[Rejection], None] | None = None,
