@@ -39,7 +39,9 @@ async fn start(prefix: &str, spool: &std::path::Path, max_body: usize) -> (Strin
     let mut keys = ApiKeys::default();
     keys.add_list(&format!("{KEY_ACME}=acme,{KEY_GLOBEX}=globex"))
         .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = weft_http::bind("127.0.0.1:0".parse().unwrap(), false)
+        .await
+        .unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let gw = Gateway::new(p.clone(), keys, max_body);
     tokio::spawn(gateway::serve(listener, gw, std::future::pending()));
@@ -247,6 +249,48 @@ async fn request_level_errors_are_clear_4xx() {
         .await
         .unwrap();
     assert_eq!(h["status"], "ok");
+}
+
+/// `/readyz` is 503 `spool_full` while the spool has less room than one largest request (a
+/// load balancer then sends events elsewhere), and `/healthz`, the liveness probe, stays 200:
+/// a restart would not empty the spool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_room_left_in_the_spool() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let probe = |max_body: usize, spool_max: u64| {
+        let (prefix, spool) = (prefix.clone(), spool.path().to_owned());
+        async move {
+            let mut cfg = config(&prefix, &spool);
+            cfg.spool_max_bytes = spool_max;
+            cfg.spool_segment_bytes = spool_max.min(1 << 20);
+            let p = Publisher::connect(cfg).await.unwrap();
+            let listener = weft_http::bind("127.0.0.1:0".parse().unwrap(), false)
+                .await
+                .unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let gw = Gateway::new(p.clone(), ApiKeys::default(), max_body);
+            let server = tokio::spawn(gateway::serve(listener, gw, std::future::pending()));
+            let get = |path: &'static str| {
+                let url = format!("{url}{path}");
+                async move {
+                    let r = reqwest::get(url).await.unwrap();
+                    (r.status().as_u16(), r.json::<Value>().await.unwrap())
+                }
+            };
+            let answers = (get("/readyz").await, get("/healthz").await);
+            server.abort();
+            p.close(Duration::from_secs(5));
+            answers
+        }
+    };
+    let ((ready, body), (live, _)) = probe(4096, 1 << 20).await;
+    assert_eq!((ready, live), (200, 200), "{body}");
+    assert_eq!(body["spool_max_bytes"], 1 << 20);
+    let ((ready, body), (live, health)) = probe(4096, 1000).await;
+    assert_eq!(ready, 503, "{body}");
+    assert_eq!(body["status"], "spool_full");
+    assert_eq!(live, 200, "{health}");
 }
 
 /// The `weft gateway` binary end to end: keys from WEFT_GATEWAY_KEYS, realistic traffic of

@@ -181,6 +181,28 @@ async fn a_request_over_the_concurrency_limit_is_refused_busy_before_its_body() 
     assert!(ok.is_some(), "the slot was not freed");
 }
 
+/// A request whose body stops coming is answered 408 `body_timeout` after
+/// `--body-timeout-secs`, and its slot is free again: a client that stalls halfway through a
+/// body cannot hold the gateway's request slots (before, it held one for as long as it kept
+/// the connection open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_coming_is_answered_408_and_frees_its_slot() {
+    let gw = Gateway::start_with(
+        8 << 20,
+        &["--max-concurrent-requests", "1", "--body-timeout-secs", "1"],
+    );
+    let mut stalled = gw.open_declared(KEY, 1_000_000).await;
+    let (status, v) = read_answer(&mut stalled).await;
+    assert_eq!(status, 408, "{v}");
+    assert!(is_error_body(&v, "body_timeout"), "{v}");
+    let item = format!(
+        r#"{{"kind":"trace_event","payload":{}}}"#,
+        trace_payload("stall", 1)
+    );
+    let (status, _, v) = gw.post(Some(KEY), item).await;
+    assert_eq!(status, 200, "the only slot was not freed: {v}");
+}
+
 fn is_error_body(v: &Value, code: &str) -> bool {
     v["error"]["code"] == code
         && v["error"]["message"]

@@ -9,7 +9,8 @@
 //! - [`MetricsRegistry`]: the one `prometheus` registry helper behind `GET /metrics`;
 //! - [`cpu`]: CPU seconds from procfs (`process_cpu_seconds_total`, the benchmarks);
 //! - [`bind`]: listen on an address, refusing non-loopback addresses unless asked, because
-//!   nothing of weft's should be reachable from the network by accident.
+//!   nothing of weft's should be reachable from the network by accident; a connection that
+//!   sends nothing for [`IDLE_TIMEOUT`] is closed.
 
 #![warn(missing_docs)]
 
@@ -20,12 +21,14 @@ pub mod cpu;
 mod error;
 mod keys;
 mod limit;
+mod listen;
 mod metrics;
 
 pub use auth::{Caller, HasApiKeys};
 pub use error::{check_len, error_response, ApiError, ErrorDetail};
 pub use keys::{ApiKeys, AuthError, KeySources, Unauthorized};
 pub use limit::{busy, limit_in_hand};
+pub use listen::{bind, Listener, IDLE_TIMEOUT};
 pub use metrics::{metrics_response, MetricsRegistry};
 pub use prometheus;
 
@@ -68,29 +71,4 @@ pub enum BindError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Bind a TCP listener; non-loopback addresses need `allow_remote`.
-pub async fn bind(
-    addr: SocketAddr,
-    allow_remote: bool,
-) -> Result<tokio::net::TcpListener, BindError> {
-    if !addr.ip().is_loopback() && !allow_remote {
-        return Err(BindError::NotLoopback(addr));
-    }
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| BindError::Io { addr, source })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn non_loopback_needs_consent() {
-        let err = bind("0.0.0.0:0".parse().unwrap(), false).await.unwrap_err();
-        assert!(matches!(err, BindError::NotLoopback(_)));
-        assert!(bind("127.0.0.1:0".parse().unwrap(), false).await.is_ok());
-    }
 }

@@ -11,11 +11,13 @@
 //! another tenant; 503 when every failure was the spool being full); 400 for a body that is
 //! not JSON; 413 for an oversize body; 401 for a missing or unknown key.
 //!
-//! `GET /healthz` (no auth) and `GET /metrics` (Prometheus text, no auth) complete it.
+//! `GET /healthz` (liveness), `GET /readyz` (readiness: 503 while the spool is full) and
+//! `GET /metrics` (Prometheus text), none needing a key, complete it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{to_bytes, Body};
 use axum::extract::State;
@@ -54,6 +56,10 @@ pub struct GatewayConfig {
     /// at once, before its body is read. With `max_body_bytes`, it bounds the memory that
     /// requests can take, whatever their number.
     pub max_concurrent_requests: usize,
+    /// Seconds a request's whole body may take to arrive; slower: 408 `body_timeout`, and its
+    /// slot in `max_concurrent_requests` is free again. Without it, a few clients that stop
+    /// halfway through a body hold every slot.
+    pub body_timeout_secs: u64,
 }
 
 impl Default for GatewayConfig {
@@ -66,9 +72,13 @@ impl Default for GatewayConfig {
             max_items: DEFAULT_MAX_ITEMS,
             refuse_nonconforming_keys: false,
             max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            body_timeout_secs: DEFAULT_BODY_TIMEOUT_SECS,
         }
     }
 }
+
+/// Default [`GatewayConfig::body_timeout_secs`]: the default 8 MiB body at 280 kB/s.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 30;
 
 /// Default [`GatewayConfig::max_items`].
 pub const DEFAULT_MAX_ITEMS: usize = 10_000;
@@ -95,6 +105,7 @@ pub struct Gateway {
     nonconforming: weft_http::prometheus::IntCounter,
     /// One permit per request in hand ([`GatewayConfig::max_concurrent_requests`]).
     in_hand: Arc<tokio::sync::Semaphore>,
+    body_timeout: Duration,
 }
 
 /// One submitted item, before validation. Unknown fields are refused: a typo such as
@@ -151,7 +162,14 @@ impl Gateway {
             refuse_nonconforming_keys: false,
             nonconforming,
             in_hand: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_CONCURRENT_REQUESTS)),
+            body_timeout: Duration::from_secs(DEFAULT_BODY_TIMEOUT_SECS),
         }
+    }
+
+    /// Longest wait for a request's whole body (slower: 408 `body_timeout`).
+    pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
+        self
     }
 
     /// Most requests handled at once (one more: 503 `busy`, before its body is read).
@@ -172,11 +190,12 @@ impl Gateway {
         self
     }
 
-    /// The axum router (`/v1/events`, `/healthz`, `/metrics`).
+    /// The axum router (`/v1/events`, `/healthz`, `/readyz`, `/metrics`).
     pub fn router(self) -> Router {
         Router::new()
             .route("/v1/events", post(ingest))
             .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
             .with_state(Arc::new(self))
     }
@@ -186,13 +205,33 @@ impl Gateway {
     }
 }
 
+/// Liveness: 200 while the process serves, with the spool's state.
 async fn healthz(State(g): State<Arc<Gateway>>) -> Response {
+    Json(spool_state(&g).1).into_response()
+}
+
+/// Readiness: 200, or 503 `spool_full` while the spool has less room left than one largest
+/// request, so that a load balancer sends events to another gateway rather than have them
+/// refused here. Not a liveness probe: a restart would not empty the spool.
+async fn readyz(State(g): State<Arc<Gateway>>) -> Response {
+    match spool_state(&g) {
+        (true, body) => (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response(),
+        (false, body) => Json(body).into_response(),
+    }
+}
+
+/// Whether the spool is full (less room than one largest request), and the state as JSON.
+fn spool_state(g: &Gateway) -> (bool, serde_json::Value) {
+    let (used, max) = g.publisher.spool_bytes();
+    let full = max.saturating_sub(used) < g.max_body_bytes as u64;
     let body = serde_json::json!({
-        "status": "ok",
+        "status": if full { "spool_full" } else { "ok" },
         "spooling": g.publisher.is_spooling(),
         "spool_pending": g.publisher.spool_pending(),
+        "spool_bytes": used,
+        "spool_max_bytes": max,
     });
-    Json(body).into_response()
+    (full, body)
 }
 
 async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
@@ -477,7 +516,8 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
     .await
 }
 
-/// The body, at most `max_body_bytes` (413 beyond, whether declared or streamed).
+/// The body, at most `max_body_bytes` (413 beyond, whether declared or streamed), within
+/// `body_timeout` (408 `body_timeout` after it).
 async fn read_body(
     g: &Gateway,
     headers: &HeaderMap,
@@ -490,10 +530,18 @@ async fn read_body(
     if declared.is_some_and(|n| n > g.max_body_bytes) {
         return Err(weft_http::ApiError::too_large(g.max_body_bytes));
     }
-    to_bytes(body, g.max_body_bytes)
-        .instrument(info_span!("read_body"))
-        .await
-        .map_err(|_| weft_http::ApiError::too_large(g.max_body_bytes))
+    let read = to_bytes(body, g.max_body_bytes).instrument(info_span!("read_body"));
+    match tokio::time::timeout(g.body_timeout, read).await {
+        Ok(body) => body.map_err(|_| weft_http::ApiError::too_large(g.max_body_bytes)),
+        Err(_) => Err(weft_http::ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} s",
+                g.body_timeout.as_secs_f64()
+            ),
+        )),
+    }
 }
 
 /// Validate and publish each item, await durability, and answer per item.
@@ -555,7 +603,7 @@ async fn publish_items(
     g.publisher.metrics().accepted.inc_by(accepted as u64);
     let rejected = results.len() - accepted;
     let status = batch_status(accepted, &results);
-    (
+    let mut answer = (
         status,
         Json(BatchResponse {
             accepted,
@@ -563,7 +611,14 @@ async fn publish_items(
             results,
         }),
     )
-        .into_response()
+        .into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // The spool is full or failing, or the gateway is closing: worth a retry, not at once.
+        answer
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
+    }
+    answer
 }
 
 /// 200 all accepted, 207 some; none: 503 when every item failed for a reason worth a retry
@@ -597,7 +652,7 @@ fn batch_status(accepted: usize, results: &[ItemResult]) -> StatusCode {
 
 /// Serve the gateway on `listener` until `shutdown` resolves.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listener: weft_http::Listener,
     gateway: Gateway,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -607,84 +662,4 @@ pub async fn serve(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_refused_only_for_retriable_reasons_is_503() {
-        let refused = |codes: &[&'static str]| -> Vec<ItemResult> {
-            codes
-                .iter()
-                .enumerate()
-                .map(|(index, code)| ItemResult {
-                    index,
-                    status: "rejected",
-                    id: None,
-                    error: Some(ApiError {
-                        code: (*code).into(),
-                        message: String::new(),
-                    }),
-                })
-                .collect()
-        };
-        let status = |codes: &[&'static str]| batch_status(0, &refused(codes));
-        assert_eq!(status(&["spool_failed", "closed", "spool_full"]), 503);
-        assert_eq!(status(&["too_large", "too_large"]), 413);
-        assert_eq!(status(&["spool_full", "too_large"]), 400);
-        // The list is the one `is_retriable` reads.
-        assert!(PublishError::Closed.is_retriable());
-        assert!(!PublishError::TooLarge { size: 2, max: 1 }.is_retriable());
-    }
-
-    #[test]
-    fn splits_arrays_objects_and_ndjson() {
-        let a = split_items(br#"[{"a":1}, {"b":2}]"#, None, 10).unwrap();
-        assert_eq!(a.len(), 2);
-        let o = split_items(b"{\"a\":1}", Some("application/json"), 10).unwrap();
-        assert_eq!(o.len(), 1);
-        let n = split_items(b"{\"a\":1}\n\n{\"b\":2}\nnot json\n", None, 10).unwrap();
-        assert_eq!(n.len(), 3);
-        assert!(n[2].is_err(), "a bad line is that item's problem only");
-        let declared = split_items(b"{\"a\":1}", Some("application/x-ndjson"), 10).unwrap();
-        assert_eq!(declared.len(), 1);
-    }
-
-    #[test]
-    fn malformed_bodies_are_request_errors_with_a_reason() {
-        let msg = |b: &[u8]| match split_items(b, None, 10) {
-            Err(SplitError::Malformed(m)) => m,
-            other => panic!("expected a malformed body, got {other:?}"),
-        };
-        assert!(msg(b"[{\"a\":1},").contains("not a valid JSON array"));
-        assert!(msg(b"   ").contains("empty"));
-        assert!(msg(b"nonsense").contains("not valid JSON"));
-        assert!(msg(&[0xff, 0xfe]).contains("UTF-8"));
-    }
-
-    #[test]
-    fn too_many_items_is_refused_before_the_rest_is_read() {
-        assert_eq!(split_items(b"[1,2,3]", None, 3).map(|v| v.len()), Ok(3));
-        assert_eq!(
-            split_items(b"[1,2,3,4]", None, 3).err(),
-            Some(SplitError::TooMany(3))
-        );
-        // The limit is hit before the malformed tail: the cut is at item 4.
-        assert_eq!(
-            split_items(b"[1,2,3,4,oops", None, 3).err(),
-            Some(SplitError::TooMany(3))
-        );
-        let nd = b"{}\n{}\n\n{}\n{}\n";
-        assert_eq!(
-            split_items(nd, Some("application/x-ndjson"), 3).err(),
-            Some(SplitError::TooMany(3))
-        );
-        assert_eq!(split_items(nd, None, 4).map(|v| v.len()), Ok(4));
-    }
-
-    #[test]
-    fn messages_are_cut_on_a_char_boundary() {
-        let m = bounded_message("é".repeat(MAX_MESSAGE_BYTES));
-        assert!(m.len() <= MAX_MESSAGE_BYTES + 3 && m.ends_with("..."));
-        assert_eq!(bounded_message("short".into()), "short");
-    }
-}
+mod tests;

@@ -78,6 +78,11 @@ pub struct GatewayArgs {
     #[arg(long, value_name = "N")]
     pub max_concurrent_requests: Option<usize>,
 
+    /// Seconds a request's whole body may take to arrive; a slower one is answered 408
+    /// `body_timeout` and frees its slot [default: [gateway] body_timeout_secs, else 30].
+    #[arg(long, value_name = "SECS")]
+    pub body_timeout_secs: Option<u64>,
+
     /// Refuse payload keys neither defined by their kind nor of the x_<org>_<field> shape
     /// (by default they are counted in /metrics and logged) [default: [gateway]
     /// refuse_nonconforming_keys, else false].
@@ -113,6 +118,9 @@ pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
             args.max_concurrent_requests
                 .unwrap_or(cfg.max_concurrent_requests),
         )
+        .with_body_timeout(Duration::from_secs(
+            args.body_timeout_secs.unwrap_or(cfg.body_timeout_secs),
+        ))
         .refusing_nonconforming_keys(
             args.refuse_nonconforming_keys || cfg.refuse_nonconforming_keys,
         );

@@ -332,6 +332,12 @@ impl Publisher {
         lock(&self.inner.shared.spool).pending()
     }
 
+    /// Bytes the spool holds on disk, and its bound (`spool_max_bytes`).
+    pub fn spool_bytes(&self) -> (u64, u64) {
+        let used = lock(&self.inner.shared.spool).bytes();
+        (used, self.inner.config.spool_max_bytes)
+    }
+
     /// `true` while events are being spooled rather than sent directly.
     pub fn is_spooling(&self) -> bool {
         lock(&self.inner.shared.state).spooling
