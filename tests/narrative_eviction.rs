@@ -110,6 +110,12 @@ struct Harness {
 
 impl Harness {
     async fn new(tag: &str, max_nodes: usize) -> Self {
+        Self::reading_at_most(tag, max_nodes, None).await
+    }
+
+    /// [`Harness::new`] whose projector's every query may read at most `rows` rows
+    /// (ClickHouse's `max_rows_to_read`; `None`: no limit).
+    async fn reading_at_most(tag: &str, max_nodes: usize, rows: Option<u64>) -> Self {
         let p = Pipeline::new(tag);
         let store = Store::new(ClickHouseConfig {
             url: common::clickhouse_url(),
@@ -117,7 +123,8 @@ impl Harness {
             ..ClickHouseConfig::default()
         })
         .unwrap();
-        let projector = Projector::load(store.clone(), max_nodes).await.unwrap();
+        let limited = rows.map_or_else(|| store.clone(), |r| store.with_read_limit(r));
+        let projector = Projector::load(limited, max_nodes).await.unwrap();
         Self {
             p,
             store,
@@ -152,6 +159,7 @@ impl Harness {
             let s = self.projector.apply(&[batch]).await.unwrap();
             total.facts += s.facts;
             total.direct += s.direct;
+            total.moved += s.moved;
             total.loaded += s.loaded;
             total.evicted += s.evicted;
             total.largest_component = total.largest_component.max(s.largest_component);
@@ -357,6 +365,59 @@ async fn a_component_far_over_the_budget_is_assigned_exactly() {
             .expect("the narrative exists");
     assert_eq!(first.members_total, (N + 1) as u64);
     assert_eq!(first.entries, n.entries[..api_max as usize]);
+}
+
+/// A few members leaving a large narrative cost a read of their own rows, not of the whole
+/// narrative: the projector's queries may read fewer rows than the narrative holds, so a
+/// move that read every member (payloads included) would fail the pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_leaving_a_large_narrative_read_their_own_rows_only() {
+    const N: usize = 60_000;
+    const MOVED: usize = 5;
+    // Under half the narrative, over the few granules (8,192 rows each) the movers sit in.
+    let read_limit = 30_000;
+    let mut h = Harness::reading_at_most("it_evict_move", 1_000_000, Some(read_limit)).await;
+    common::facts::wait_for_id_filters(&h.projector).await;
+    // The anchor first, then a flow of N handles without a request id: each pass adds
+    // members to req-big, and none moves (a move out of req-big would read it).
+    let te = env(
+        Kind::TraceEvent,
+        Some("req-big"),
+        json!({"event_id": "te-big", "event_type": "capability_executed",
+               "timestamp": "2026-03-08T06:00:05Z", "metadata": {"flow_id": "flow-big"}}),
+    );
+    h.feed(&[te], 1).await;
+    let handles: Vec<Envelope> = (0..N)
+        .map(|i| handle(&format!("hm-{i:06}"), Some("flow-big")))
+        .collect();
+    h.feed(&handles, 20_000).await;
+    assert_eq!(h.projector.graph_len(), N + 2, "nothing evicted");
+    // A few handles get a nearer anchor (their own trace event, one link away; req-big is
+    // two, through the flow): they leave req-big, which keeps the rest.
+    let claims: Vec<Envelope> = (1..=MOVED)
+        .map(|i| {
+            trace(
+                &format!("te-m-{i}"),
+                &format!("req-m-{i}"),
+                &format!("hm-{i:06}"),
+            )
+        })
+        .collect();
+    let stats = h.feed(&claims, MOVED).await;
+    assert_eq!(stats.moved, MOVED, "{stats:?}");
+    let m = h.p.membership().await;
+    assert_eq!(m.get("req-big").map_or(0, |s| s.len()), N + 1 - MOVED);
+    for i in 1..=MOVED {
+        let want = [
+            ("trace_event".to_owned(), format!("te-m-{i}")),
+            ("handle".to_owned(), format!("hm-{i:06}")),
+        ];
+        assert_eq!(
+            m.get(&format!("req-m-{i}")),
+            Some(&want.into_iter().collect())
+        );
+    }
+    h.assert_exact().await;
 }
 
 /// The id filter's hashes, computed by ClickHouse when it is rebuilt at start, are the ones

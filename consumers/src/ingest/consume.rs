@@ -54,6 +54,42 @@ pub(super) struct DecodedRecord {
 /// they start without them (about 40 s with the default backoff).
 const METADATA_ATTEMPTS: u32 = 10;
 
+/// Ask for the broker's metadata until every one of `topics` is in it (`has`: present, with
+/// partitions and no error), retrying after `pause(attempt)`; an answer that still lacks some
+/// after [`METADATA_ATTEMPTS`] is taken as it is (with an error naming them), an unavailable
+/// one is retried for ever.
+async fn wait_for_topics<M, E: std::fmt::Display>(
+    topics: &[String],
+    mut fetch: impl FnMut() -> Result<M, E>,
+    has: impl Fn(&M, &str) -> bool,
+    pause: impl Fn(u32) -> Duration,
+) -> M {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match fetch() {
+            Ok(md) => {
+                let missing: Vec<&str> = topics
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| !has(&md, n))
+                    .collect();
+                if missing.is_empty() {
+                    return md;
+                }
+                if attempt >= METADATA_ATTEMPTS {
+                    error!(missing = %missing.join(", "), "event topics missing from the broker's \
+                        metadata: their records are not read until ingest restarts");
+                    return md;
+                }
+                warn!(missing = %missing.join(", "), attempt, "event topics not in the broker's metadata yet; retrying");
+            }
+            Err(e) => warn!(error = %e, attempt, "kafka metadata unavailable; retrying"),
+        }
+        tokio::time::sleep(pause(attempt)).await;
+    }
+}
+
 impl Ingestor {
     /// Group mode subscribes; the single-process roles assign every partition at the offset
     /// ClickHouse says comes next.
@@ -67,34 +103,19 @@ impl Ingestor {
         }
         // Every event topic, each with its partitions: a topic created a moment ago may not
         // be in every broker's metadata yet, and one left out here would never be read.
-        let mut attempt = 0;
-        let md = loop {
-            attempt += 1;
-            match self.consumer.fetch_metadata(None, Duration::from_secs(10)) {
-                Ok(md) => {
-                    let missing: Vec<&str> = topics
-                        .iter()
-                        .map(String::as_str)
-                        .filter(|n| {
-                            !md.topics().iter().any(|t| {
-                                t.name() == *n && t.error().is_none() && !t.partitions().is_empty()
-                            })
-                        })
-                        .collect();
-                    if missing.is_empty() {
-                        break md;
-                    }
-                    if attempt >= METADATA_ATTEMPTS {
-                        error!(missing = %missing.join(", "), "event topics missing from the broker's \
-                            metadata: their records are not read until ingest restarts");
-                        break md;
-                    }
-                    warn!(missing = %missing.join(", "), attempt, "event topics not in the broker's metadata yet; retrying");
-                }
-                Err(e) => warn!(error = %e, attempt, "kafka metadata unavailable; retrying"),
-            }
-            tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)).await;
-        };
+        let consumer = &self.consumer;
+        let max_backoff_ms = self.cfg.max_backoff_ms;
+        let md = wait_for_topics(
+            &topics,
+            || consumer.fetch_metadata(None, Duration::from_secs(10)),
+            |md, name| {
+                md.topics()
+                    .iter()
+                    .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
+            },
+            |attempt| backoff(attempt, max_backoff_ms),
+        )
+        .await;
         let mut tpl = TopicPartitionList::new();
         let role = self.cfg.role;
         for t in md
@@ -479,5 +500,61 @@ impl Ingestor {
         }
         self.buffered = (rows, bytes);
         Ok(rows >= max_rows || bytes >= max_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{wait_for_topics, METADATA_ATTEMPTS};
+    use std::time::Duration;
+
+    /// A metadata answer: each topic with its partition count and whether it has an error.
+    type Md = Vec<(&'static str, usize, bool)>;
+
+    fn has(md: &Md, name: &str) -> bool {
+        md.iter()
+            .any(|(n, parts, err)| *n == name && *parts > 0 && !err)
+    }
+
+    /// Answers `script` in turn (its last answer from then on), counting the calls.
+    async fn wait_on(script: Vec<Result<Md, &'static str>>) -> (Md, usize) {
+        let topics = vec!["a".to_owned(), "b".to_owned()];
+        let mut calls = 0;
+        let md = wait_for_topics(
+            &topics,
+            || {
+                calls += 1;
+                script[(calls - 1).min(script.len() - 1)].clone()
+            },
+            has,
+            |_| Duration::ZERO,
+        )
+        .await;
+        (md, calls)
+    }
+
+    /// A topic absent, then known without partitions, then with an error, is waited for:
+    /// the assignment is made from the answer that has every topic with its partitions.
+    #[tokio::test]
+    async fn ingest_waits_until_every_event_topic_has_its_partitions() {
+        let whole = vec![("a", 2, false), ("b", 2, false)];
+        let (md, calls) = wait_on(vec![
+            Ok(vec![("a", 2, false)]),
+            Ok(vec![("a", 2, false), ("b", 0, false)]),
+            Err("broker down"),
+            Ok(vec![("a", 2, false), ("b", 2, true)]),
+            Ok(whole.clone()),
+        ])
+        .await;
+        assert_eq!((md, calls), (whole, 5));
+    }
+
+    /// A topic that never shows up does not hold ingest for ever: after the last attempt it
+    /// starts with the topics it has.
+    #[tokio::test]
+    async fn ingest_starts_without_a_topic_missing_after_every_attempt() {
+        let partial = vec![("a", 2, false)];
+        let (md, calls) = wait_on(vec![Ok(partial.clone())]).await;
+        assert_eq!((md, calls), (partial, METADATA_ATTEMPTS as usize));
     }
 }

@@ -5,6 +5,7 @@ mod direct;
 pub mod filter;
 pub mod graph;
 pub mod loader;
+mod moves;
 pub mod projector;
 pub mod rebuild;
 pub mod shard;

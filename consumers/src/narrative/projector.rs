@@ -12,15 +12,15 @@
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
-use std::sync::Arc;
 
 use tracing::{info, instrument};
 use weft_schemas::links::{Link, NodeKind};
 
 use super::direct::direct_facts;
 use super::filter::{IdFilter, IdSet, DEFAULT_EXPECTED_ITEMS, DEFAULT_OPEN_ITEMS};
-use super::graph::{takes_color, Change, Graph, NodeIdx, NodeKey};
+use super::graph::{takes_color, Graph, NodeIdx, NodeKey};
 use super::loader;
+use super::moves::move_rows;
 use super::shard::NarrativeShard;
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
@@ -75,9 +75,6 @@ struct Named<'f> {
     /// Per fact of the pass: placed without entering the graph (see `load_named`).
     direct: Vec<bool>,
 }
-
-/// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
-type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
 
 /// The facts read from one source partition, up to `last_offset`.
 pub struct ProjectBatch<'a> {
@@ -321,9 +318,14 @@ impl Projector {
             narrative_rows.push(narrative_row(f, Cow::Owned(narrative.to_string()), version));
             node_rows.insert(*n, self.node_row(*n, &narrative, version));
         }
-        let moved = self
-            .move_rows(&changes, version, &mut narrative_rows)
-            .await?;
+        let moved = move_rows(
+            &self.store,
+            &self.graph,
+            &changes,
+            version,
+            &mut narrative_rows,
+        )
+        .await?;
         for c in &changes {
             node_rows
                 .entry(c.node)
@@ -531,77 +533,6 @@ impl Projector {
             ts: self.graph.ts(n),
             version,
         }
-    }
-
-    /// For every node that left a narrative: a tombstone there, and its rows copied to the
-    /// new one. Returns how many nodes moved.
-    async fn move_rows(
-        &self,
-        changes: &[Change],
-        version: u64,
-        out: &mut Vec<NarrativeRow<Cow<'_, str>>>,
-    ) -> Result<usize, StoreError> {
-        let mut by_tenant: HashMap<Arc<str>, Moves> = HashMap::default();
-        for c in changes {
-            let Some(old) = &c.old else { continue };
-            let key = self.graph.key(c.node);
-            let e = by_tenant.entry(key.tenant.clone()).or_default();
-            e.0.insert(old.to_string());
-            e.1.insert(
-                (key.kind.as_str().to_owned(), key.id.to_string()),
-                c.new.clone(),
-            );
-        }
-        let mut moved = 0;
-        for (tenant, (olds, targets)) in by_tenant {
-            let mut rows: Vec<NarrativeRow> = Vec::new();
-            // A large pass can move thousands of narratives; ClickHouse caps one query
-            // parameter (http_max_field_value_size, 128 KiB by default), so ask in chunks.
-            for chunk in chunks_by_bytes(olds.into_iter().collect(), MAX_PARAM_BYTES) {
-                let mut part: Vec<NarrativeRow> = self
-                    .store
-                    .client()
-                    .query(
-                        "SELECT tenant, narrative_id, kind, id, content_hash, \
-                                argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                                argMax(payload, version) AS payload, max(version) AS version, \
-                                argMax(is_deleted, version) AS is_deleted \
-                         FROM weft_narratives \
-                         WHERE tenant = {t:String} AND narrative_id IN {olds:Array(String)} \
-                         GROUP BY tenant, narrative_id, kind, id, content_hash",
-                    )
-                    .param("t", tenant.as_ref())
-                    .param("olds", chunk)
-                    .fetch_all()
-                    .await
-                    .map_err(self.store.err())?;
-                rows.append(&mut part);
-            }
-            for r in rows {
-                if r.is_deleted == 1 {
-                    continue;
-                }
-                let Some(new) = targets.get(&(r.kind.clone(), r.id.clone())) else {
-                    continue;
-                };
-                if r.narrative_id == **new {
-                    continue;
-                }
-                moved += 1;
-                let r = r.into_cow();
-                out.push(NarrativeRow {
-                    version,
-                    is_deleted: 1,
-                    ..r.clone()
-                });
-                out.push(NarrativeRow {
-                    narrative_id: Cow::Owned(new.to_string()),
-                    version,
-                    ..r
-                });
-            }
-        }
-        Ok(moved)
     }
 }
 
