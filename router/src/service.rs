@@ -57,6 +57,8 @@ pub struct ServiceConfig {
     pub window_s: u64,
     /// Decay half-life applied when reading the aggregates (0: none).
     pub half_life_s: f64,
+    /// (context, candidate) cells of the aggregates read per tenant at most.
+    pub max_cells: u64,
     /// Source label of snapshots read from ClickHouse.
     pub source: String,
 }
@@ -182,6 +184,7 @@ impl Service {
             &self.cfg.source,
             self.cfg.window_s,
             self.cfg.half_life_s,
+            self.cfg.max_cells,
         )
         .await?;
         let (since, full) = {
@@ -539,7 +542,11 @@ impl Service {
             m.snapshot_age.set(h.loaded_at.elapsed().as_secs_f64());
             m.snapshot_stale.set(i64::from(h.stale));
         }
-        m.snapshot_cells.set(self.snapshot().cells() as i64);
+        let snap = self.snapshot();
+        m.snapshot_cells.set(snap.cells() as i64);
+        m.snapshot_tenants_at_cell_limit
+            .set(snap.tenants_at(self.cfg.max_cells) as i64);
+        RouterMetrics::mirror(&m.model_arms_evicted, self.live.arms_evicted());
         let (hits, misses) = self.memo.stats();
         RouterMetrics::mirror(&m.memo_hits, hits);
         RouterMetrics::mirror(&m.memo_misses, misses);
