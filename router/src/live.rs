@@ -25,6 +25,9 @@ use crate::learner::{LearnerConfig, Observation, Outcome, TenantModel};
 use crate::policy::PolicyConfig;
 use crate::store::OutcomeRow;
 
+mod rebuild;
+pub use rebuild::{rebuild, Rebuild};
+
 /// Feedback identities remembered per tenant base (older ones are forgotten first).
 pub const APPLIED_MAX: usize = 500_000;
 /// Pending (not yet stored) outcomes kept per tenant; the oldest go first.
@@ -407,30 +410,6 @@ pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
             })
         })
         .collect()
-}
-
-/// Every tenant's contextual model rebuilt from ClickHouse alone (the outcomes of the last
-/// `window_s` seconds, in visibility order, page by page): what `weft router snapshot`
-/// writes, what a refresh installs now and then, and what every replica serves once all
-/// outcomes are stored.
-pub async fn rebuild(
-    store: &weft_store::Store,
-    pc: &PolicyConfig,
-    window_s: u64,
-) -> Result<Rebuilt, weft_store::StoreError> {
-    let mut out = Rebuilt::default();
-    let mut after = (0, String::new());
-    loop {
-        let rows = crate::store::read_outcomes(store, (after.0, &after.1), window_s).await?;
-        let full = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
-        if let Some(last) = rows.last() {
-            after = (last.visible_us, last.feedback_id.clone());
-        }
-        out.learn(&pc.learner, observations(rows, pc));
-        if !full {
-            return Ok(out);
-        }
-    }
 }
 
 /// Drop the expired entries, then, if still half full or more, all but the most recent

@@ -83,6 +83,8 @@ struct Health {
     since_rebuild: u32,
     /// The last incremental read learnt a row out of the visibility order.
     late: bool,
+    /// When the last full rebuild was installed (or the start).
+    rebuilt_at: Instant,
 }
 
 /// The router's shared state.
@@ -97,6 +99,8 @@ pub struct Service {
     live: Live,
     overlay: Overlay,
     memo: PosteriorMemo,
+    /// The full rebuild under way, resumed by the next refresh ([`crate::live::Rebuild`]).
+    rebuilding: tokio::sync::Mutex<Option<crate::live::Rebuild>>,
 }
 
 /// 128 random bits from the OS, as the decision id `erd-<32 hex>`.
@@ -140,11 +144,13 @@ impl Service {
                 watermark: None,
                 since_rebuild: 0,
                 late: false,
+                rebuilt_at: Instant::now(),
             }),
             recent: Mutex::new(Recent::default()),
             metrics: Arc::default(),
             live,
             overlay: Overlay::default(),
+            rebuilding: Default::default(),
         })
     }
 
@@ -405,6 +411,7 @@ impl Service {
             let h = self.health.lock();
             m.snapshot_age.set(h.loaded_at.elapsed().as_secs_f64());
             m.snapshot_stale.set(i64::from(h.stale));
+            m.model_age.set(h.rebuilt_at.elapsed().as_secs_f64());
         }
         let snap = self.snapshot();
         m.snapshot_cells.set(snap.cells() as i64);
