@@ -39,6 +39,10 @@ pub struct LearnerConfig {
     /// Width of the confidence bound, in standard errors of the regression's prediction:
     /// the gap a candidate is explored by is the best's score minus its upper bound.
     pub confidence: f64,
+    /// Candidates whose live figures a tenant's model holds at most ([`TenantModel::arms`]).
+    /// A new candidate past it evicts the least evidenced (fewest outcomes, then the least
+    /// recently learnt), which then scores and is constrained as never seen (the prior).
+    pub max_arms: usize,
 }
 
 impl Default for LearnerConfig {
@@ -49,6 +53,7 @@ impl Default for LearnerConfig {
             gamma_exponent: 0.5,
             risk_budget: 1,
             confidence: 1.0,
+            max_arms: DEFAULT_MAX_ARMS,
         }
     }
 }
@@ -111,6 +116,11 @@ pub struct Observation {
     pub outcome: Outcome,
 }
 
+/// [`LearnerConfig::max_arms`] by default: far more candidates than an ordinary tenant
+/// routes among (a request offers at most 64), few enough that a tenant naming new
+/// candidate ids without end holds at most some 1.5 MB of them.
+pub const DEFAULT_MAX_ARMS: usize = 4096;
+
 /// Live outcome figures of one candidate (one tenant, every context).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -129,6 +139,9 @@ pub struct ArmLive {
     pub quality_n: f64,
     /// Sum of quality scores.
     pub quality_sum: f64,
+    /// The model's [`TenantModel::updates`] when it last learnt an outcome of this
+    /// candidate (a logical clock: a rebuild from the same rows evicts the same arms).
+    pub last: u64,
 }
 
 impl ArmLive {
@@ -210,8 +223,25 @@ impl TenantModel {
         Some(d)
     }
 
-    /// Learn one outcome (a recursive least-squares step).
-    pub fn learn(&mut self, cfg: &LearnerConfig, obs: &Observation) {
+    /// Make room for one more arm when [`LearnerConfig::max_arms`] are held: drop the least
+    /// evidenced (fewest outcomes; of those, the least recently learnt). Deterministic in
+    /// the sequence of outcomes learnt, so replicas and rebuilds agree. `true` when an arm
+    /// was dropped.
+    fn make_room(&mut self, max_arms: usize) -> bool {
+        if self.arms.len() < max_arms.max(1) {
+            return false;
+        }
+        let victim = self
+            .arms
+            .iter()
+            .min_by(|a, b| a.1.n.total_cmp(&b.1.n).then(a.1.last.cmp(&b.1.last)))
+            .map(|(id, _)| id.clone());
+        victim.is_some_and(|id| self.arms.remove(&id).is_some())
+    }
+
+    /// Learn one outcome (a recursive least-squares step); `true` when its candidate was new
+    /// and took the place of another (see [`LearnerConfig::max_arms`]).
+    pub fn learn(&mut self, cfg: &LearnerConfig, obs: &Observation) -> bool {
         let mut xs: Vec<(usize, f64)> = Vec::with_capacity(obs.example.len());
         for (i, v) in &obs.example {
             if let Some(s) = self.slot(*i, cfg.ridge) {
@@ -241,8 +271,10 @@ impl TenantModel {
             }
         }
         self.updates += 1;
+        let evicted = !self.arms.contains_key(&obs.candidate_id) && self.make_room(cfg.max_arms);
         let arm = self.arms.entry(obs.candidate_id.clone()).or_default();
         let o = &obs.outcome;
+        arm.last = self.updates;
         arm.n += 1.0;
         if let Some(l) = o.latency_ms {
             arm.latency_n += 1.0;
@@ -254,6 +286,7 @@ impl TenantModel {
             arm.quality_n += 1.0;
             arm.quality_sum += q;
         }
+        evicted
     }
 
     /// SquareCB's gamma at this model's number of updates.
@@ -496,5 +529,66 @@ mod tests {
         let m = TenantModel::default();
         let x = example(&[], &candidate_features("a", "tool", None));
         assert_eq!(m.scores(&[("a", &x)], 1.0), vec![1.0]);
+    }
+
+    /// A tenant naming a new candidate id with every outcome holds at most `max_arms` of
+    /// them; the candidates with evidence stay, the flood's evict each other, and a
+    /// decision over known, evicted and never-seen candidates still logs exact
+    /// probabilities that sum to 1 (an evicted candidate scores as never seen: the prior).
+    #[test]
+    fn a_flood_of_candidate_ids_stays_bounded_and_propensities_stay_exact() {
+        let cfg = LearnerConfig {
+            max_arms: 8,
+            ..LearnerConfig::default()
+        };
+        let mut m = TenantModel::default();
+        let ctx = context_features(json!({"tier": "gold"}).as_object().unwrap());
+        let x = |id: &str| example(&ctx, &candidate_features(id, "tool", None));
+        let obs = |id: &str, reward: f64| Observation {
+            feedback_id: String::new(),
+            candidate_id: id.into(),
+            example: x(id),
+            outcome: Outcome {
+                reward,
+                latency_ms: Some(100.0),
+                cost: 0.0,
+                quality: None,
+            },
+        };
+        for i in 0..200 {
+            assert!(
+                !m.learn(&cfg, &obs(["a", "b"][i % 2], 0.8)),
+                "room for a, b"
+            );
+        }
+        let mut evicted = 0;
+        for i in 0..300 {
+            evicted += usize::from(m.learn(&cfg, &obs(&format!("flood-{i}"), 0.0)));
+            assert!(m.arms.len() <= 8, "{}", m.arms.len());
+        }
+        assert_eq!(evicted, 300 - 6, "each new id past the bound evicts one");
+        assert_eq!(m.arms["a"].n, 100.0, "the evidenced arms stay");
+        assert_eq!(m.arms["b"].n, 100.0);
+        assert!(
+            m.arms.contains_key("flood-299"),
+            "the newest flood arm is held"
+        );
+        assert!(!m.arms.contains_key("flood-0"));
+        // A decision over a known, an evicted and a never-seen candidate.
+        let (xa, x0, xn) = (x("a"), x("flood-0"), x("new"));
+        let cands = [("a", &xa), ("flood-0", &x0), ("new", &xn)];
+        let (s, p) = m.probabilities(&cfg, &cands, 1.0);
+        assert_eq!((s[1], s[2]), (1.0, 1.0), "evicted = never seen: the prior");
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{p:?}");
+        assert!(p.iter().all(|x| *x > 0.0 && *x <= 1.0), "{p:?}");
+        // The same outcomes learnt again (a rebuild) evict the same arms.
+        let mut again = TenantModel::default();
+        for i in 0..200 {
+            again.learn(&cfg, &obs(["a", "b"][i % 2], 0.8));
+        }
+        for i in 0..300 {
+            again.learn(&cfg, &obs(&format!("flood-{i}"), 0.0));
+        }
+        assert_eq!(again, m);
     }
 }

@@ -10,6 +10,7 @@
 //! outcome is stored, every replica serves the model rebuilt from ClickHouse.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,9 @@ use crate::decide::Remembered;
 use crate::learner::{LearnerConfig, Observation, Outcome, TenantModel};
 use crate::policy::PolicyConfig;
 use crate::store::OutcomeRow;
+
+mod rebuild;
+pub use rebuild::{rebuild, Rebuild};
 
 /// Feedback identities remembered per tenant base (older ones are forgotten first).
 pub const APPLIED_MAX: usize = 500_000;
@@ -82,8 +86,8 @@ impl Base {
     /// already has an outcome (one outcome per candidate of a decision: a feedback posted
     /// again, through another replica or with another timestamp, is another identity of the
     /// same outcome; it is held, not learnt); `true` when it came out of the visibility
-    /// order (before the last row learnt).
-    fn learn(&mut self, cfg: &LearnerConfig, row: &Stored) -> bool {
+    /// order (before the last row learnt). `evicted` counts the arms it made room by.
+    fn learn(&mut self, cfg: &LearnerConfig, row: &Stored, evicted: &AtomicU64) -> bool {
         if !self.applied.insert(&row.obs.feedback_id) {
             return false;
         }
@@ -93,7 +97,9 @@ impl Base {
         {
             return false;
         }
-        self.model.learn(cfg, &row.obs);
+        if self.model.learn(cfg, &row.obs) {
+            evicted.fetch_add(1, Relaxed);
+        }
         let late = row.key < self.last;
         if !late {
             self.last = row.key.clone();
@@ -123,6 +129,8 @@ pub struct Rebuilt {
     tenants: HashMap<String, Base>,
     /// The highest visibility learnt (µs).
     pub top: Option<i64>,
+    /// Arms dropped to stay within [`LearnerConfig::max_arms`] while learning.
+    pub evicted: AtomicU64,
 }
 
 impl Rebuilt {
@@ -133,7 +141,7 @@ impl Rebuilt {
             self.tenants
                 .entry(row.tenant.clone())
                 .or_default()
-                .learn(cfg, &row);
+                .learn(cfg, &row, &self.evicted);
         }
     }
 
@@ -189,6 +197,9 @@ impl TenantState {
 #[derive(Default)]
 pub struct Live {
     tenants: RwLock<HashMap<String, Arc<RwLock<TenantState>>>>,
+    /// Arms dropped from a model to stay within [`LearnerConfig::max_arms`]: by outcomes
+    /// learnt at once, rows learnt at a refresh, and again by every full rebuild.
+    evicted: AtomicU64,
 }
 
 impl Live {
@@ -241,7 +252,9 @@ impl Live {
         {
             return false;
         }
-        Arc::make_mut(&mut t.served).learn(cfg, &obs);
+        if Arc::make_mut(&mut t.served).learn(cfg, &obs) {
+            self.evicted.fetch_add(1, Relaxed);
+        }
         if t.pending.len() >= PENDING_MAX {
             if let Some((_, d, old)) = t.pending.pop_front() {
                 t.pending_ids.remove(&old.feedback_id);
@@ -268,7 +281,7 @@ impl Live {
             let t = self.tenant(&tenant);
             let mut t = t.write();
             for row in &rows {
-                late |= t.base.learn(cfg, row);
+                late |= t.base.learn(cfg, row, &self.evicted);
             }
             t.reserve(cfg);
         }
@@ -278,6 +291,7 @@ impl Live {
     /// Replace every tenant's base with a rebuilt one (pending outcomes it now holds leave
     /// the pending list; the others stay on top).
     pub fn install(&self, cfg: &LearnerConfig, mut fresh: Rebuilt) {
+        self.evicted.fetch_add(fresh.evicted.load(Relaxed), Relaxed);
         let mut names: HashSet<String> = self.tenants.read().keys().cloned().collect();
         names.extend(fresh.tenants.keys().cloned());
         for name in names {
@@ -360,6 +374,11 @@ impl Live {
         e.1 = Instant::now();
     }
 
+    /// Arms dropped so far to stay within [`LearnerConfig::max_arms`] (see [`Live`]).
+    pub fn arms_evicted(&self) -> u64 {
+        self.evicted.load(Relaxed)
+    }
+
     /// Pending outcomes of `tenant`.
     pub fn pending(&self, tenant: &str) -> usize {
         self.tenants
@@ -391,30 +410,6 @@ pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
             })
         })
         .collect()
-}
-
-/// Every tenant's contextual model rebuilt from ClickHouse alone (the outcomes of the last
-/// `window_s` seconds, in visibility order, page by page): what `weft router snapshot`
-/// writes, what a refresh installs now and then, and what every replica serves once all
-/// outcomes are stored.
-pub async fn rebuild(
-    store: &weft_store::Store,
-    pc: &PolicyConfig,
-    window_s: u64,
-) -> Result<Rebuilt, weft_store::StoreError> {
-    let mut out = Rebuilt::default();
-    let mut after = (0, String::new());
-    loop {
-        let rows = crate::store::read_outcomes(store, (after.0, &after.1), window_s).await?;
-        let full = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
-        if let Some(last) = rows.last() {
-            after = (last.visible_us, last.feedback_id.clone());
-        }
-        out.learn(&pc.learner, observations(rows, pc));
-        if !full {
-            return Ok(out);
-        }
-    }
 }
 
 /// Drop the expired entries, then, if still half full or more, all but the most recent

@@ -31,6 +31,19 @@ pub struct RouterMetrics {
     pub snapshot_stale: IntGauge,
     /// Tenant x context x candidate cells in the snapshot.
     pub snapshot_cells: IntGauge,
+    /// Tenants whose aggregates filled `--max-cells` at the last read (cells past it are
+    /// not served: their candidates fall back to the priors).
+    pub snapshot_tenants_at_cell_limit: IntGauge,
+    /// Arms dropped from a tenant's contextual model to stay within `--max-arms`.
+    pub model_arms_evicted: IntCounter,
+    /// Seconds since the contextual model's last full rebuild was installed (or the start).
+    pub model_age: Gauge,
+    /// Rows learnt so far by the full rebuild under way (0 when none is).
+    pub rebuild_rows: IntGauge,
+    /// Refreshes that ended with the full rebuild unfinished (it resumes at the next).
+    pub rebuild_resumed: IntCounter,
+    /// Refreshes whose step of the full rebuild failed (what it learnt stays).
+    pub rebuild_errors: IntCounter,
     /// Posterior memo hits.
     pub memo_hits: IntCounter,
     /// Posterior memo misses.
@@ -103,6 +116,32 @@ impl RouterMetrics {
             snapshot_cells: r.gauge(
                 "weft_router_snapshot_cells",
                 "Tenant x context x candidate cells in the snapshot.",
+            ),
+            snapshot_tenants_at_cell_limit: r.gauge(
+                "weft_router_snapshot_tenants_at_cell_limit",
+                "Tenants whose aggregates filled --max-cells at the last read (the least evidenced cells past it are not served).",
+            ),
+            model_arms_evicted: c(
+                "weft_router_model_arms_evicted_total",
+                "Arms dropped from a tenant's contextual model to stay within --max-arms (a full rebuild counts its own again).",
+            ),
+            model_age: float(
+                &r,
+                "weft_router_model_age_seconds",
+                "Seconds since the contextual model's last full rebuild was installed (or the start).",
+                |n, h| Gauge::new(n, h),
+            ),
+            rebuild_rows: r.gauge(
+                "weft_router_model_rebuild_rows",
+                "Rows learnt so far by the full rebuild under way (0 when none is).",
+            ),
+            rebuild_resumed: c(
+                "weft_router_model_rebuild_resumed_total",
+                "Refreshes that ended with the full rebuild unfinished (it resumes at the next).",
+            ),
+            rebuild_errors: c(
+                "weft_router_model_rebuild_errors_total",
+                "Refreshes whose step of the full rebuild failed (what it learnt stays).",
             ),
             memo_hits: c(
                 "weft_router_posterior_memo_hits_total",
@@ -177,6 +216,12 @@ mod tests {
             "weft_router_snapshot_age_seconds",
             "weft_router_snapshot_stale 1",
             "weft_router_snapshot_cells 0",
+            "weft_router_snapshot_tenants_at_cell_limit 0",
+            "weft_router_model_arms_evicted_total 0",
+            "weft_router_model_age_seconds",
+            "weft_router_model_rebuild_rows 0",
+            "weft_router_model_rebuild_resumed_total 0",
+            "weft_router_model_rebuild_errors_total 0",
             "weft_router_posterior_memo_hits_total 0",
             "weft_router_posterior_memo_misses_total 0",
             "process_cpu_seconds_total",

@@ -152,6 +152,15 @@ impl Snapshot {
         Ok(s)
     }
 
+    /// Tenants holding at least `max_cells` cells (the read's bound: some may have been left
+    /// out).
+    pub fn tenants_at(&self, max_cells: u64) -> usize {
+        self.tenants
+            .values()
+            .filter(|c| c.values().map(|a| a.len() as u64).sum::<u64>() >= max_cells)
+            .count()
+    }
+
     /// Number of (tenant, context, candidate) cells.
     pub fn cells(&self) -> usize {
         self.tenants

@@ -28,7 +28,6 @@ use serde_json::{json, Map, Value};
 use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys, Unauthorized};
 use weft_producers::Publisher;
 use weft_schemas::{Envelope, Kind};
-use weft_store::Store;
 
 use crate::decide::{self, limits, Context, Remembered, RouteRequest};
 use crate::error::RouterError;
@@ -45,6 +44,10 @@ use recent::Recent;
 pub use recent::{RECENT_MAX, RECENT_MAX_BYTES};
 
 mod recent;
+mod refresh;
+#[cfg(test)]
+use refresh::overlay_settle;
+pub use refresh::REBUILD_EVERY;
 
 /// Service settings.
 #[derive(Debug, Clone)]
@@ -57,33 +60,16 @@ pub struct ServiceConfig {
     pub window_s: u64,
     /// Decay half-life applied when reading the aggregates (0: none).
     pub half_life_s: f64,
+    /// (context, candidate) cells of the aggregates read per tenant at most.
+    pub max_cells: u64,
     /// Source label of snapshots read from ClickHouse.
     pub source: String,
-}
-
-/// How long an outcome stays in the overlay when the model's base never holds it: feedback
-/// that joins no stored decision (an unknown decision, a candidate it did not offer) reaches
-/// the aggregates but never the base, and held longer it would count twice. Twelve refreshes,
-/// at least a minute, at most the window: an outcome whose feedback ingest stores later than
-/// that counts late, from the aggregates, never twice for long.
-fn overlay_settle(refresh: Duration, window_s: u64) -> Duration {
-    (refresh * 12)
-        .max(Duration::from_secs(60))
-        .min(Duration::from_secs(window_s))
 }
 
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
 /// Posterior states memoised at most (then the memo starts afresh).
 const MEMO_CAPACITY: usize = 16_384;
-/// Re-read this much before the last visible row at each refresh (rows of an insert in
-/// flight become visible after their `ingested_at`); identities already learnt are skipped.
-const VISIBILITY_MARGIN_US: i64 = 10_000_000;
-/// The contextual model's part of a refresh (a full rebuild, or the new rows) at most; the
-/// whole refresh has 60 s.
-const MODEL_READ_BUDGET: Duration = Duration::from_secs(45);
-/// Incremental refreshes between two full rebuilds of the contextual model.
-pub const REBUILD_EVERY: u32 = 60;
 
 struct Health {
     loaded_at: Instant,
@@ -97,6 +83,8 @@ struct Health {
     since_rebuild: u32,
     /// The last incremental read learnt a row out of the visibility order.
     late: bool,
+    /// When the last full rebuild was installed (or the start).
+    rebuilt_at: Instant,
 }
 
 /// The router's shared state.
@@ -111,6 +99,8 @@ pub struct Service {
     live: Live,
     overlay: Overlay,
     memo: PosteriorMemo,
+    /// The full rebuild under way, resumed by the next refresh ([`crate::live::Rebuild`]).
+    rebuilding: tokio::sync::Mutex<Option<crate::live::Rebuild>>,
 }
 
 /// 128 random bits from the OS, as the decision id `erd-<32 hex>`.
@@ -154,11 +144,13 @@ impl Service {
                 watermark: None,
                 since_rebuild: 0,
                 late: false,
+                rebuilt_at: Instant::now(),
             }),
             recent: Mutex::new(Recent::default()),
             metrics: Arc::default(),
             live,
             overlay: Overlay::default(),
+            rebuilding: Default::default(),
         })
     }
 
@@ -170,125 +162,6 @@ impl Service {
     /// The contextual models served (per tenant).
     pub fn live(&self) -> &Live {
         &self.live
-    }
-
-    /// Read the aggregates, and the contextual model's new outcomes: incrementally, or a
-    /// full rebuild (built off to the side, then installed) on the first refresh, every
-    /// [`REBUILD_EVERY`] refreshes (so outcomes older than the window leave the model) and
-    /// after a row came out of the visibility order.
-    async fn read_all(&self, store: &Store) -> Result<(), RouterError> {
-        let stats = crate::store::read_stats(
-            store,
-            &self.cfg.source,
-            self.cfg.window_s,
-            self.cfg.half_life_s,
-        )
-        .await?;
-        let (since, full) = {
-            let h = self.health.lock();
-            (
-                h.watermark,
-                h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late,
-            )
-        };
-        let pc = &self.cfg.policy;
-        // The model's part has a time budget of its own: when it fails, the aggregates just
-        // read are still served (a rebuild too slow for the refresh's timeout used to throw
-        // them away at every try, and the snapshot stayed stale for good).
-        let model = tokio::time::timeout(MODEL_READ_BUDGET, async {
-            if full {
-                let fresh = crate::live::rebuild(store, pc, self.cfg.window_s).await?;
-                let top = fresh.top;
-                self.live.install(&pc.learner, fresh);
-                return Ok::<_, RouterError>(top);
-            }
-            // Page by page from the cursor, as the rebuild does: one page ending inside the
-            // visibility margin would otherwise be read again at every refresh.
-            let mut cursor = (since.map_or(0, |w| w - VISIBILITY_MARGIN_US), String::new());
-            let (mut top, mut late) = (None, false);
-            loop {
-                let rows =
-                    crate::store::read_outcomes(store, (cursor.0, &cursor.1), self.cfg.window_s)
-                        .await?;
-                let more = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
-                if let Some(last) = rows.last() {
-                    cursor = (last.visible_us, last.feedback_id.clone());
-                }
-                self.metrics.refresh_rows.inc_by(rows.len() as u64);
-                top = top.max(rows.iter().map(|r| r.visible_us).max());
-                late |= self
-                    .live
-                    .reconcile(&pc.learner, crate::live::observations(rows, pc));
-                if !more {
-                    break;
-                }
-            }
-            self.health.lock().late = late;
-            Ok(top)
-        })
-        .await
-        .unwrap_or(Err(RouterError::Timeout));
-        // Trimmed before the new aggregates are served, so nothing counts twice.
-        self.overlay.trim(
-            |t, id| self.live.holds(t, id),
-            overlay_settle(self.cfg.refresh_period, self.cfg.window_s),
-        );
-        *self.snapshot.write() = Arc::new(stats);
-        let top = model?;
-        let mut h = self.health.lock();
-        if full {
-            h.since_rebuild = 0;
-            h.late = false;
-        } else {
-            h.since_rebuild += 1;
-        }
-        h.watermark = Some(top.unwrap_or(0).max(h.watermark.unwrap_or(0)));
-        Ok(())
-    }
-
-    /// Re-read ClickHouse once; on failure keep the last state and mark it stale.
-    pub async fn refresh(&self, store: &Store) -> bool {
-        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(store))
-            .await
-            .unwrap_or(Err(RouterError::Timeout));
-        let mut h = self.health.lock();
-        match read {
-            Ok(()) => {
-                h.loaded_at = Instant::now();
-                h.has_data = true;
-                h.stale = false;
-                h.last_error = None;
-                self.metrics.refresh_ok.inc();
-                true
-            }
-            Err(e) => {
-                h.stale = true;
-                h.last_error = Some(e.to_string());
-                self.metrics.refresh_errors.inc();
-                false
-            }
-        }
-    }
-
-    /// Refresh forever, every `refresh_period` (returns at once when the period is zero).
-    pub async fn refresh_loop(self: Arc<Self>, store: Store) {
-        if self.cfg.refresh_period.is_zero() {
-            return;
-        }
-        let mut tick = tokio::time::interval(self.cfg.refresh_period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut was_ok = true;
-        loop {
-            tick.tick().await;
-            let ok = self.refresh(&store).await;
-            if was_ok && !ok {
-                let err = self.health.lock().last_error.clone();
-                tracing::warn!(error = ?err, "router snapshot refresh failed; serving the last snapshot");
-            } else if ok && !was_ok {
-                tracing::info!("router snapshot refresh recovered");
-            }
-            was_ok = ok;
-        }
     }
 
     /// Decide one request for `tenant`; the decision's JSON text, as published.
@@ -538,8 +411,13 @@ impl Service {
             let h = self.health.lock();
             m.snapshot_age.set(h.loaded_at.elapsed().as_secs_f64());
             m.snapshot_stale.set(i64::from(h.stale));
+            m.model_age.set(h.rebuilt_at.elapsed().as_secs_f64());
         }
-        m.snapshot_cells.set(self.snapshot().cells() as i64);
+        let snap = self.snapshot();
+        m.snapshot_cells.set(snap.cells() as i64);
+        m.snapshot_tenants_at_cell_limit
+            .set(snap.tenants_at(self.cfg.max_cells) as i64);
+        RouterMetrics::mirror(&m.model_arms_evicted, self.live.arms_evicted());
         let (hits, misses) = self.memo.stats();
         RouterMetrics::mirror(&m.memo_hits, hits);
         RouterMetrics::mirror(&m.memo_misses, misses);

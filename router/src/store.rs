@@ -11,14 +11,18 @@ use crate::model::{ArmStats, Snapshot};
 
 /// Read every tenant's statistics over the last `window_s` seconds, each minute bucket
 /// weighted by `2^(-age / half_life_s)` (no decay when `half_life_s` is 0). Latency
-/// quantiles are over the window, undecayed.
+/// quantiles are over the window, undecayed. At most `max_cells` (context, candidate) cells
+/// per tenant, the most evidenced: past them a tenant's other cells are not read, and their
+/// candidates are estimated from the priors (a tenant naming new contexts or candidates
+/// without end cannot grow the snapshot).
 pub async fn read_stats(
     store: &Store,
     source: &str,
     window_s: u64,
     half_life_s: f64,
+    max_cells: u64,
 ) -> Result<Snapshot, StoreError> {
-    let rows = weft_store::router::read_stats(store, window_s, half_life_s).await?;
+    let rows = weft_store::router::read_stats(store, window_s, half_life_s, max_cells).await?;
     let mut snap = Snapshot::empty(source);
     snap.half_life_s = half_life_s;
     for r in rows {
@@ -42,3 +46,6 @@ pub async fn read_stats(
     }
     Ok(snap)
 }
+
+/// (context, candidate) cells of the aggregates read per tenant at most, by default.
+pub const DEFAULT_MAX_CELLS: u64 = 50_000;

@@ -127,6 +127,12 @@ pub struct FitArgs {
     /// Exponential decay half-life in seconds (0 = no decay).
     #[arg(long, value_name = "S", default_value_t = 86_400.0)]
     pub half_life_s: f64,
+
+    /// (context, candidate) cells of the aggregates read per tenant at most, the most
+    /// evidenced; a tenant's cells past it are not served (its candidates there fall back to
+    /// the priors; `weft_router_snapshot_tenants_at_cell_limit` counts such tenants).
+    #[arg(long, value_name = "N", default_value_t = weft_router::store::DEFAULT_MAX_CELLS)]
+    pub max_cells: u64,
 }
 
 /// Policy settings, shared by `weft router` and `weft eval`.
@@ -158,6 +164,12 @@ pub struct PolicyArgs {
     /// constraint is still unknown (bounded-risk exploration).
     #[arg(long, default_value_t = 1)]
     pub risk_budget: u32,
+
+    /// squarecb: candidates whose live figures a tenant's model holds at most; a new one
+    /// past it evicts the least evidenced, which then counts as never seen
+    /// (`weft_router_model_arms_evicted_total`).
+    #[arg(long, value_name = "N", default_value_t = weft_router::learner::DEFAULT_MAX_ARMS)]
+    pub max_arms: usize,
 
     /// Policy version, logged with every decision.
     #[arg(long, default_value = "1")]
@@ -223,6 +235,7 @@ impl PolicyArgs {
                 gamma_exponent: self.squarecb_exponent,
                 risk_budget: self.risk_budget,
                 confidence: self.squarecb_confidence,
+                max_arms: self.max_arms,
             },
             ..PolicyConfig::default()
         }
@@ -262,6 +275,7 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
         refresh_period: Duration::from_millis(args.refresh_ms),
         window_s: args.fit.window_s,
         half_life_s: args.fit.half_life_s,
+        max_cells: args.fit.max_cells,
         source: format!("clickhouse:{}", settings.clickhouse.database),
     };
     let mut pub_settings = settings.for_router();
@@ -283,9 +297,15 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
 async fn snapshot(a: SnapshotArgs, settings: Settings) -> anyhow::Result<()> {
     let ch = client(&settings)?;
     let source = format!("clickhouse:{}", settings.clickhouse.database);
-    let mut snap = weft_router::store::read_stats(&ch, &source, a.fit.window_s, a.fit.half_life_s)
-        .await
-        .context("reading weft_router_stats (run `weft migrate`?)")?;
+    let mut snap = weft_router::store::read_stats(
+        &ch,
+        &source,
+        a.fit.window_s,
+        a.fit.half_life_s,
+        a.fit.max_cells,
+    )
+    .await
+    .context("reading weft_router_stats (run `weft migrate`?)")?;
     snap.contextual = weft_router::live::rebuild(&ch, &a.policy.config(), a.fit.window_s)
         .await
         .context("rebuilding the contextual model from weft_events")?

@@ -37,8 +37,10 @@ pub struct StatRow {
 }
 
 /// The aggregates over the last `{window_s}` seconds, each minute bucket weighted by
-/// `2^(-age / half_life_s)` (no decay when `half_life_s` is 0): binds half-life,
-/// half-life (as the divisor) and window.
+/// `2^(-age / half_life_s)` (no decay when `half_life_s` is 0), at most `{max_cells}` per
+/// tenant, the most evidenced (largest decayed `n`) first; `evidence` is the column `n`
+/// under another name, since `n` after the `GROUP BY` is the alias of the sum. Binds
+/// half-life, half-life (as the divisor), window and the cells per tenant.
 pub const STATS_SQL: &str = "SELECT tenant, context_key, candidate_id,
         sum(n * w) AS n, sum(successes * w) AS successes,
         sum(latency_n * w) AS latency_n, sum(latency_sum * w) AS latency_sum,
@@ -46,17 +48,21 @@ pub const STATS_SQL: &str = "SELECT tenant, context_key, candidate_id,
         sum(cost_sum * w) AS cost_sum,
         sum(quality_n * w) AS quality_n, sum(quality_sum * w) AS quality_sum
  FROM (
-    SELECT *, if(? > 0, exp2(-dateDiff('second', bucket, now()) / ?), 1.0) AS w
+    SELECT *, n AS evidence, if(? > 0, exp2(-dateDiff('second', bucket, now()) / ?), 1.0) AS w
     FROM weft_router_stats
     WHERE bucket >= now() - toIntervalSecond(?)
  )
- GROUP BY tenant, context_key, candidate_id";
+ GROUP BY tenant, context_key, candidate_id
+ ORDER BY tenant, sum(evidence * w) DESC, context_key, candidate_id
+ LIMIT ? BY tenant";
 
-/// Every tenant's aggregates over the last `window_s` seconds ([`STATS_SQL`]).
+/// Every tenant's aggregates over the last `window_s` seconds, at most `max_cells` per
+/// tenant ([`STATS_SQL`]).
 pub async fn read_stats(
     store: &Store,
     window_s: u64,
     half_life_s: f64,
+    max_cells: u64,
 ) -> Result<Vec<StatRow>, StoreError> {
     store
         .client()
@@ -64,6 +70,7 @@ pub async fn read_stats(
         .bind(half_life_s)
         .bind(half_life_s.max(1e-9))
         .bind(window_s)
+        .bind(max_cells.max(1))
         .fetch_all()
         .await
         .map_err(store.err())

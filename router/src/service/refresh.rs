@@ -1,0 +1,217 @@
+//! The refresh: the aggregates and the contextual model re-read from ClickHouse every
+//! `refresh_period`, in the background; decisions never wait for it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weft_store::Store;
+
+use super::Service;
+use crate::error::RouterError;
+use crate::live::Rebuild;
+
+/// How long an outcome stays in the overlay when the model's base never holds it: feedback
+/// that joins no stored decision (an unknown decision, a candidate it did not offer) reaches
+/// the aggregates but never the base, and held longer it would count twice. Twelve refreshes,
+/// at least a minute, at most the window: an outcome whose feedback ingest stores later than
+/// that counts late, from the aggregates, never twice for long.
+pub(super) fn overlay_settle(refresh: Duration, window_s: u64) -> Duration {
+    (refresh * 12)
+        .max(Duration::from_secs(60))
+        .min(Duration::from_secs(window_s))
+}
+
+/// Re-read this much before the last visible row at each refresh (rows of an insert in
+/// flight become visible after their `ingested_at`); identities already learnt are skipped.
+const VISIBILITY_MARGIN_US: i64 = 10_000_000;
+/// The contextual model's part of a refresh (the new rows, then a step of a full rebuild)
+/// at most; the whole refresh has 60 s. A rebuild that needs longer resumes at the next.
+const MODEL_READ_BUDGET: Duration = Duration::from_secs(45);
+/// Incremental refreshes between two full rebuilds of the contextual model.
+pub const REBUILD_EVERY: u32 = 60;
+
+impl Service {
+    /// Read the aggregates, and the contextual model's new outcomes: incrementally (once
+    /// there is a base), and a full rebuild (built off to the side, then installed) on the
+    /// first refresh, every [`REBUILD_EVERY`] refreshes (so outcomes older than the window
+    /// leave the model) and after a row came out of the visibility order. The rebuild
+    /// resumes across refreshes: each advances it until [`MODEL_READ_BUDGET`] is spent, and
+    /// it is installed once it has read the last page, while the base it will replace keeps
+    /// learning the new rows.
+    pub(super) async fn read_all(&self, store: &Store) -> Result<(), RouterError> {
+        let stats = crate::store::read_stats(
+            store,
+            &self.cfg.source,
+            self.cfg.window_s,
+            self.cfg.half_life_s,
+            self.cfg.max_cells,
+        )
+        .await?;
+        let (since, full) = {
+            let h = self.health.lock();
+            (
+                h.watermark,
+                h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late,
+            )
+        };
+        // The model's part has a time budget of its own: when it fails, the aggregates just
+        // read are still served (a rebuild too slow for the refresh's timeout used to throw
+        // them away at every try, and the snapshot stayed stale for good).
+        let deadline = tokio::time::Instant::now() + MODEL_READ_BUDGET;
+        let model = async {
+            let top = match since {
+                Some(since) => tokio::time::timeout_at(deadline, self.read_new(store, since))
+                    .await
+                    .unwrap_or(Err(RouterError::Timeout))?,
+                None => None,
+            };
+            if !full {
+                return Ok::<_, RouterError>((top, false));
+            }
+            let installed = self.advance_rebuild(store, deadline).await?;
+            Ok((top.max(installed), installed.is_some()))
+        }
+        .await;
+        // Trimmed before the new aggregates are served, so nothing counts twice.
+        self.overlay.trim(
+            |t, id| self.live.holds(t, id),
+            overlay_settle(self.cfg.refresh_period, self.cfg.window_s),
+        );
+        *self.snapshot.write() = Arc::new(stats);
+        let (top, installed) = model?;
+        let mut h = self.health.lock();
+        if installed {
+            h.since_rebuild = 0;
+            h.late = false;
+            h.rebuilt_at = Instant::now();
+        } else if !full {
+            h.since_rebuild += 1;
+        }
+        // No watermark before the first rebuild is installed: the incremental read would
+        // start from the beginning of the window.
+        if since.is_some() || installed {
+            h.watermark = Some(top.unwrap_or(0).max(h.watermark.unwrap_or(0)));
+        }
+        Ok(())
+    }
+
+    /// Learn the rows visible since `since` (less the margin) into every tenant's base, page
+    /// by page from the cursor; the highest visibility read.
+    async fn read_new(&self, store: &Store, since: i64) -> Result<Option<i64>, RouterError> {
+        let pc = &self.cfg.policy;
+        // Page by page from the cursor, as the rebuild does: one page ending inside the
+        // visibility margin would otherwise be read again at every refresh.
+        let mut cursor = (since - VISIBILITY_MARGIN_US, String::new());
+        let (mut top, mut late) = (None, false);
+        loop {
+            let rows = crate::store::read_outcomes(store, (cursor.0, &cursor.1), self.cfg.window_s)
+                .await?;
+            let more = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
+            if let Some(last) = rows.last() {
+                cursor = (last.visible_us, last.feedback_id.clone());
+            }
+            self.metrics.refresh_rows.inc_by(rows.len() as u64);
+            top = top.max(rows.iter().map(|r| r.visible_us).max());
+            late |= self
+                .live
+                .reconcile(&pc.learner, crate::live::observations(rows, pc));
+            if !more {
+                break;
+            }
+        }
+        self.health.lock().late |= late;
+        Ok(top)
+    }
+
+    /// Advance the full rebuild (started if none is under way) until `deadline`; once it
+    /// has read the last page, install it: then `Some(the highest visibility it learnt)`.
+    /// What it learnt stays for the next refresh when it runs out of time or fails.
+    async fn advance_rebuild(
+        &self,
+        store: &Store,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<i64>, RouterError> {
+        let pc = &self.cfg.policy;
+        let window_s = self.cfg.window_s;
+        // Held across the reads (one refresh at a time); a refresh cancelled by its timeout
+        // leaves the rebuild as it was after its last whole page.
+        let mut slot = self.rebuilding.lock().await;
+        let rb = slot.get_or_insert_with(Rebuild::default);
+        let done = rb
+            .advance(pc, deadline, |after| async move {
+                crate::store::read_outcomes(store, (after.0, &after.1), window_s).await
+            })
+            .await;
+        self.metrics
+            .rebuild_rows
+            .set(i64::try_from(rb.rows()).unwrap_or(i64::MAX));
+        match done {
+            Ok(true) => {}
+            Ok(false) => {
+                self.metrics.rebuild_resumed.inc();
+                tracing::info!(
+                    rows = rb.rows(),
+                    "contextual model rebuild continues at the next refresh"
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                self.metrics.rebuild_errors.inc();
+                return Err(e.into());
+            }
+        }
+        let Some(rb) = slot.take() else {
+            return Ok(None);
+        };
+        let fresh = rb.finish();
+        let top = fresh.top;
+        self.live.install(&pc.learner, fresh);
+        self.metrics.rebuild_rows.set(0);
+        Ok(Some(top.unwrap_or(0)))
+    }
+
+    /// Re-read ClickHouse once; on failure keep the last state and mark it stale.
+    pub async fn refresh(&self, store: &Store) -> bool {
+        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(store))
+            .await
+            .unwrap_or(Err(RouterError::Timeout));
+        let mut h = self.health.lock();
+        match read {
+            Ok(()) => {
+                h.loaded_at = Instant::now();
+                h.has_data = true;
+                h.stale = false;
+                h.last_error = None;
+                self.metrics.refresh_ok.inc();
+                true
+            }
+            Err(e) => {
+                h.stale = true;
+                h.last_error = Some(e.to_string());
+                self.metrics.refresh_errors.inc();
+                false
+            }
+        }
+    }
+
+    /// Refresh forever, every `refresh_period` (returns at once when the period is zero).
+    pub async fn refresh_loop(self: Arc<Self>, store: Store) {
+        if self.cfg.refresh_period.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval(self.cfg.refresh_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was_ok = true;
+        loop {
+            tick.tick().await;
+            let ok = self.refresh(&store).await;
+            if was_ok && !ok {
+                let err = self.health.lock().last_error.clone();
+                tracing::warn!(error = ?err, "router snapshot refresh failed; serving the last snapshot");
+            } else if ok && !was_ok {
+                tracing::info!("router snapshot refresh recovered");
+            }
+            was_ok = ok;
+        }
+    }
+}
