@@ -20,16 +20,47 @@ use crate::{timeline, AuditError, Store};
 ///
 /// A narrative without a RoutingDecision cannot form a bundle (the contract requires one).
 /// When an id has several stored versions (an id conflict) the first in time is exported.
-/// A narrative of more than `max_members` members is refused ([`AuditError::TooLarge`]): a
-/// bundle is the whole narrative or nothing.
+/// A narrative of more than `max_members` members, or whose members hold more than
+/// `max_bytes` of payload, is refused ([`AuditError::TooLarge`], naming the limit) before any
+/// payload is read: a bundle is the whole narrative or nothing. `u64::MAX` for both (the
+/// CLI) reads it whole, without asking its size first.
 pub async fn export(
     store: &Store,
     tenant: &str,
     id: &str,
     key: Option<&Key>,
     max_members: u64,
+    max_bytes: u64,
 ) -> Result<Value, AuditError> {
-    let n = timeline::get(store, tenant, id, max_members).await?;
+    let n = if max_members == u64::MAX && max_bytes == u64::MAX {
+        timeline::get(store, tenant, id, u64::MAX).await?
+    } else {
+        let p = timeline::plan(store, tenant, id, max_members, max_bytes).await?;
+        let nid = crate::short(&p.narrative_id);
+        match p.cut() {
+            Some(timeline::Cut::Members) => {
+                return Err(AuditError::TooLarge(format!(
+                    "narrative {nid} has {} members, over the limit of {max_members} of one \
+                     request: export it with `weft audit bundle`",
+                    p.members_total
+                )))
+            }
+            Some(timeline::Cut::PayloadBytes) => {
+                return Err(AuditError::TooLarge(format!(
+                    "narrative {nid}'s members hold {}{} bytes of payload, over the limit of \
+                     {max_bytes} bytes of one request: export it with `weft audit bundle`",
+                    if p.capped < p.members_total {
+                        "at least "
+                    } else {
+                        ""
+                    },
+                    p.bytes
+                )))
+            }
+            None => timeline::get(store, tenant, &p.narrative_id, max_members).await?,
+        }
+    };
+    // Stored between the plan and the read: still whole or nothing.
     if n.members_total > n.entries.len() as u64 {
         return Err(AuditError::TooLarge(format!(
             "narrative {} has {} members, over the limit of {max_members} of one request: \

@@ -14,6 +14,13 @@ pub struct AuditMetrics {
     /// Rows of `weft_audit_log` that could not be written (the read was answered; its record
     /// is only in the log line).
     pub log_write_failures: IntCounter,
+    /// Rows of `weft_audit_log` dropped because the writer's queue was full (the read was
+    /// answered and its log line written; its row was not queued).
+    pub log_rows_dropped: IntCounter,
+    /// Inserts into `weft_audit_log` (each one batch of rows, one part).
+    pub log_inserts: IntCounter,
+    /// Rows written to `weft_audit_log`.
+    pub log_rows_written: IntCounter,
     /// Rounds of the sealing loop.
     pub seal_rounds: IntCounter,
     /// Rounds of the sealing loop that failed for at least one tenant.
@@ -37,6 +44,18 @@ impl Default for AuditMetrics {
             log_write_failures: r.counter(
                 "weft_audit_log_write_failures_total",
                 "weft_audit_log rows that could not be written",
+            ),
+            log_rows_dropped: r.counter(
+                "weft_audit_log_rows_dropped_total",
+                "weft_audit_log rows dropped because the writer's queue was full",
+            ),
+            log_inserts: r.counter(
+                "weft_audit_log_inserts_total",
+                "Inserts into weft_audit_log (one batch of rows each)",
+            ),
+            log_rows_written: r.counter(
+                "weft_audit_log_rows_written_total",
+                "Rows written to weft_audit_log",
             ),
             seal_rounds: r.counter("weft_audit_seal_rounds_total", "Rounds of the sealing loop"),
             seal_failures: r.counter(
@@ -75,6 +94,9 @@ mod tests {
         for name in [
             "weft_audit_refused_total",
             "weft_audit_log_write_failures_total",
+            "weft_audit_log_rows_dropped_total",
+            "weft_audit_log_inserts_total",
+            "weft_audit_log_rows_written_total",
             "weft_audit_seal_rounds_total",
             "weft_audit_seal_failures_total",
             "weft_audit_seal_rows_held",

@@ -11,9 +11,11 @@
 //! Routes (times are RFC 3339; `from`/`to` default to the last 90 days):
 //! - `GET /v1/audit/check?from&to&grace_secs&limit` — invariant findings, at most `limit`
 //!   (1,000; up to 10,000) of each invariant, all counted;
-//! - `GET /v1/audit/timeline/{id}` — a request's narrative;
+//! - `GET /v1/audit/timeline/{id}` — a request's narrative: its first members in time, at
+//!   most 10,000 and 16 MiB of payload (`truncated_by` says which cut it);
 //! - `GET /v1/audit/search?from&to&kind&principal&capability&event_type&decision&outcome&token&request&limit&cursor&format=json|jsonl|csv`;
 //! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
+//!   422 `too_large` past 10,000 members or 16 MiB of payload;
 //! - `GET /v1/audit/verify?from&to` — recompute the tenant's hash chains over the range
 //!   (from the last checkpoint before it), refused with 422 `too_large` past
 //!   `max_verify_rows` rows read;
@@ -34,10 +36,11 @@ use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
 use weft_store::narrative::query::API_MAX_MEMBERS;
 
 use crate::check::CheckOptions;
+use crate::log::writer::AuditLog;
 use crate::metrics::AuditMetrics;
 use crate::search::Filter;
 use crate::sign::{Key, Keyring};
-use crate::{bundle, chain, check, log, search, timeline, AuditError, Range, Store};
+use crate::{bundle, chain, check, search, timeline, AuditError, Range, Store};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -61,8 +64,11 @@ pub struct AppState {
     /// ([`weft_http::limit_in_hand`]). Each is bounded by the read limits above; this bounds
     /// how many of them ClickHouse serves together.
     pub max_concurrent_requests: usize,
-    /// `GET /metrics`, shared with [`seal_loop`].
+    /// `GET /metrics`, shared with [`seal_loop`] and [`AuditLog`].
     pub metrics: Arc<AuditMetrics>,
+    /// Where every read's `weft_audit_log` row goes ([`AuditLog::spawn`]; flush it with its
+    /// [`crate::log::writer::LogFlusher`] when the server stops).
+    pub audit_log: AuditLog,
 }
 
 /// The default [`AppState::max_concurrent_requests`].
@@ -187,8 +193,7 @@ impl FromRequestParts<AppState> for AuditCaller {
                 "refused_tenant_forbidden",
                 q,
                 0,
-            )
-            .await;
+            );
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "tenant_forbidden",
@@ -203,29 +208,11 @@ fn check_id(id: &str) -> Result<(), ApiError> {
     weft_http::check_len("id", id, MAX_ID_BYTES)
 }
 
-async fn record(
-    s: &AppState,
-    tenant: &str,
-    actor: &str,
-    action: &str,
-    q: serde_json::Value,
-    n: u64,
-) {
-    // The row is written off the response path (the `tracing` event inside is immediate);
-    // a crash may lose the last rows, never the answer's correctness.
-    let (store, tenant, actor, action, metrics) = (
-        s.store.clone(),
-        tenant.to_owned(),
-        actor.to_owned(),
-        action.to_owned(),
-        s.metrics.clone(),
-    );
-    tokio::spawn(async move {
-        if let Err(e) = log::record(&store, &tenant, &actor, &action, &q, n).await {
-            metrics.log_write_failures.inc();
-            tracing::warn!(error = %e, "could not write weft_audit_log");
-        }
-    });
+/// Log one read: its `tracing` event now, its `weft_audit_log` row queued for the one
+/// background writer ([`AuditLog`]), which inserts rows in batches; a row that finds the
+/// queue full is dropped and counted. Never waits, and never spawns.
+fn record(s: &AppState, tenant: &str, actor: &str, action: &str, q: serde_json::Value, n: u64) {
+    s.audit_log.record(tenant, actor, action, &q, n);
 }
 
 /// Time bounds from the query string.
@@ -333,8 +320,7 @@ async fn check_route(
                 "check",
                 json!({"range": range, "grace_secs": opt.grace_secs}),
                 r.findings.len() as u64,
-            )
-            .await;
+            );
             // The first `limit` findings of each invariant (they are sorted by invariant).
             let total = r.findings.len();
             let mut kept: std::collections::BTreeMap<String, u64> = Default::default();
@@ -364,8 +350,18 @@ async fn timeline_route(
     if let Err(e) = check_id(&id) {
         return e.into_response();
     }
-    let res = timeline::get(&s.store, &tenant, &id, API_MAX_MEMBERS).await;
-    let n = res.as_ref().map(|n| n.entries.len() as u64).unwrap_or(0);
+    let res = timeline::get_within(
+        &s.store,
+        &tenant,
+        &id,
+        API_MAX_MEMBERS,
+        timeline::API_MAX_PAYLOAD_BYTES,
+    )
+    .await;
+    let n = res
+        .as_ref()
+        .map(|b| b.narrative.entries.len() as u64)
+        .unwrap_or(0);
     record(
         &s,
         &tenant,
@@ -373,8 +369,7 @@ async fn timeline_route(
         "timeline",
         json!({"id": crate::short(&id)}),
         n,
-    )
-    .await;
+    );
     match res {
         Ok(n) => Json(n).into_response(),
         Err(e) => fail(e),
@@ -435,8 +430,7 @@ async fn search_route(
         "search",
         json!({"range": range, "filter": filter, "cursor": q.cursor}),
         page.hits.len() as u64,
-    )
-    .await;
+    );
     let next = page.next_cursor.clone().unwrap_or_default();
     match format {
         "csv" => {
@@ -493,6 +487,7 @@ async fn bundle_route(
         &id,
         s.sign_key.as_deref(),
         API_MAX_MEMBERS,
+        timeline::API_MAX_PAYLOAD_BYTES,
     )
     .await;
     record(
@@ -502,8 +497,7 @@ async fn bundle_route(
         "bundle",
         json!({"id": crate::short(&id)}),
         u64::from(res.is_ok()),
-    )
-    .await;
+    );
     match res {
         Ok(doc) => {
             let ring = s.sign_key.as_ref().map(|k| Keyring {
@@ -545,8 +539,7 @@ async fn verify_route(
                 "verify",
                 json!({"range": range}),
                 total as u64,
-            )
-            .await;
+            );
             let ok = r.ok();
             r.problems.truncate(MAX_PROBLEMS);
             Json(json!({"ok": ok, "report": r, "problems_total": total})).into_response()
@@ -594,8 +587,7 @@ async fn checkpoints_route(
                 "checkpoints",
                 json!({"cursor": q.cursor.as_deref().map(crate::short)}),
                 page.len() as u64,
-            )
-            .await;
+            );
             Json(json!({"checkpoints": page, "next_cursor": next.map(|c| c.to_string())}))
                 .into_response()
         }

@@ -226,7 +226,7 @@ async fn run_search(store: &Store, s: SearchArgs) -> anyhow::Result<ExitCode> {
 async fn run_bundle(store: &Store, b: BundleArgs) -> anyhow::Result<ExitCode> {
     let tenant = &b.tenant.name;
     let key = b.sign_key.as_deref().map(read_key).transpose()?;
-    let doc = bundle::export(store, tenant, &b.request, key.as_ref(), u64::MAX).await?;
+    let doc = bundle::export(store, tenant, &b.request, key.as_ref(), u64::MAX, u64::MAX).await?;
     logged(store, tenant, "bundle", json!({"id": b.request}), 1).await;
     let ring = key.as_ref().map(|k| Keyring {
         keys: vec![k.public()],
@@ -467,6 +467,12 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
             metrics.clone(),
         ));
     }
+    // Every read's log row goes through one writer: a bounded queue, batched inserts.
+    let (audit_log, log_flusher) = weft_audit::log::writer::AuditLog::spawn(
+        store.clone(),
+        metrics.clone(),
+        weft_audit::log::writer::WriterOptions::default(),
+    );
     let state = weft_audit::serve::AppState {
         // Every query a request makes reads at most --max-read-rows rows; the sealer above
         // keeps the unbounded handle.
@@ -478,15 +484,18 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         max_verify_rows: a.max_verify_rows,
         max_concurrent_requests: a.max_concurrent_requests,
         metrics,
+        audit_log,
     };
     let listener = weft_http::bind(a.listen, a.allow_remote).await?;
     let local = listener.local_addr()?;
     tracing::info!(listen = %local, "audit API listening");
     println!("listening on http://{local}");
-    axum::serve(listener, weft_audit::serve::router(state))
+    let served = axum::serve(listener, weft_audit::serve::router(state))
         .with_graceful_shutdown(weft_http::shutdown_signal())
-        .await?;
-    Ok(())
+        .await;
+    // The requests answered (or the server failed): write the log rows still queued.
+    log_flusher.shutdown().await;
+    Ok(served?)
 }
 
 /// Write text to stdout; a closed pipe (`| head`) is not an error.
