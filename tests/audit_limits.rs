@@ -40,7 +40,7 @@ fn serve(p: &Pipeline, log: &str) -> (Proc, String) {
 
 /// The inserts `weft_audit_log` has taken: every insert is one block with the next block
 /// number of the table, and a merge keeps the highest number of the parts it merges.
-const INSERTS: &str = "SELECT max(max_block_number) FROM system.parts \
+const INSERTS: &str = "SELECT toUInt64(max(max_block_number)) FROM system.parts \
     WHERE database = currentDatabase() AND table = 'weft_audit_log' AND active";
 const REFUSALS: &str = "SELECT count() FROM weft_audit_log \
     WHERE tenant = 'acme' AND action = 'refused_tenant_forbidden'";
@@ -129,7 +129,7 @@ async fn store_narrative(p: &Pipeline, nid: &str, n: u64, pad: u64) {
              toFixedString(leftPad(toString(number), 32, '0'), 32), \
              addSeconds(toDateTime64('2026-11-01 00:00:00', 6, 'UTC'), number + 1), {n:String}, \
              concat('{\"event_id\":\"te-', {n:String}, '-', leftPad(toString(number), 3, '0'), \
-               '\",\"event_type\":\"capability_requested\",\"timestamp\":\"2026-11-01T00:00:01Z\",\
+               '\",\"event_type\":\"capability_executed\",\"timestamp\":\"2026-11-01T00:00:01Z\",\
                \"principal\":\"agent-1\",\"x_test_pad\":\"', repeat('x', {pad:UInt64}), '\"}'), \
              1, 0 FROM numbers({count:UInt64})",
         )
@@ -195,8 +195,9 @@ async fn timeline_and_bundle_are_bounded_in_payload_bytes() {
     assert_eq!(t["entries"].as_array().map(Vec::len), Some(4), "{t}");
     assert_eq!(t["truncated_by"], Value::Null);
     let r = get("/v1/audit/bundle/req-small".into()).await;
-    assert_eq!(r.status(), StatusCode::OK);
+    let status = r.status();
     let b: Value = r.json().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{b}");
     assert_eq!(
         b["bundle"]["trace_events"].as_array().map(Vec::len),
         Some(3)
