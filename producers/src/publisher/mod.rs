@@ -228,6 +228,8 @@ impl Publisher {
         }
         metrics.spool_bytes.set(spool.bytes() as i64);
         metrics.spool_pending.set(report.pending as i64);
+        metrics.spool_corrupt_records.inc_by(report.corrupt_records);
+        metrics.spool_corrupt_bytes.inc_by(report.corrupt_bytes);
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {

@@ -132,7 +132,8 @@ fn torn_tail_is_truncated_with_the_good_records_kept() {
     assert_eq!(drain(&mut s), want);
     drop(s);
 
-    // A flipped bit in the last record is caught by the CRC, not accepted.
+    // A flipped bit in the last record is caught by the CRC, not accepted; the frame is
+    // whole, so it is damage, not a torn append: set aside, not cut.
     {
         let (mut s, _) = Spool::open(dir.path(), big.clone()).unwrap();
         s.append(&recs[..2]).unwrap();
@@ -148,8 +149,11 @@ fn torn_tail_is_truncated_with_the_good_records_kept() {
     data[last] ^= 0x40;
     fs::write(&seg, &data).unwrap();
     let (mut s, rep) = Spool::open(dir.path(), big).unwrap();
-    assert_eq!(rep.pending, 1);
-    assert!(rep.truncated_bytes > 0);
+    assert_eq!(
+        (rep.pending, rep.truncated_bytes, rep.corrupt_records),
+        (1, 0, 1)
+    );
+    assert_eq!(fs::metadata(&seg).unwrap().len(), data.len() as u64);
     assert_eq!(drain(&mut s), recs[..1].to_vec());
 }
 
@@ -298,4 +302,124 @@ fn a_record_over_the_limit_is_refused_not_lost_on_reopen() {
     drop(s);
     let (_, rep) = Spool::open(dir.path(), roomy).unwrap();
     assert_eq!((rep.pending, rep.truncated_bytes), (2, 0));
+}
+
+/// Offset in the segment where record `i` of `recs` (appended in one go) starts.
+fn frame_offset(recs: &[SpoolRecord], i: usize) -> usize {
+    recs[..i]
+        .iter()
+        .map(|r| FRAME as usize + r.encoded_len())
+        .sum()
+}
+
+fn roomy() -> SpoolOptions {
+    SpoolOptions {
+        segment_bytes: 1 << 20,
+        ..opts()
+    }
+}
+
+#[test]
+fn a_damaged_record_inside_a_segment_costs_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs: Vec<_> = (0..4).map(rec).collect();
+    {
+        let (mut s, _) = Spool::open(dir.path(), roomy()).unwrap();
+        s.append(&recs).unwrap();
+    }
+    let seg = dir.path().join(seg_name(1));
+    let mut data = fs::read(&seg).unwrap();
+    let len = data.len();
+    // One flipped bit in the body of record 1 (of 4, all acknowledged).
+    let at = frame_offset(&recs, 1) + FRAME as usize + 5;
+    data[at] ^= 0x10;
+    fs::write(&seg, &data).unwrap();
+    let (mut s, rep) = Spool::open(dir.path(), roomy()).unwrap();
+    assert_eq!((rep.pending, rep.truncated_bytes), (3, 0));
+    let frame1 = FRAME + recs[1].encoded_len() as u64;
+    assert_eq!((rep.corrupt_records, rep.corrupt_bytes), (1, frame1));
+    assert_eq!(fs::metadata(&seg).unwrap().len(), len as u64, "nothing cut");
+    // The damaged frame is kept for an operator.
+    let from = frame_offset(&recs, 1);
+    let copy = fs::read(scan::corrupt_path(dir.path(), 1, from as u64)).unwrap();
+    assert_eq!(copy, data[from..from + frame1 as usize]);
+    let want = vec![rec(0), rec(2), rec(3)];
+    assert_eq!(drain(&mut s), want);
+    // And again after a restart: the damage is skipped, nothing is counted twice.
+    drop(s);
+    let (mut s, rep) = Spool::open(dir.path(), roomy()).unwrap();
+    assert_eq!((rep.pending, rep.corrupt_records), (0, 0));
+    assert!(drain(&mut s).is_empty());
+}
+
+#[test]
+fn a_damaged_length_sets_the_rest_of_the_segment_aside_not_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs: Vec<_> = (0..4).map(rec).collect();
+    {
+        let (mut s, _) = Spool::open(dir.path(), roomy()).unwrap();
+        s.append(&recs).unwrap();
+    }
+    let seg = dir.path().join(seg_name(1));
+    let mut data = fs::read(&seg).unwrap();
+    let len = data.len() as u64;
+    // The length of record 1 now claims more bytes than the file holds.
+    let at = frame_offset(&recs, 1);
+    data[at + 2] ^= 0x01;
+    fs::write(&seg, &data).unwrap();
+    let (mut s, rep) = Spool::open(dir.path(), roomy()).unwrap();
+    assert_eq!((rep.pending, rep.truncated_bytes), (1, 0));
+    assert_eq!(rep.corrupt_bytes, len - at as u64);
+    assert_eq!(fs::metadata(&seg).unwrap().len(), len, "nothing cut");
+    let copy = fs::read(scan::corrupt_path(dir.path(), 1, at as u64)).unwrap();
+    assert_eq!(copy, data[at..]);
+    // Appends go on, in a new segment (behind the damage they could be taken for part of it).
+    s.append(&[rec(9)]).unwrap();
+    assert_eq!(s.active, 2);
+    drop(s);
+    let (mut s, rep) = Spool::open(dir.path(), roomy()).unwrap();
+    assert_eq!((rep.pending, rep.corrupt_records), (2, 1));
+    assert_eq!(drain(&mut s), vec![rec(0), rec(9)]);
+}
+
+#[test]
+fn a_record_damaged_after_open_is_skipped_on_replay_not_retried_for_ever() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs: Vec<_> = (0..4).map(rec).collect();
+    let (mut s, _) = Spool::open(dir.path(), roomy()).unwrap();
+    s.append(&recs).unwrap();
+    let seg = dir.path().join(seg_name(1));
+    let mut data = fs::read(&seg).unwrap();
+    let at = frame_offset(&recs, 1) + FRAME as usize + 5;
+    data[at] ^= 0x10;
+    fs::write(&seg, &data).unwrap();
+    let b = s.read_batch(10).unwrap();
+    assert_eq!(b.records, vec![rec(0), rec(2), rec(3)]);
+    assert_eq!((b.skipped, b.corrupt_records), (1, 1));
+    assert_eq!(s.unread(), 0);
+    // A failed delivery rewinds: the same batch again, the damage not counted twice.
+    s.rewind();
+    let b = s.read_batch(10).unwrap();
+    assert_eq!(b.records, vec![rec(0), rec(2), rec(3)]);
+    assert_eq!((b.skipped, b.corrupt_records), (1, 0));
+    s.commit(b.end, b.records.len() as u64 + b.skipped).unwrap();
+    assert_eq!(
+        s.pending(),
+        0,
+        "the damaged record settles, so spool mode can end"
+    );
+    // Its length damaged as well: the rest of the segment is set aside, and the count still
+    // comes out right.
+    let recs: Vec<_> = (10..14).map(rec).collect();
+    s.append(&recs).unwrap();
+    let b = s.read_batch(1).unwrap();
+    assert_eq!(b.records, vec![rec(10)]);
+    let seg = dir.path().join(seg_name(b.end.segment));
+    let mut data = fs::read(&seg).unwrap();
+    data[b.end.offset as usize + 3] ^= 0x20;
+    fs::write(&seg, &data).unwrap();
+    let c = s.read_batch(10).unwrap();
+    assert_eq!((c.records.len(), c.skipped, c.corrupt_records), (0, 3, 1));
+    s.commit(c.end, 4).unwrap();
+    assert_eq!((s.pending(), s.unread()), (0, 0));
 }
