@@ -519,33 +519,58 @@ impl Spool {
         self.unread = self.pending;
     }
 
-    /// Mark everything up to `end` (which covers `n` records) as delivered: persist the cursor
-    /// and delete segments that are wholly behind it. When everything is delivered the active
-    /// segment is retired too, so an idle spool takes no disk. If the cursor cannot be
-    /// persisted, nothing counts as delivered (`pending` and the cursor stay as they were,
-    /// so a `rewind` resends the records) and the same commit may be retried.
+    /// Mark everything up to `end` (which covers `n` records) as delivered: delete segments
+    /// that are wholly behind it and persist the cursor. When everything is delivered the
+    /// active segment is retired too, so an idle spool takes no disk.
+    ///
+    /// Deleting comes first, so a full disk does not keep the spool from freeing what is
+    /// delivered (writing the cursor needs a block; rotating, a file). That order is safe:
+    /// a stale cursor on disk then names a deleted segment, and `open` starts at the oldest
+    /// one left (at worst resending delivered records of that segment, which consumers drop
+    /// by identity). If the cursor cannot be persisted, `pending` and the in-memory cursor
+    /// stay as they were, and the same commit may be retried (a `rewind` meanwhile resends
+    /// from the oldest segment left).
     pub fn commit(&mut self, end: Position, n: u64) -> Result<(), SpoolError> {
+        self.delete_before(end.segment)?;
         let pending = self.pending.saturating_sub(n);
-        let mut cursor = end;
-        let at_end =
-            pending == 0 && end.segment == self.active && end.offset >= self.segments[&self.active];
-        if at_end && end.offset > 0 {
-            self.rotate()?;
-            cursor = Position {
-                segment: self.active,
+        let at_end = pending == 0
+            && end.segment == self.active
+            && end.offset > 0
+            && end.offset >= self.segments[&self.active];
+        let mut cursor = match self.segments.range(end.segment..).next() {
+            // Its segment was deleted by an earlier try of this commit.
+            Some((&id, _)) if id != end.segment => Position {
+                segment: id,
                 offset: 0,
-            };
+            },
+            _ => end,
+        };
+        if at_end {
+            // Without room for a new segment the active one stays (and the cursor at its end).
+            match self.rotate() {
+                Ok(()) => {
+                    self.delete_before(self.active)?;
+                    cursor = Position {
+                        segment: self.active,
+                        offset: 0,
+                    };
+                }
+                Err(e) => {
+                    warn!(error = %e, "spool: could not retire the delivered active segment; it stays")
+                }
+            }
         }
         write_cursor(&self.dir, cursor)?;
         self.pending = pending;
         self.cursor = cursor;
         self.read_pos = self.read_pos.max(cursor);
         self.bad.retain(|p, _| *p >= cursor);
-        let done: Vec<u64> = self
-            .segments
-            .range(..cursor.segment)
-            .map(|(k, _)| *k)
-            .collect();
+        Ok(())
+    }
+
+    /// Delete the segments before `segment` (all delivered); needs no disk space.
+    fn delete_before(&mut self, segment: u64) -> Result<(), SpoolError> {
+        let done: Vec<u64> = self.segments.range(..segment).map(|(k, _)| *k).collect();
         for id in done {
             let path = self.dir.join(seg_name(id));
             match fs::remove_file(&path) {

@@ -257,11 +257,11 @@ fn a_failed_commit_changes_no_count_and_can_be_retried() {
     let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
     let recs: Vec<_> = (0..4).map(rec).collect();
     s.append(&recs[..3]).unwrap();
-    let b = s.read_batch(10).unwrap();
+    let b = s.read_batch(2).unwrap();
     // The cursor cannot be written (stands for a full or failing disk).
     let blocker = dir.path().join("cursor.tmp");
     fs::create_dir(&blocker).unwrap();
-    assert!(s.commit(b.end, 3).is_err());
+    assert!(s.commit(b.end, 2).is_err());
     assert_eq!(s.pending(), 3, "not delivered as far as the spool knows");
     // A failed delivery after it rewinds to the old cursor: everything is resent.
     s.append(&recs[3..]).unwrap();
@@ -271,10 +271,27 @@ fn a_failed_commit_changes_no_count_and_can_be_retried() {
     assert_eq!(s.read_batch(10).unwrap().records, recs);
     // Or the same commit is retried once the disk recovers.
     fs::remove_dir(&blocker).unwrap();
-    s.commit(b.end, 3).unwrap();
+    s.commit(b.end, 2).unwrap();
+    assert_eq!(s.pending(), 2);
+    s.rewind();
+    assert_eq!(s.read_batch(10).unwrap().records, recs[2..]);
+
+    // A commit of everything frees the whole segment before it writes the cursor, so after
+    // it fails only what was appended since is left to resend.
+    s.rewind();
+    let b2 = s.read_batch(10).unwrap();
+    assert_eq!(b2.records, recs[2..]);
+    fs::create_dir(&blocker).unwrap();
+    assert!(s.commit(b2.end, 2).is_err());
+    assert_eq!(s.pending(), 2);
+    s.append(&recs[..1]).unwrap();
+    s.rewind();
+    assert_eq!(s.read_batch(10).unwrap().records, recs[..1]);
+    fs::remove_dir(&blocker).unwrap();
+    s.commit(b2.end, 2).unwrap();
     assert_eq!(s.pending(), 1);
     s.rewind();
-    assert_eq!(s.read_batch(10).unwrap().records, recs[3..]);
+    assert_eq!(s.read_batch(10).unwrap().records, recs[..1]);
 }
 
 #[test]
@@ -422,4 +439,76 @@ fn a_record_damaged_after_open_is_skipped_on_replay_not_retried_for_ever() {
     assert_eq!((c.records.len(), c.skipped, c.corrupt_records), (0, 3, 1));
     s.commit(c.end, 4).unwrap();
     assert_eq!((s.pending(), s.unread()), (0, 0));
+}
+
+fn seg_files(dir: &Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".seg")?.parse().ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn a_commit_frees_delivered_segments_before_it_needs_new_disk_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
+    let recs: Vec<_> = (0..40).map(rec).collect();
+    s.append(&recs).unwrap();
+    let b = s.read_batch(30).unwrap();
+    assert!(b.end.segment > 2, "the batch spans segments");
+    // Nothing new can be written (stands for a full disk): not the cursor, not a segment.
+    let blocker = dir.path().join("cursor.tmp");
+    fs::create_dir(&blocker).unwrap();
+    let before = s.bytes();
+    assert!(s.commit(b.end, 30).is_err());
+    assert!(s.bytes() < before, "delivered segments freed first");
+    assert_eq!(seg_files(dir.path())[0], b.end.segment);
+    assert_eq!(
+        s.pending(),
+        30 + 10,
+        "not counted delivered without the cursor"
+    );
+    // A crash here loses nothing undelivered: the stale cursor's segment is gone, so a
+    // restart replays from the oldest one left (copies of delivered records at most).
+    {
+        let copy = tempfile::tempdir().unwrap();
+        for id in seg_files(dir.path()) {
+            fs::copy(
+                dir.path().join(seg_name(id)),
+                copy.path().join(seg_name(id)),
+            )
+            .unwrap();
+        }
+        fs::copy(dir.path().join("cursor"), copy.path().join("cursor")).ok();
+        let (mut r, _) = Spool::open(copy.path(), opts()).unwrap();
+        let got = drain(&mut r);
+        assert!(
+            got.ends_with(&recs[30..]) && recs.ends_with(&got),
+            "{got:?}"
+        );
+    }
+    // Or the retry succeeds once the disk has room.
+    fs::remove_dir(&blocker).unwrap();
+    s.commit(b.end, 30).unwrap();
+    assert_eq!(s.pending(), 10);
+
+    // Everything delivered: the active segment is retired too, before the cursor is written.
+    let b = s.read_batch(100).unwrap();
+    assert_eq!(b.records, recs[30..]);
+    fs::create_dir(&blocker).unwrap();
+    assert!(s.commit(b.end, 10).is_err());
+    assert_eq!(s.bytes(), 0, "every delivered byte freed");
+    fs::remove_dir(&blocker).unwrap();
+    s.commit(b.end, 10).unwrap();
+    assert_eq!((s.pending(), s.unread()), (0, 0));
+    s.append(&recs[..3]).unwrap();
+    drop(s);
+    let (mut s, rep) = Spool::open(dir.path(), opts()).unwrap();
+    assert_eq!(rep.pending, 3);
+    assert_eq!(drain(&mut s), recs[..3]);
 }
