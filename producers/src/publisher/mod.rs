@@ -542,7 +542,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(report.pending, 51);
-        let batch = spool.read_batch(100).unwrap();
+        let batch = spool.read_batch(100, u64::MAX).unwrap();
         let ids: Vec<String> = batch
             .records
             .iter()

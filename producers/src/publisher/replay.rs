@@ -14,6 +14,11 @@ use super::refused::set_aside;
 use super::state::{lock, read, Kafka, Shared};
 use crate::spool::{ReadBatch, SpoolRecord};
 
+/// Bound on the bytes of one replay batch (besides `replay_batch` records): the batch is in
+/// memory, and librdkafka holds a copy of it until it is acknowledged. One record larger than
+/// this still goes, alone.
+pub(super) const REPLAY_BATCH_BYTES: u64 = 64 << 20;
+
 /// The replayer: send spooled records in order, commit the cursor per acknowledged batch.
 pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
     let mut backoff = Duration::from_millis(250);
@@ -32,7 +37,7 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
                 let _ = sh.wake.wait_timeout(sp, Duration::from_millis(200));
                 continue;
             }
-            let r = sp.read_batch(size);
+            let r = sp.read_batch(size, REPLAY_BATCH_BYTES);
             (r, sp.unread() == 0)
         };
         if last && batch_read.is_ok() {

@@ -7,10 +7,11 @@ use std::io::{Read, Seek, SeekFrom};
 use super::{io_err, scan, seg_name, Position, ReadBatch, Spool, SpoolError, FRAME, MAX_RECORD};
 
 impl Spool {
-    /// Up to `max` records from the read position, in append order. Empty when everything
+    /// Up to `max` records and `max_bytes` bytes (frames included; at least one record,
+    /// however large) from the read position, in append order. Empty when everything
     /// appended so far has been handed out. Damaged ranges are skipped (see [`ReadBatch`]);
     /// one found here for the first time is set aside and counted.
-    pub fn read_batch(&mut self, max: usize) -> Result<ReadBatch, SpoolError> {
+    pub fn read_batch(&mut self, max: usize, max_bytes: u64) -> Result<ReadBatch, SpoolError> {
         let mut b = ReadBatch {
             records: Vec::new(),
             end: self.read_pos,
@@ -20,7 +21,9 @@ impl Spool {
         };
         let mut pos = self.read_pos;
         let mut at_end = false;
-        while b.records.len() < max {
+        let mut bytes = 0u64;
+        let mut full = false;
+        while b.records.len() < max && !full {
             let size = match self.segments.range(pos.segment..).next() {
                 Some((&id, &size)) if id == pos.segment => size,
                 // Its segment is gone (a commit deleted it): the next one follows.
@@ -88,6 +91,10 @@ impl Spool {
                     }
                     None => FRAME as usize,
                 };
+                if !b.records.is_empty() && bytes + need as u64 > max_bytes {
+                    full = true;
+                    break;
+                }
                 if at + need > data.len() {
                     if pos.offset + (at + need) as u64 > limit {
                         // Runs past the valid bytes.
@@ -109,6 +116,7 @@ impl Spool {
                     break;
                 };
                 b.records.push(r);
+                bytes += need as u64;
                 at += need;
             }
             pos.offset += at as u64;

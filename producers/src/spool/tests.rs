@@ -25,7 +25,7 @@ fn rec(i: usize) -> SpoolRecord {
 fn drain(s: &mut Spool) -> Vec<SpoolRecord> {
     let mut out = Vec::new();
     loop {
-        let b = s.read_batch(7).unwrap();
+        let b = s.read_batch(7, u64::MAX).unwrap();
         if b.records.is_empty() {
             return out;
         }
@@ -79,10 +79,10 @@ fn restart_replays_undelivered_records_only() {
     {
         let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
         s.append(&recs).unwrap();
-        let b = s.read_batch(20).unwrap();
+        let b = s.read_batch(20, u64::MAX).unwrap();
         s.commit(b.end, 20).unwrap();
         // Read but not committed: must come back after a restart.
-        let _ = s.read_batch(10).unwrap();
+        let _ = s.read_batch(10, u64::MAX).unwrap();
     }
     let (mut s, rep) = Spool::open(dir.path(), opts()).unwrap();
     assert_eq!(rep.pending, 30);
@@ -95,11 +95,11 @@ fn rewind_resends_from_the_cursor() {
     let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
     let recs: Vec<_> = (0..10).map(rec).collect();
     s.append(&recs).unwrap();
-    let first = s.read_batch(5).unwrap();
+    let first = s.read_batch(5, u64::MAX).unwrap();
     assert_eq!(s.unread(), 5);
     s.rewind();
     assert_eq!(s.unread(), 10);
-    assert_eq!(s.read_batch(5).unwrap().records, first.records);
+    assert_eq!(s.read_batch(5, u64::MAX).unwrap().records, first.records);
 }
 
 #[test]
@@ -257,7 +257,7 @@ fn a_failed_commit_changes_no_count_and_can_be_retried() {
     let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
     let recs: Vec<_> = (0..4).map(rec).collect();
     s.append(&recs[..3]).unwrap();
-    let b = s.read_batch(2).unwrap();
+    let b = s.read_batch(2, u64::MAX).unwrap();
     // The cursor cannot be written (stands for a full or failing disk).
     let blocker = dir.path().join("cursor.tmp");
     fs::create_dir(&blocker).unwrap();
@@ -265,33 +265,33 @@ fn a_failed_commit_changes_no_count_and_can_be_retried() {
     assert_eq!(s.pending(), 3, "not delivered as far as the spool knows");
     // A failed delivery after it rewinds to the old cursor: everything is resent.
     s.append(&recs[3..]).unwrap();
-    let _ = s.read_batch(10).unwrap();
+    let _ = s.read_batch(10, u64::MAX).unwrap();
     s.rewind();
     assert_eq!(s.unread(), 4);
-    assert_eq!(s.read_batch(10).unwrap().records, recs);
+    assert_eq!(s.read_batch(10, u64::MAX).unwrap().records, recs);
     // Or the same commit is retried once the disk recovers.
     fs::remove_dir(&blocker).unwrap();
     s.commit(b.end, 2).unwrap();
     assert_eq!(s.pending(), 2);
     s.rewind();
-    assert_eq!(s.read_batch(10).unwrap().records, recs[2..]);
+    assert_eq!(s.read_batch(10, u64::MAX).unwrap().records, recs[2..]);
 
     // A commit of everything frees the whole segment before it writes the cursor, so after
     // it fails only what was appended since is left to resend.
     s.rewind();
-    let b2 = s.read_batch(10).unwrap();
+    let b2 = s.read_batch(10, u64::MAX).unwrap();
     assert_eq!(b2.records, recs[2..]);
     fs::create_dir(&blocker).unwrap();
     assert!(s.commit(b2.end, 2).is_err());
     assert_eq!(s.pending(), 2);
     s.append(&recs[..1]).unwrap();
     s.rewind();
-    assert_eq!(s.read_batch(10).unwrap().records, recs[..1]);
+    assert_eq!(s.read_batch(10, u64::MAX).unwrap().records, recs[..1]);
     fs::remove_dir(&blocker).unwrap();
     s.commit(b2.end, 2).unwrap();
     assert_eq!(s.pending(), 1);
     s.rewind();
-    assert_eq!(s.read_batch(10).unwrap().records, recs[..1]);
+    assert_eq!(s.read_batch(10, u64::MAX).unwrap().records, recs[..1]);
 }
 
 #[test]
@@ -410,13 +410,13 @@ fn a_record_damaged_after_open_is_skipped_on_replay_not_retried_for_ever() {
     let at = frame_offset(&recs, 1) + FRAME as usize + 5;
     data[at] ^= 0x10;
     fs::write(&seg, &data).unwrap();
-    let b = s.read_batch(10).unwrap();
+    let b = s.read_batch(10, u64::MAX).unwrap();
     assert_eq!(b.records, vec![rec(0), rec(2), rec(3)]);
     assert_eq!((b.skipped, b.corrupt_records), (1, 1));
     assert_eq!(s.unread(), 0);
     // A failed delivery rewinds: the same batch again, the damage not counted twice.
     s.rewind();
-    let b = s.read_batch(10).unwrap();
+    let b = s.read_batch(10, u64::MAX).unwrap();
     assert_eq!(b.records, vec![rec(0), rec(2), rec(3)]);
     assert_eq!((b.skipped, b.corrupt_records), (1, 0));
     s.commit(b.end, b.records.len() as u64 + b.skipped).unwrap();
@@ -429,13 +429,13 @@ fn a_record_damaged_after_open_is_skipped_on_replay_not_retried_for_ever() {
     // comes out right.
     let recs: Vec<_> = (10..14).map(rec).collect();
     s.append(&recs).unwrap();
-    let b = s.read_batch(1).unwrap();
+    let b = s.read_batch(1, u64::MAX).unwrap();
     assert_eq!(b.records, vec![rec(10)]);
     let seg = dir.path().join(seg_name(b.end.segment));
     let mut data = fs::read(&seg).unwrap();
     data[b.end.offset as usize + 3] ^= 0x20;
     fs::write(&seg, &data).unwrap();
-    let c = s.read_batch(10).unwrap();
+    let c = s.read_batch(10, u64::MAX).unwrap();
     assert_eq!((c.records.len(), c.skipped, c.corrupt_records), (0, 3, 1));
     s.commit(c.end, 4).unwrap();
     assert_eq!((s.pending(), s.unread()), (0, 0));
@@ -459,7 +459,7 @@ fn a_commit_frees_delivered_segments_before_it_needs_new_disk_space() {
     let (mut s, _) = Spool::open(dir.path(), opts()).unwrap();
     let recs: Vec<_> = (0..40).map(rec).collect();
     s.append(&recs).unwrap();
-    let b = s.read_batch(30).unwrap();
+    let b = s.read_batch(30, u64::MAX).unwrap();
     assert!(b.end.segment > 2, "the batch spans segments");
     // Nothing new can be written (stands for a full disk): not the cursor, not a segment.
     let blocker = dir.path().join("cursor.tmp");
@@ -498,7 +498,7 @@ fn a_commit_frees_delivered_segments_before_it_needs_new_disk_space() {
     assert_eq!(s.pending(), 10);
 
     // Everything delivered: the active segment is retired too, before the cursor is written.
-    let b = s.read_batch(100).unwrap();
+    let b = s.read_batch(100, u64::MAX).unwrap();
     assert_eq!(b.records, recs[30..]);
     fs::create_dir(&blocker).unwrap();
     assert!(s.commit(b.end, 10).is_err());
@@ -511,4 +511,29 @@ fn a_commit_frees_delivered_segments_before_it_needs_new_disk_space() {
     let (mut s, rep) = Spool::open(dir.path(), opts()).unwrap();
     assert_eq!(rep.pending, 3);
     assert_eq!(drain(&mut s), recs[..3]);
+}
+
+#[test]
+fn a_read_batch_is_bounded_by_bytes_and_holds_at_least_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, _) = Spool::open(dir.path(), roomy()).unwrap();
+    let recs: Vec<_> = (0..10)
+        .map(|i| SpoolRecord {
+            value: vec![b'x'; 1000 + i],
+            ..rec(i)
+        })
+        .collect();
+    s.append(&recs).unwrap();
+    let frame = |r: &SpoolRecord| FRAME + r.encoded_len() as u64;
+    // Room for three and a half records: three.
+    let bound = recs[..3].iter().map(frame).sum::<u64>() + frame(&recs[3]) / 2;
+    let b = s.read_batch(100, bound).unwrap();
+    assert_eq!(b.records.len(), 3);
+    assert_eq!(b.records, recs[..3]);
+    // A bound below one record still yields one, so the replayer always makes progress.
+    let b = s.read_batch(100, 1).unwrap();
+    assert_eq!(b.records, recs[3..4]);
+    let b = s.read_batch(100, u64::MAX).unwrap();
+    assert_eq!(b.records, recs[4..]);
+    assert_eq!(s.unread(), 0);
 }
