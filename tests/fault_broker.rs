@@ -319,7 +319,7 @@ async fn fault_broker_sigkill_of_a_spooling_publisher_loses_nothing() {
         assert!(report.pending >= 500, "spool holds {}", report.pending);
         let mut ids = Vec::new();
         loop {
-            let b = s.read_batch(10_000).unwrap();
+            let b = s.read_batch(10_000, u64::MAX).unwrap();
             if b.records.is_empty() {
                 break;
             }

@@ -183,7 +183,8 @@ pub struct PublisherConfig {
     pub spool_max_bytes: u64,
     /// Size at which the spool starts a new segment file; delivered segments are deleted.
     pub spool_segment_bytes: u64,
-    /// Records the replayer sends to Kafka per round before it commits its cursor.
+    /// Records the replayer sends to Kafka per round before it commits its cursor (a round
+    /// also stops at 64 MiB of records; one larger record goes alone).
     pub replay_batch: usize,
     /// Refuse events whose payload has top-level keys neither defined by their kind nor of
     /// the `x_<org>_<field>` shape (`nonconforming_key`); by default they are only counted

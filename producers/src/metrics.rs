@@ -22,6 +22,11 @@ pub struct Metrics {
     pub replayed: IntCounter,
     /// Spooled events Kafka refused for good on replay, set aside in `refused.jsonl`.
     pub spool_refused: IntCounter,
+    /// Damaged spool records set aside, not replayed (copied to `corrupt-*` files in the
+    /// spool folder; a range whose length was damaged counts once).
+    pub spool_corrupt_records: IntCounter,
+    /// Bytes in them.
+    pub spool_corrupt_bytes: IntCounter,
     /// Bytes the spool occupies on disk.
     pub spool_bytes: IntGauge,
     /// Events in the spool not yet delivered.
@@ -65,6 +70,14 @@ impl Metrics {
             spool_refused: r.counter(
                 "weft_publisher_spool_refused_total",
                 "Spooled events Kafka refused for good on replay (set aside in the spool's refused.jsonl)",
+            ),
+            spool_corrupt_records: r.counter(
+                "weft_publisher_spool_corrupt_records_total",
+                "Damaged spool records set aside, not replayed (copied to corrupt-* files in the spool folder)",
+            ),
+            spool_corrupt_bytes: r.counter(
+                "weft_publisher_spool_corrupt_bytes_total",
+                "Bytes of damaged spool records set aside",
             ),
             spool_bytes: r.gauge(
                 "weft_publisher_spool_bytes",

@@ -8,16 +8,20 @@
 //!   to be delivered to Kafka, written by atomic rename.
 //!
 //! Why this shape: appends never rewrite bytes, so a crash can only leave a torn record at the
-//! tail of the last segment, which the CRC detects on open (it is truncated with a warning,
-//! never accepted). Delivery is tracked by the cursor rather than by rewriting records, and
-//! whole segments are deleted once the cursor has passed them, so disk use stays bounded.
+//! tail of the last segment, which `open` cuts off with a warning (it was never acknowledged
+//! as durable). Any other bad frame is damage to acknowledged data: only it (or, when its
+//! length cannot be trusted, the rest of its segment) is set aside, skipped by the reader,
+//! copied to a `corrupt-*` file and counted; every good record around it is replayed (the
+//! rules are in [`scan`]). Delivery is tracked by the cursor rather than by rewriting
+//! records, and whole segments are deleted once the cursor has passed them, so disk use stays
+//! bounded.
 //!
 //! This type is synchronous and does no locking of its own: the publisher wraps it in a mutex
 //! and calls it from its writer and replayer threads.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -26,7 +30,9 @@ use tracing::{error, warn};
 
 use crate::config::FsyncPolicy;
 
+mod read;
 mod record;
+mod scan;
 pub use record::SpoolRecord;
 
 /// Bytes before each record body: length and CRC32.
@@ -102,8 +108,12 @@ pub struct SpoolOptions {
 pub struct OpenReport {
     /// Records not yet delivered, which will be replayed.
     pub pending: u64,
-    /// Bytes cut off torn or corrupt records.
+    /// Bytes cut off a torn tail (an append a crash interrupted).
     pub truncated_bytes: u64,
+    /// Damaged ranges set aside (one record each, unless its length was damaged too).
+    pub corrupt_records: u64,
+    /// Bytes in them.
+    pub corrupt_bytes: u64,
 }
 
 /// A batch handed to the replayer, and where the cursor goes once it is delivered.
@@ -113,6 +123,13 @@ pub struct ReadBatch {
     pub records: Vec<SpoolRecord>,
     /// Position just past the last record; the cursor moves here once they are delivered.
     pub end: Position,
+    /// Pending records in damaged ranges the batch skipped: delivered as far as the count
+    /// goes (commit `records.len() + skipped`).
+    pub skipped: u64,
+    /// Damaged ranges this read found (not those found before), and their bytes.
+    pub corrupt_records: u64,
+    /// See `corrupt_records`.
+    pub corrupt_bytes: u64,
 }
 
 /// The spool itself. See the module docs for the format.
@@ -133,9 +150,13 @@ pub struct Spool {
     pending: u64,
     /// Records between read_pos and the end.
     unread: u64,
+    /// Damaged ranges the reader skips: start -> (end offset, pending records they held).
+    bad: BTreeMap<Position, (u64, u64)>,
     dirty: bool,
-    /// A rolled-back append could not cut its bytes off the active segment: the next append
-    /// starts a new segment rather than write behind bytes that `segments` does not count.
+    /// The next append starts a new segment: a rolled-back append could not cut its bytes
+    /// off the active segment (appending behind bytes `segments` does not count would misplace
+    /// records), or the active segment holds damage (records behind it could be taken for
+    /// part of it on the next open).
     cut_failed: bool,
     last_sync: Instant,
     buf: Vec<u8>,
@@ -191,8 +212,10 @@ impl Spool {
             }
         }
         ids.sort_unstable();
+        let last = ids.last().copied();
         let mut report = OpenReport::default();
         let mut segments = BTreeMap::new();
+        let mut bad = BTreeMap::new();
         for id in ids {
             let path = dir.join(seg_name(id));
             if id < cursor.segment {
@@ -204,29 +227,44 @@ impl Spool {
             } else {
                 0
             };
-            let (valid_end, records) = scan_segment(&path, start)?;
-            let len = fs::metadata(&path).map_err(io_err(&path))?.len();
-            if valid_end < len {
-                let cut = len - valid_end;
-                report.truncated_bytes += cut;
+            let data = fs::read(&path).map_err(io_err(&path))?;
+            let found = scan::scan(&data, start, Some(id) == last);
+            let mut size = data.len() as u64;
+            if let Some(at) = found.torn {
+                report.truncated_bytes += size - at;
                 warn!(
                     segment = %path.display(),
-                    at = valid_end,
-                    bytes = cut,
-                    "spool: torn or corrupt record found; truncating it (it was never acknowledged as durable)"
+                    at,
+                    bytes = size - at,
+                    "spool: torn tail found (an append a crash interrupted); truncating it (it was never acknowledged as durable)"
                 );
                 let f = OpenOptions::new()
                     .write(true)
                     .open(&path)
                     .map_err(io_err(&path))?;
-                f.set_len(valid_end).map_err(io_err(&path))?;
+                f.set_len(at).map_err(io_err(&path))?;
                 f.sync_all().map_err(io_err(&path))?;
+                size = at;
             }
-            report.pending += records;
-            segments.insert(id, valid_end);
+            for (from, to) in found.damaged {
+                scan::set_aside(dir, &path, id, from, &data[from as usize..to as usize]);
+                report.corrupt_records += 1;
+                report.corrupt_bytes += to - from;
+                // Never counted as pending, so skipping it settles nothing.
+                bad.insert(
+                    Position {
+                        segment: id,
+                        offset: from,
+                    },
+                    (to, 0),
+                );
+            }
+            report.pending += found.records;
+            segments.insert(id, size);
         }
+        let damaged_last = bad.keys().any(|p: &Position| Some(p.segment) == last);
         let active = match segments.iter().next_back() {
-            Some((&id, &size)) if size < opts.segment_bytes => id,
+            Some((&id, &size)) if size < opts.segment_bytes && !damaged_last => id,
             Some((&id, _)) => id + 1,
             None => cursor.segment.max(1),
         };
@@ -260,6 +298,7 @@ impl Spool {
             reader: None,
             pending: report.pending,
             unread: report.pending,
+            bad,
             dirty: false,
             cut_failed: false,
             last_sync: Instant::now(),
@@ -474,110 +513,64 @@ impl Spool {
         Ok(())
     }
 
-    /// Up to `max` records from the read position, in append order. Empty when everything
-    /// appended so far has been handed out.
-    pub fn read_batch(&mut self, max: usize) -> Result<ReadBatch, SpoolError> {
-        let mut records = Vec::new();
-        let mut pos = self.read_pos;
-        while records.len() < max {
-            let Some(&size) = self.segments.get(&pos.segment) else {
-                break;
-            };
-            if pos.offset >= size {
-                // End of this segment: move on if a later one exists.
-                match self.segments.range(pos.segment + 1..).next() {
-                    Some((&next, _)) => {
-                        pos = Position {
-                            segment: next,
-                            offset: 0,
-                        };
-                        continue;
-                    }
-                    None => break,
-                }
-            }
-            let path = self.dir.join(seg_name(pos.segment));
-            if self.reader.as_ref().map(|(id, _)| *id) != Some(pos.segment) {
-                let f = File::open(&path).map_err(io_err(&path))?;
-                self.reader = Some((pos.segment, f));
-            }
-            let Some((_, f)) = self.reader.as_mut() else {
-                break;
-            };
-            f.seek(SeekFrom::Start(pos.offset)).map_err(io_err(&path))?;
-            // Read a chunk of whole records, bounded by the segment's valid size.
-            let chunk = (size - pos.offset).min(4 << 20);
-            let mut data = vec![0u8; chunk as usize];
-            f.read_exact(&mut data).map_err(io_err(&path))?;
-            let mut at = 0usize;
-            while records.len() < max && at + FRAME as usize <= data.len() {
-                let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
-                    as usize;
-                let end = at + FRAME as usize + len;
-                if end > data.len() {
-                    if at == 0 {
-                        // One record larger than the chunk: read it whole.
-                        let mut big = vec![0u8; FRAME as usize + len];
-                        f.seek(SeekFrom::Start(pos.offset)).map_err(io_err(&path))?;
-                        f.read_exact(&mut big).map_err(io_err(&path))?;
-                        data = big;
-                        continue;
-                    }
-                    break;
-                }
-                let crc =
-                    u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
-                let body = &data[at + FRAME as usize..end];
-                if crc32fast::hash(body) != crc {
-                    error!(segment = %path.display(), offset = pos.offset + at as u64, "spool: CRC mismatch while replaying");
-                    return Err(SpoolError::Corrupt("CRC mismatch while replaying"));
-                }
-                records.push(SpoolRecord::decode(body)?);
-                at = end;
-            }
-            pos.offset += at as u64;
-            if at == 0 {
-                break;
-            }
-        }
-        // Saturating: a miscount must not take the replayer down (it only delays the drain).
-        self.unread = self.unread.saturating_sub(records.len() as u64);
-        self.read_pos = pos;
-        Ok(ReadBatch { records, end: pos })
-    }
-
     /// Go back to the durable cursor (after a failed delivery: everything since is resent).
     pub fn rewind(&mut self) {
         self.read_pos = self.cursor;
         self.unread = self.pending;
     }
 
-    /// Mark everything up to `end` (which covers `n` records) as delivered: persist the cursor
-    /// and delete segments that are wholly behind it. When everything is delivered the active
-    /// segment is retired too, so an idle spool takes no disk. If the cursor cannot be
-    /// persisted, nothing counts as delivered (`pending` and the cursor stay as they were,
-    /// so a `rewind` resends the records) and the same commit may be retried.
+    /// Mark everything up to `end` (which covers `n` records) as delivered: delete segments
+    /// that are wholly behind it and persist the cursor. When everything is delivered the
+    /// active segment is retired too, so an idle spool takes no disk.
+    ///
+    /// Deleting comes first, so a full disk does not keep the spool from freeing what is
+    /// delivered (writing the cursor needs a block; rotating, a file). That order is safe:
+    /// a stale cursor on disk then names a deleted segment, and `open` starts at the oldest
+    /// one left (at worst resending delivered records of that segment, which consumers drop
+    /// by identity). If the cursor cannot be persisted, `pending` and the in-memory cursor
+    /// stay as they were, and the same commit may be retried (a `rewind` meanwhile resends
+    /// from the oldest segment left).
     pub fn commit(&mut self, end: Position, n: u64) -> Result<(), SpoolError> {
+        self.delete_before(end.segment)?;
         let pending = self.pending.saturating_sub(n);
-        let mut cursor = end;
-        let at_end =
-            pending == 0 && end.segment == self.active && end.offset >= self.segments[&self.active];
-        if at_end && end.offset > 0 {
-            self.rotate()?;
-            cursor = Position {
-                segment: self.active,
+        let at_end = pending == 0
+            && end.segment == self.active
+            && end.offset > 0
+            && end.offset >= self.segments[&self.active];
+        let mut cursor = match self.segments.range(end.segment..).next() {
+            // Its segment was deleted by an earlier try of this commit.
+            Some((&id, _)) if id != end.segment => Position {
+                segment: id,
                 offset: 0,
-            };
+            },
+            _ => end,
+        };
+        if at_end {
+            // Without room for a new segment the active one stays (and the cursor at its end).
+            match self.rotate() {
+                Ok(()) => {
+                    self.delete_before(self.active)?;
+                    cursor = Position {
+                        segment: self.active,
+                        offset: 0,
+                    };
+                }
+                Err(e) => {
+                    warn!(error = %e, "spool: could not retire the delivered active segment; it stays")
+                }
+            }
         }
         write_cursor(&self.dir, cursor)?;
         self.pending = pending;
         self.cursor = cursor;
         self.read_pos = self.read_pos.max(cursor);
-        let done: Vec<u64> = self
-            .segments
-            .range(..cursor.segment)
-            .map(|(k, _)| *k)
-            .collect();
+        self.bad.retain(|p, _| *p >= cursor);
+        Ok(())
+    }
+
+    /// Delete the segments before `segment` (all delivered); needs no disk space.
+    fn delete_before(&mut self, segment: u64) -> Result<(), SpoolError> {
+        let done: Vec<u64> = self.segments.range(..segment).map(|(k, _)| *k).collect();
         for id in done {
             let path = self.dir.join(seg_name(id));
             match fs::remove_file(&path) {
@@ -592,35 +585,6 @@ impl Spool {
         }
         Ok(())
     }
-}
-
-/// Scan a segment from `start`; return the end of the last valid record and how many valid
-/// records follow `start`.
-fn scan_segment(path: &Path, start: u64) -> Result<(u64, u64), SpoolError> {
-    let data = fs::read(path).map_err(io_err(path))?;
-    let mut at = (start as usize).min(data.len());
-    let mut n = 0;
-    loop {
-        if at + FRAME as usize > data.len() {
-            break;
-        }
-        let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]);
-        if len > MAX_RECORD {
-            break;
-        }
-        let end = at + FRAME as usize + len as usize;
-        if end > data.len() {
-            break;
-        }
-        let crc = u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
-        let body = &data[at + FRAME as usize..end];
-        if crc32fast::hash(body) != crc || SpoolRecord::decode(body).is_err() {
-            break;
-        }
-        at = end;
-        n += 1;
-    }
-    Ok((at as u64, n))
 }
 
 fn read_cursor(dir: &Path) -> Result<Position, SpoolError> {

@@ -228,6 +228,8 @@ impl Publisher {
         }
         metrics.spool_bytes.set(spool.bytes() as i64);
         metrics.spool_pending.set(report.pending as i64);
+        metrics.spool_corrupt_records.inc_by(report.corrupt_records);
+        metrics.spool_corrupt_bytes.inc_by(report.corrupt_bytes);
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -546,7 +548,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(report.pending, 51);
-        let batch = spool.read_batch(100).unwrap();
+        let batch = spool.read_batch(100, u64::MAX).unwrap();
         let ids: Vec<String> = batch
             .records
             .iter()

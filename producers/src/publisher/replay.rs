@@ -14,6 +14,11 @@ use super::refused::set_aside;
 use super::state::{lock, read, Kafka, Shared};
 use crate::spool::{ReadBatch, SpoolRecord};
 
+/// Bound on the bytes of one replay batch (besides `replay_batch` records): the batch is in
+/// memory, and librdkafka holds a copy of it until it is acknowledged. One record larger than
+/// this still goes, alone.
+pub(super) const REPLAY_BATCH_BYTES: u64 = 64 << 20;
+
 /// The replayer: send spooled records in order, commit the cursor per acknowledged batch.
 pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
     let mut backoff = Duration::from_millis(250);
@@ -32,7 +37,7 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
                 let _ = sh.wake.wait_timeout(sp, Duration::from_millis(200));
                 continue;
             }
-            let r = sp.read_batch(size);
+            let r = sp.read_batch(size, REPLAY_BATCH_BYTES);
             (r, sp.unread() == 0)
         };
         if last && batch_read.is_ok() {
@@ -51,8 +56,14 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
                 continue;
             }
         };
+        sh.metrics.spool_corrupt_records.inc_by(b.corrupt_records);
+        sh.metrics.spool_corrupt_bytes.inc_by(b.corrupt_bytes);
         let n = b.records.len();
         if n == 0 {
+            if b.skipped > 0 {
+                // Only damaged records, set aside: they count as settled.
+                replayed(&sh, &b);
+            }
             continue;
         }
         let (tx, rx) = mpsc::channel();
@@ -72,7 +83,7 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
                 for (i, e) in report.refused {
                     set_aside(&sh, &b.records[i], &e);
                 }
-                replayed(&sh, &b, n);
+                replayed(&sh, &b);
                 backoff = Duration::from_millis(250);
                 size = (size * 2).min(batch);
             }
@@ -176,19 +187,22 @@ fn await_reports(
     }
 }
 
-/// A whole batch acknowledged: move the durable cursor past it, then settle its records.
+/// A whole batch acknowledged: move the durable cursor past it, then settle its records
+/// (and the damaged ones it skipped, which the spool counted as pending too).
 /// The spool counts them pending until the cursor is persisted, so they are settled only
 /// then (settled twice, spool mode would never end). A failed commit is retried, not the
 /// delivery: the records are in Kafka already. At shutdown they stay unsettled and on disk,
 /// so the next run sends them again (copies, which consumers drop by identity).
-fn replayed(sh: &Shared, b: &ReadBatch, n: usize) {
-    sh.metrics.replayed.inc_by(n as u64);
-    sh.metrics.published.inc_by(n as u64);
+fn replayed(sh: &Shared, b: &ReadBatch) {
+    let sent = b.records.len() as u64;
+    sh.metrics.replayed.inc_by(sent);
+    sh.metrics.published.inc_by(sent);
+    let n = sent + b.skipped;
     let mut backoff = Duration::from_millis(250);
     loop {
         let res = {
             let mut sp = lock(&sh.spool);
-            let r = sp.commit(b.end, n as u64);
+            let r = sp.commit(b.end, n);
             sh.spool_bytes.store(sp.bytes(), Ordering::Relaxed);
             sh.metrics.spool_bytes.set(sp.bytes() as i64);
             sh.metrics.spool_pending.set(sp.pending() as i64);
@@ -206,7 +220,7 @@ fn replayed(sh: &Shared, b: &ReadBatch, n: usize) {
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
     let mut st = lock(&sh.state);
-    st.settled += n as u64;
+    st.settled += n;
     sh.maybe_resume_direct(&mut st);
     drop(st);
     sh.changed.notify_all();
