@@ -176,14 +176,28 @@ mod tests {
             )
         };
         let (ok, long) = ("x".repeat(max), "x".repeat(max + 1));
+        let header = |name: &'static str, v: &str| (name, v.to_owned());
+        let rid = |v: &str| header(wire::header::REQUEST_ID, v);
         let cases = [
-            (event(&long, "f"), ok.as_str(), Some("identity")),
-            (event("e", &long), ok.as_str(), Some("frame_id")),
-            (event("e", "f"), long.as_str(), Some("request_id")),
-            (event(&ok, &ok), ok.as_str(), None),
+            (event(&long, "f"), rid(&ok), Some("identity")),
+            (event("e", &long), rid(&ok), Some("frame_id")),
+            (event("e", "f"), rid(&long), Some("request_id")),
+            // From headers only: without a bound, a record of 1 MB of header and an empty
+            // payload would count as nothing in a batch's byte budget.
+            (
+                event("e", "f"),
+                header(wire::header::PRODUCER_ID, &long),
+                Some("producer_id"),
+            ),
+            (
+                event("e", "f"),
+                header(wire::header::EMITTED_AT, &long),
+                Some("emitted_at"),
+            ),
+            (event(&ok, &ok), rid(&ok), None),
         ];
-        for (value, request_id, refused) in cases {
-            let headers = [(wire::header::REQUEST_ID, request_id.as_bytes())];
+        for (value, (name, v), refused) in cases {
+            let headers = [(name, v.as_bytes())];
             let got = decode(
                 &rec("weaver.trace_events", value.as_bytes(), &headers),
                 &t,

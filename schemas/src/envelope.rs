@@ -79,7 +79,8 @@ pub enum EnvelopeError {
     /// [`MAX_ID_BYTES`].
     #[error("{field} is {len} bytes long; weft takes ids of at most {MAX_ID_BYTES} bytes")]
     IdTooLong {
-        /// Which id: `identity`, `request_id`, or the payload field of a link.
+        /// Which id: `identity`, `request_id`, `producer_id`, `emitted_at`, or the payload
+        /// field of a link.
         field: &'static str,
         /// Its length in bytes.
         len: usize,
@@ -161,7 +162,8 @@ impl Envelope {
         Ok((payload, id))
     }
 
-    /// Refuse an envelope whose identity `id`, request id or link targets `links` (as
+    /// Refuse an envelope whose identity `id`, request id, producer id, `emitted_at` (these
+    /// two come from record headers, which have no other bound) or link targets `links` (as
     /// [`crate::links::extract`] gives them) are over [`MAX_ID_BYTES`]. Every edge refuses
     /// them alike (the publishers answer `id_too_long`, ingest dead-letters the record):
     /// ingest looks ids up in ClickHouse by the thousand in one query parameter, and the
@@ -170,6 +172,8 @@ impl Envelope {
         let ids = [
             ("identity", id),
             ("request_id", self.request_id.as_deref().unwrap_or("")),
+            ("producer_id", self.producer_id.as_deref().unwrap_or("")),
+            ("emitted_at", self.emitted_at.as_deref().unwrap_or("")),
         ]
         .into_iter()
         .chain(links.iter().map(|l| (l.via.as_str(), l.to_id.as_str())));

@@ -483,13 +483,27 @@ impl Ingestor {
         let (mut rows, mut bytes) = buffered;
         match rec.decoded {
             Some(Ok(fact)) => {
-                let n = fact.envelope.payload.get().len();
+                // The payload, and what the headers brought (the ids from the payload are
+                // bounded by it; these are not).
+                let e = &fact.envelope;
+                let n = e.payload.get().len()
+                    + [&e.request_id, &e.producer_id, &e.emitted_at]
+                        .iter()
+                        .map(|f| f.as_ref().map_or(0, String::len))
+                        .sum::<usize>();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.facts.push((rec.offset, Box::new(fact)));
             }
             Some(Err(dead)) if need_fact => {
-                let n = dead.value.len();
+                // Held whole until sent: key, value and headers.
+                let n = dead.value.len()
+                    + dead.key.as_ref().map_or(0, Vec::len)
+                    + dead
+                        .headers
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.dead.push(*dead);
