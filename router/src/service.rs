@@ -79,12 +79,29 @@ struct Health {
     /// Visibility watermark of the contextual model's rows (µs); `None` before the first
     /// successful read (which rebuilds the model from the whole window).
     watermark: Option<i64>,
-    /// Incremental refreshes since the last full rebuild.
+    /// Incremental refreshes since the last full rebuild, those that failed or ran out of
+    /// time included.
     since_rebuild: u32,
     /// The last incremental read learnt a row out of the visibility order.
     late: bool,
     /// When the last full rebuild was installed (or the start).
     rebuilt_at: Instant,
+}
+
+impl Health {
+    /// Nothing read yet; `has_data` when a snapshot file was loaded.
+    fn new(has_data: bool) -> Self {
+        Health {
+            loaded_at: Instant::now(),
+            has_data,
+            stale: false,
+            last_error: None,
+            watermark: None,
+            since_rebuild: 0,
+            late: false,
+            rebuilt_at: Instant::now(),
+        }
+    }
 }
 
 /// The router's shared state.
@@ -136,16 +153,7 @@ impl Service {
             snapshot: RwLock::new(Arc::new(
                 initial.unwrap_or_else(|| Snapshot::empty("priors")),
             )),
-            health: Mutex::new(Health {
-                loaded_at: Instant::now(),
-                has_data,
-                stale: false,
-                last_error: None,
-                watermark: None,
-                since_rebuild: 0,
-                late: false,
-                rebuilt_at: Instant::now(),
-            }),
+            health: Mutex::new(Health::new(has_data)),
             recent: Mutex::new(Recent::default()),
             metrics: Arc::default(),
             live,

@@ -1,14 +1,20 @@
 //! The refresh: the aggregates and the contextual model re-read from ClickHouse every
 //! `refresh_period`, in the background; decisions never wait for it.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use weft_http::prometheus::IntCounter;
 use weft_store::Store;
 
-use super::Service;
+use super::{Health, Service};
 use crate::error::RouterError;
-use crate::live::Rebuild;
+use crate::live::{Live, Rebuild};
+use crate::policy::PolicyConfig;
+use crate::store::{OutcomeRow, OUTCOMES_PAGE};
 
 /// How long an outcome stays in the overlay when the model's base never holds it: feedback
 /// that joins no stored decision (an unknown decision, a candidate it did not offer) reaches
@@ -30,6 +36,82 @@ const MODEL_READ_BUDGET: Duration = Duration::from_secs(45);
 /// Incremental refreshes between two full rebuilds of the contextual model.
 pub const REBUILD_EVERY: u32 = 60;
 
+impl Health {
+    /// A full rebuild is due: none was installed yet, [`REBUILD_EVERY`] incremental
+    /// refreshes passed, or a row came out of the visibility order.
+    fn rebuild_due(&self) -> bool {
+        self.watermark.is_none() || self.since_rebuild >= REBUILD_EVERY || self.late
+    }
+
+    /// Book the contextual model's part of a refresh (`new`: the incremental read;
+    /// `rebuilt`: the rebuild's step, `Some` the highest visibility of a rebuild
+    /// installed); its error, if either failed. An incremental refresh counts toward the
+    /// next rebuild even when it failed or ran out of time: a read that never completes (a
+    /// backlog longer than the budget) would otherwise never let the rebuild take over.
+    fn settle_model(
+        &mut self,
+        full: bool,
+        new: Result<(), RouterError>,
+        rebuilt: Result<Option<i64>, RouterError>,
+    ) -> Option<RouterError> {
+        match &rebuilt {
+            Ok(Some(top)) => {
+                self.since_rebuild = 0;
+                self.late = false;
+                self.rebuilt_at = std::time::Instant::now();
+                self.watermark = Some((*top).max(self.watermark.unwrap_or(0)));
+            }
+            _ if !full => self.since_rebuild = self.since_rebuild.saturating_add(1),
+            _ => {}
+        }
+        new.err().or(rebuilt.err())
+    }
+}
+
+/// Learn the rows visible since `since` (less the margin) into every tenant's base, page by
+/// page (of `page` rows; `read(cursor)` reads the one after the cursor), as the rebuild
+/// does: one page ending inside the visibility margin would otherwise be read again at
+/// every refresh. Each page's highest visibility becomes the watermark, and a row out of
+/// order marks the model late, in `health` as soon as the page is learnt: a read cut short
+/// by the model's deadline or an error keeps its progress, and the next refresh resumes
+/// after it. (Booked only at the end, a backlog longer than the budget was read again from
+/// the same watermark at every refresh, never completing, and past `APPLIED_MAX` rows of a
+/// tenant its oldest identities were forgotten and learnt twice.)
+async fn catch_up<F, Fut, E>(
+    live: &Live,
+    pc: &PolicyConfig,
+    health: &Mutex<Health>,
+    rows_read: &IntCounter,
+    (since, page): (i64, u64),
+    mut read: F,
+) -> Result<(), E>
+where
+    F: FnMut((i64, String)) -> Fut,
+    Fut: Future<Output = Result<Vec<OutcomeRow>, E>>,
+{
+    let mut cursor = (since - VISIBILITY_MARGIN_US, String::new());
+    loop {
+        let rows = read(cursor.clone()).await?;
+        let more = rows.len() as u64 >= page;
+        let top = rows.iter().map(|r| r.visible_us).max();
+        if let Some(last) = rows.last() {
+            cursor = (last.visible_us, last.feedback_id.clone());
+        }
+        rows_read.inc_by(rows.len() as u64);
+        let late = live.reconcile(&pc.learner, crate::live::observations(rows, pc));
+        {
+            let mut h = health.lock();
+            h.late |= late;
+            if let Some(top) = top {
+                h.watermark = Some(h.watermark.map_or(top, |w| w.max(top)));
+            }
+        }
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
 impl Service {
     /// Read the aggregates, and the contextual model's new outcomes: incrementally (once
     /// there is a base), and a full rebuild (built off to the side, then installed) on the
@@ -49,78 +131,50 @@ impl Service {
         .await?;
         let (since, full) = {
             let h = self.health.lock();
-            (
-                h.watermark,
-                h.watermark.is_none() || h.since_rebuild >= REBUILD_EVERY || h.late,
-            )
+            (h.watermark, h.rebuild_due())
         };
         // The model's part has a time budget of its own: when it fails, the aggregates just
         // read are still served (a rebuild too slow for the refresh's timeout used to throw
         // them away at every try, and the snapshot stayed stale for good).
-        let deadline = tokio::time::Instant::now() + MODEL_READ_BUDGET;
-        let model = async {
-            let top = match since {
-                Some(since) => tokio::time::timeout_at(deadline, self.read_new(store, since))
-                    .await
-                    .unwrap_or(Err(RouterError::Timeout))?,
-                None => None,
-            };
-            if !full {
-                return Ok::<_, RouterError>((top, false));
-            }
-            let installed = self.advance_rebuild(store, deadline).await?;
-            Ok((top.max(installed), installed.is_some()))
-        }
-        .await;
+        let deadline = Instant::now() + MODEL_READ_BUDGET;
+        let new = match since {
+            Some(since) => tokio::time::timeout_at(deadline, self.read_new(store, since))
+                .await
+                .unwrap_or(Err(RouterError::Timeout)),
+            None => Ok(()),
+        };
+        // Advanced even when the new rows could not all be read: a backlog too long for the
+        // budget is what the rebuild is for.
+        let rebuilt = if full {
+            self.advance_rebuild(store, deadline).await
+        } else {
+            Ok(None)
+        };
         // Trimmed before the new aggregates are served, so nothing counts twice.
         self.overlay.trim(
             |t, id| self.live.holds(t, id),
             overlay_settle(self.cfg.refresh_period, self.cfg.window_s),
         );
         *self.snapshot.write() = Arc::new(stats);
-        let (top, installed) = model?;
-        let mut h = self.health.lock();
-        if installed {
-            h.since_rebuild = 0;
-            h.late = false;
-            h.rebuilt_at = Instant::now();
-        } else if !full {
-            h.since_rebuild += 1;
-        }
-        // No watermark before the first rebuild is installed: the incremental read would
-        // start from the beginning of the window.
-        if since.is_some() || installed {
-            h.watermark = Some(top.unwrap_or(0).max(h.watermark.unwrap_or(0)));
-        }
-        Ok(())
+        let error = self.health.lock().settle_model(full, new, rebuilt);
+        error.map_or(Ok(()), Err)
     }
 
-    /// Learn the rows visible since `since` (less the margin) into every tenant's base, page
-    /// by page from the cursor; the highest visibility read.
-    async fn read_new(&self, store: &Store, since: i64) -> Result<Option<i64>, RouterError> {
-        let pc = &self.cfg.policy;
-        // Page by page from the cursor, as the rebuild does: one page ending inside the
-        // visibility margin would otherwise be read again at every refresh.
-        let mut cursor = (since - VISIBILITY_MARGIN_US, String::new());
-        let (mut top, mut late) = (None, false);
-        loop {
-            let rows = crate::store::read_outcomes(store, (cursor.0, &cursor.1), self.cfg.window_s)
-                .await?;
-            let more = rows.len() as u64 >= crate::store::OUTCOMES_PAGE;
-            if let Some(last) = rows.last() {
-                cursor = (last.visible_us, last.feedback_id.clone());
-            }
-            self.metrics.refresh_rows.inc_by(rows.len() as u64);
-            top = top.max(rows.iter().map(|r| r.visible_us).max());
-            late |= self
-                .live
-                .reconcile(&pc.learner, crate::live::observations(rows, pc));
-            if !more {
-                break;
-            }
-        }
-        self.health.lock().late |= late;
-        Ok(top)
+    /// Learn the rows visible since `since` into every tenant's base ([`catch_up`]).
+    async fn read_new(&self, store: &Store, since: i64) -> Result<(), RouterError> {
+        let window_s = self.cfg.window_s;
+        catch_up(
+            &self.live,
+            &self.cfg.policy,
+            &self.health,
+            &self.metrics.refresh_rows,
+            (since, OUTCOMES_PAGE),
+            |after| async move {
+                crate::store::read_outcomes(store, (after.0, &after.1), window_s).await
+            },
+        )
+        .await
+        .map_err(RouterError::from)
     }
 
     /// Advance the full rebuild (started if none is under way) until `deadline`; once it
@@ -178,7 +232,7 @@ impl Service {
         let mut h = self.health.lock();
         match read {
             Ok(()) => {
-                h.loaded_at = Instant::now();
+                h.loaded_at = std::time::Instant::now();
                 h.has_data = true;
                 h.stale = false;
                 h.last_error = None;
@@ -215,3 +269,6 @@ impl Service {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,106 @@
+use super::*;
+use crate::live::observations;
+use crate::metrics::RouterMetrics;
+use serde_json::json;
+
+/// A stored (decision, feedback) row of tenant `t`, visible `s` seconds into the window.
+fn row(s: i64) -> OutcomeRow {
+    let cand = if s % 3 == 0 { "b" } else { "a" };
+    let decision = json!({"decision_id": format!("d{s}"),
+        "candidate": {"candidate_id": cand, "candidate_type": "tool"},
+        "metadata": {"x_weft_features": {"tier": if s % 2 == 0 { "gold" } else { "free" }}}});
+    let feedback = json!({"decision_id": format!("d{s}"), "candidate_id": cand,
+        "success": s % 4 != 0, "latency_ms": 100 + s});
+    OutcomeRow {
+        tenant: "t".into(),
+        feedback_id: format!("f{s:04}"),
+        visible_us: s * 1_000_000,
+        decision: decision.to_string(),
+        feedback: feedback.to_string(),
+    }
+}
+
+/// The rows after `after` in the store `rows`, a page of at most `page`.
+fn page_of(rows: &[i64], after: &(i64, String), page: usize) -> Vec<OutcomeRow> {
+    rows.iter()
+        .map(|s| row(*s))
+        .filter(|r| (r.visible_us, &r.feedback_id) > (after.0, &after.1))
+        .take(page)
+        .collect()
+}
+
+/// A backlog that takes longer than the model's budget: what the read learnt before the
+/// deadline stays booked (watermark, late), the next refresh resumes after it, and every
+/// outcome is learnt once.
+#[tokio::test]
+async fn an_incremental_read_cut_short_keeps_its_progress() {
+    let pc = PolicyConfig::default();
+    let live = Live::default();
+    let rows_read = RouterMetrics::default().refresh_rows;
+    // The base learnt up to 100 s; a row at 95 s became visible after it (late), and the
+    // backlog runs from 101 s to 130 s.
+    live.reconcile(&pc.learner, observations(vec![row(100)], &pc));
+    let stored: Vec<i64> = [95, 100].into_iter().chain(101..=130).collect();
+    let health = Mutex::new(Health::new(true));
+    health.lock().watermark = Some(100_000_000);
+    let mut calls = 0;
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        catch_up(&live, &pc, &health, &rows_read, (100_000_000, 3), |after| {
+            calls += 1;
+            let first = calls == 1;
+            let page = page_of(&stored, &after, 3);
+            async move {
+                if !first {
+                    // ClickHouse slower than what is left of the budget.
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, ()>(page)
+            }
+        }),
+    )
+    .await;
+    assert!(cut.is_err(), "the read ran out of time");
+    {
+        let h = health.lock();
+        assert_eq!(h.watermark, Some(101_000_000), "the first page is booked");
+        assert!(h.late, "its late row is booked");
+    }
+    assert_eq!(rows_read.get(), 3);
+    let mut seen = Vec::new();
+    let since = health.lock().watermark.unwrap_or(0);
+    catch_up(&live, &pc, &health, &rows_read, (since, 3), |after| {
+        seen.push(after.clone());
+        std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 3)))
+    })
+    .await
+    .expect("no error");
+    assert_eq!(
+        seen[0],
+        (101_000_000 - VISIBILITY_MARGIN_US, String::new()),
+        "resumed after the page learnt"
+    );
+    assert_eq!(health.lock().watermark, Some(130_000_000));
+    assert_eq!(live.served("t").updates, stored.len() as u64, "each once");
+}
+
+/// An incremental read that keeps failing (or running out of time) still counts toward
+/// the next full rebuild, whose step then runs; once installed, the count starts over.
+#[test]
+fn failed_incremental_reads_count_toward_the_next_rebuild() {
+    let mut h = Health::new(true);
+    h.watermark = Some(1);
+    for i in 0..REBUILD_EVERY {
+        assert!(!h.rebuild_due(), "due after {i} failed reads");
+        let e = h.settle_model(false, Err(RouterError::Timeout), Ok(None));
+        assert!(matches!(e, Some(RouterError::Timeout)), "{e:?}");
+    }
+    assert!(h.rebuild_due(), "a rebuild takes over");
+    let e = h.settle_model(true, Err(RouterError::Timeout), Ok(Some(5)));
+    assert!(
+        e.is_some(),
+        "the incremental read's error is still reported"
+    );
+    assert!(!h.rebuild_due());
+    assert_eq!((h.since_rebuild, h.watermark), (0, Some(5)));
+}
