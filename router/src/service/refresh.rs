@@ -30,11 +30,25 @@ pub(super) fn overlay_settle(refresh: Duration, window_s: u64) -> Duration {
 /// Re-read this much before the last visible row at each refresh (rows of an insert in
 /// flight become visible after their `ingested_at`); identities already learnt are skipped.
 const VISIBILITY_MARGIN_US: i64 = 10_000_000;
+/// The whole refresh at most (the aggregates, then the contextual model's part).
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(60);
 /// The contextual model's part of a refresh (the new rows, then a step of a full rebuild)
-/// at most; the whole refresh has 60 s. A rebuild that needs longer resumes at the next.
+/// at most. A rebuild that needs longer resumes at the next.
 const MODEL_READ_BUDGET: Duration = Duration::from_secs(45);
+/// Left of [`REFRESH_TIMEOUT`] after the model's deadline, whatever the aggregates took: a
+/// page that arrives just before the deadline is still learnt (up to `OUTCOMES_PAGE` rows
+/// parsed), then the aggregates are installed. Without it a slow aggregates read let the
+/// refresh's timeout drop them at every try.
+const MODEL_MARGIN: Duration = Duration::from_secs(5);
 /// Incremental refreshes between two full rebuilds of the contextual model.
 pub const REBUILD_EVERY: u32 = 60;
+
+/// The model's deadline: its budget from `now` (once the aggregates are read), cut so that
+/// [`MODEL_MARGIN`] remains before the refresh's deadline `outer`.
+fn model_deadline(now: Instant, outer: Instant) -> Instant {
+    let last = outer.checked_sub(MODEL_MARGIN).unwrap_or(outer);
+    (now + MODEL_READ_BUDGET).min(last)
+}
 
 impl Health {
     /// A full rebuild is due: none was installed yet, [`REBUILD_EVERY`] incremental
@@ -119,8 +133,8 @@ impl Service {
     /// leave the model) and after a row came out of the visibility order. The rebuild
     /// resumes across refreshes: each advances it until [`MODEL_READ_BUDGET`] is spent, and
     /// it is installed once it has read the last page, while the base it will replace keeps
-    /// learning the new rows.
-    pub(super) async fn read_all(&self, store: &Store) -> Result<(), RouterError> {
+    /// learning the new rows. `outer`: the refresh's deadline.
+    pub(super) async fn read_all(&self, store: &Store, outer: Instant) -> Result<(), RouterError> {
         let stats = crate::store::read_stats(
             store,
             &self.cfg.source,
@@ -133,10 +147,9 @@ impl Service {
             let h = self.health.lock();
             (h.watermark, h.rebuild_due())
         };
-        // The model's part has a time budget of its own: when it fails, the aggregates just
-        // read are still served (a rebuild too slow for the refresh's timeout used to throw
-        // them away at every try, and the snapshot stayed stale for good).
-        let deadline = Instant::now() + MODEL_READ_BUDGET;
+        // The model's part has a time budget of its own, ending before the refresh's: when
+        // it fails, the aggregates just read are still served.
+        let deadline = model_deadline(Instant::now(), outer);
         let new = match since {
             Some(since) => tokio::time::timeout_at(deadline, self.read_new(store, since))
                 .await
@@ -226,7 +239,8 @@ impl Service {
 
     /// Re-read ClickHouse once; on failure keep the last state and mark it stale.
     pub async fn refresh(&self, store: &Store) -> bool {
-        let read = tokio::time::timeout(Duration::from_secs(60), self.read_all(store))
+        let outer = Instant::now() + REFRESH_TIMEOUT;
+        let read = tokio::time::timeout_at(outer, self.read_all(store, outer))
             .await
             .unwrap_or(Err(RouterError::Timeout));
         let mut h = self.health.lock();

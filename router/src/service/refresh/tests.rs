@@ -104,3 +104,22 @@ fn failed_incremental_reads_count_toward_the_next_rebuild() {
     assert!(!h.rebuild_due());
     assert_eq!((h.since_rebuild, h.watermark), (0, Some(5)));
 }
+
+/// However long the aggregates took, the model's deadline leaves [`MODEL_MARGIN`] before
+/// the refresh's, so the aggregates read are installed before the refresh times out.
+#[test]
+fn the_model_deadline_leaves_time_to_install_the_aggregates() {
+    let start = Instant::now();
+    let outer = start + REFRESH_TIMEOUT;
+    let fast = start + Duration::from_secs(1);
+    assert_eq!(model_deadline(fast, outer), fast + MODEL_READ_BUDGET);
+    for secs in [16, 20, 54, 55, 59, 60] {
+        let now = start + Duration::from_secs(secs);
+        let deadline = model_deadline(now, outer);
+        assert!(
+            deadline + MODEL_MARGIN <= outer,
+            "aggregates read in {secs} s: the model's part ends {:?} before the timeout",
+            outer.saturating_duration_since(deadline)
+        );
+    }
+}
