@@ -44,6 +44,9 @@ pub struct RouterMetrics {
     pub rebuild_resumed: IntCounter,
     /// Refreshes whose step of the full rebuild failed (what it learnt stays).
     pub rebuild_errors: IntCounter,
+    /// Refreshes whose contextual model part failed or ran out of time (the new rows or
+    /// the rebuild's step): the aggregates read were served all the same.
+    pub model_errors: IntCounter,
     /// Posterior memo hits.
     pub memo_hits: IntCounter,
     /// Posterior memo misses.
@@ -143,6 +146,10 @@ impl RouterMetrics {
                 "weft_router_model_rebuild_errors_total",
                 "Refreshes whose step of the full rebuild failed (what it learnt stays).",
             ),
+            model_errors: c(
+                "weft_router_model_refresh_errors_total",
+                "Refreshes whose contextual model part failed or ran out of time (the aggregates read were served all the same).",
+            ),
             memo_hits: c(
                 "weft_router_posterior_memo_hits_total",
                 "Decisions whose posterior counts were memoised.",
@@ -222,6 +229,7 @@ mod tests {
             "weft_router_model_rebuild_rows 0",
             "weft_router_model_rebuild_resumed_total 0",
             "weft_router_model_rebuild_errors_total 0",
+            "weft_router_model_refresh_errors_total 0",
             "weft_router_posterior_memo_hits_total 0",
             "weft_router_posterior_memo_misses_total 0",
             "process_cpu_seconds_total",

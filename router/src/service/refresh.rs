@@ -13,6 +13,7 @@ use weft_store::Store;
 use super::{Health, Service};
 use crate::error::RouterError;
 use crate::live::{Live, Rebuild};
+use crate::metrics::RouterMetrics;
 use crate::policy::PolicyConfig;
 use crate::store::{OutcomeRow, OUTCOMES_PAGE};
 
@@ -80,6 +81,36 @@ impl Health {
         }
         new.err().or(rebuilt.err())
     }
+
+    /// Book a refresh: `Ok(model error)` when the aggregates were read (they are served
+    /// fresh even when the model's part failed; that is counted and logged on its own, so
+    /// decisions do not report `snapshot_stale` for it). `true` when the aggregates were.
+    fn record(
+        &mut self,
+        read: Result<Option<RouterError>, RouterError>,
+        metrics: &RouterMetrics,
+    ) -> bool {
+        match read {
+            Ok(model_error) => {
+                if let Some(e) = model_error {
+                    metrics.model_errors.inc();
+                    tracing::warn!(error = %e, "contextual model refresh failed; fresh aggregates served, the model resumes at the next refresh");
+                }
+                self.loaded_at = std::time::Instant::now();
+                self.has_data = true;
+                self.stale = false;
+                self.last_error = None;
+                metrics.refresh_ok.inc();
+                true
+            }
+            Err(e) => {
+                self.stale = true;
+                self.last_error = Some(e.to_string());
+                metrics.refresh_errors.inc();
+                false
+            }
+        }
+    }
 }
 
 /// Learn the rows visible since `since` (less the margin) into every tenant's base, page by
@@ -133,8 +164,14 @@ impl Service {
     /// leave the model) and after a row came out of the visibility order. The rebuild
     /// resumes across refreshes: each advances it until [`MODEL_READ_BUDGET`] is spent, and
     /// it is installed once it has read the last page, while the base it will replace keeps
-    /// learning the new rows. `outer`: the refresh's deadline.
-    pub(super) async fn read_all(&self, store: &Store, outer: Instant) -> Result<(), RouterError> {
+    /// learning the new rows. `Err` when the aggregates could not be read; `Ok(Some)` the
+    /// model's error when only its part failed (the aggregates are installed all the same).
+    /// `outer`: the refresh's deadline.
+    pub(super) async fn read_all(
+        &self,
+        store: &Store,
+        outer: Instant,
+    ) -> Result<Option<RouterError>, RouterError> {
         let stats = crate::store::read_stats(
             store,
             &self.cfg.source,
@@ -169,8 +206,7 @@ impl Service {
             overlay_settle(self.cfg.refresh_period, self.cfg.window_s),
         );
         *self.snapshot.write() = Arc::new(stats);
-        let error = self.health.lock().settle_model(full, new, rebuilt);
-        error.map_or(Ok(()), Err)
+        Ok(self.health.lock().settle_model(full, new, rebuilt))
     }
 
     /// Learn the rows visible since `since` into every tenant's base ([`catch_up`]).
@@ -243,23 +279,7 @@ impl Service {
         let read = tokio::time::timeout_at(outer, self.read_all(store, outer))
             .await
             .unwrap_or(Err(RouterError::Timeout));
-        let mut h = self.health.lock();
-        match read {
-            Ok(()) => {
-                h.loaded_at = std::time::Instant::now();
-                h.has_data = true;
-                h.stale = false;
-                h.last_error = None;
-                self.metrics.refresh_ok.inc();
-                true
-            }
-            Err(e) => {
-                h.stale = true;
-                h.last_error = Some(e.to_string());
-                self.metrics.refresh_errors.inc();
-                false
-            }
-        }
+        self.health.lock().record(read, &self.metrics)
     }
 
     /// Refresh forever, every `refresh_period` (returns at once when the period is zero).

@@ -123,3 +123,27 @@ fn the_model_deadline_leaves_time_to_install_the_aggregates() {
         );
     }
 }
+
+/// A refresh whose aggregates were read but whose model's part failed serves them fresh
+/// (no `snapshot_stale`), and counts the model's failure on its own.
+#[test]
+fn a_failed_model_part_leaves_the_aggregates_fresh() {
+    let m = RouterMetrics::default();
+    let mut h = Health::new(false);
+    h.stale = true;
+    assert!(h.record(Ok(Some(RouterError::Timeout)), &m));
+    assert!(!h.stale && h.has_data && h.last_error.is_none());
+    assert_eq!(
+        (
+            m.refresh_ok.get(),
+            m.refresh_errors.get(),
+            m.model_errors.get()
+        ),
+        (1, 0, 1)
+    );
+    assert!(h.record(Ok(None), &m));
+    assert_eq!(m.model_errors.get(), 1);
+    assert!(!h.record(Err(RouterError::Timeout), &m), "no aggregates");
+    assert!(h.stale);
+    assert_eq!(m.refresh_errors.get(), 1);
+}
