@@ -50,13 +50,16 @@ pub(super) fn good_frame(data: &[u8], at: usize) -> Option<usize> {
     decode_frame(data.get(at..end)?).map(|_| end)
 }
 
-/// Whether the frame at `at` is the torn tail of the data (see the module docs).
+/// Whether the frame at `at` is the torn tail of the data (see the module docs). A frame
+/// whose declared length runs past the end but whose bytes to the end match its CRC and
+/// decode is not torn: it was written whole, and only its length changed afterwards.
 fn torn_tail(data: &[u8], at: usize) -> bool {
     let runs_past = match declared_len(data, at) {
         None => true,
         Some(len) => len <= MAX_RECORD as usize && at + FRAME as usize + len > data.len(),
     };
-    runs_past && !(at + 1..data.len()).any(|y| good_frame(data, y).is_some())
+    let whole = decode_frame(&data[at..]).is_some();
+    runs_past && !whole && !(at + 1..data.len()).any(|y| good_frame(data, y).is_some())
 }
 
 /// Where the damage starting at `at` (not a good frame) ends: just past the damaged frame if
@@ -175,5 +178,14 @@ mod tests {
         let s = scan(&long, 0, true);
         assert_eq!((s.records, s.torn), (0, None));
         assert_eq!(s.damaged, vec![(0, long.len() as u64)]);
+        // The last frame written whole, its length raised afterwards: damage to an
+        // acknowledged record, set aside, not cut off as if an append never finished.
+        let mut raised = good.clone();
+        let at = a.len();
+        let len = u32::from_le_bytes(raised[at..at + 4].try_into().unwrap());
+        raised[at..at + 4].copy_from_slice(&(len + 16).to_le_bytes());
+        let s = scan(&raised, 0, true);
+        assert_eq!((s.records, s.torn), (1, None));
+        assert_eq!(s.damaged, vec![(at as u64, raised.len() as u64)]);
     }
 }
