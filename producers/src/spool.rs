@@ -141,6 +141,9 @@ pub struct Spool {
     segments: BTreeMap<u64, u64>,
     active: u64,
     writer: File,
+    /// The segment `writer` writes: `active`, except after a failed append whose rollback
+    /// could not reopen the segment it returned to.
+    writer_of: u64,
     /// Durable: everything before it is delivered.
     cursor: Position,
     /// Where the next `read_batch` starts (>= cursor; rewound on failure).
@@ -293,6 +296,7 @@ impl Spool {
             segments,
             active,
             writer,
+            writer_of: active,
             cursor,
             read_pos: cursor,
             reader: None,
@@ -438,10 +442,16 @@ impl Spool {
         self.unread = mark.unread;
         let path = self.dir.join(seg_name(mark.active));
         let mut cut = Ok(());
-        if self.active != mark.active {
-            self.active = mark.active;
+        self.active = mark.active;
+        // Keyed by the writer's own segment, not `active`: after a reopen that failed, the
+        // writer is still on a segment this rollback deleted, and a cut of that file would
+        // "succeed" and let the next append write into a deleted file.
+        if self.writer_of != mark.active {
             match OpenOptions::new().append(true).open(&path) {
-                Ok(f) => self.writer = f,
+                Ok(f) => {
+                    self.writer = f;
+                    self.writer_of = mark.active;
+                }
                 Err(e) => cut = Err(e),
             }
         }
@@ -507,6 +517,7 @@ impl Spool {
         writer.set_len(0).map_err(io_err(&path))?;
         fsync_dir(&self.dir)?;
         self.writer = writer;
+        self.writer_of = next;
         self.segments.insert(next, 0);
         self.active = next;
         self.cut_failed = false;
