@@ -483,27 +483,13 @@ impl Ingestor {
         let (mut rows, mut bytes) = buffered;
         match rec.decoded {
             Some(Ok(fact)) => {
-                // The payload, and what the headers brought (the ids from the payload are
-                // bounded by it; these are not).
-                let e = &fact.envelope;
-                let n = e.payload.get().len()
-                    + [&e.request_id, &e.producer_id, &e.emitted_at]
-                        .iter()
-                        .map(|f| f.as_ref().map_or(0, String::len))
-                        .sum::<usize>();
+                let n = fact_bytes(&fact);
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.facts.push((rec.offset, Box::new(fact)));
             }
             Some(Err(dead)) if need_fact => {
-                // Held whole until sent: key, value and headers.
-                let n = dead.value.len()
-                    + dead.key.as_ref().map_or(0, Vec::len)
-                    + dead
-                        .headers
-                        .iter()
-                        .map(|(k, v)| k.len() + v.len())
-                        .sum::<usize>();
+                let n = dead.held_bytes();
                 st.bytes += n;
                 (rows, bytes) = (rows + 1, bytes + n);
                 st.dead.push(*dead);
@@ -517,9 +503,20 @@ impl Ingestor {
     }
 }
 
+/// A fact's bytes for the batch's byte budget: its payload, and what its headers brought
+/// (the ids from the payload are bounded by it; these are not).
+fn fact_bytes(fact: &Fact) -> usize {
+    let e = &fact.envelope;
+    e.payload.get().len()
+        + [&e.request_id, &e.producer_id, &e.emitted_at]
+            .iter()
+            .map(|f| f.as_ref().map_or(0, String::len))
+            .sum::<usize>()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{wait_for_topics, METADATA_ATTEMPTS};
+    use super::{fact_bytes, wait_for_topics, METADATA_ATTEMPTS};
     use std::time::Duration;
 
     /// A metadata answer: each topic with its partition count and whether it has an error.
@@ -561,6 +558,27 @@ mod tests {
         ])
         .await;
         assert_eq!((md, calls), (whole, 5));
+    }
+
+    /// A fact counts the ids its headers brought besides its payload.
+    #[test]
+    fn a_fact_counts_its_header_ids_besides_its_payload() {
+        let rec = crate::decode::Record {
+            topic: "weaver.trace_events",
+            partition: 0,
+            offset: 0,
+            key: None,
+            value: Some(br#"{"event_id":"e","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z"}"#),
+            headers: &[
+                (weft_schemas::wire::header::REQUEST_ID, &[b'r'; 1000][..]),
+                (weft_schemas::wire::header::PRODUCER_ID, &b"pp"[..]),
+            ],
+            timestamp_ms: None,
+        };
+        let topics = weft_schemas::Topics::default();
+        let fact = crate::decode::decode(&rec, &topics, &Default::default()).expect("valid");
+        let payload = fact.envelope.payload.get().len();
+        assert_eq!(fact_bytes(&fact), payload + 1000 + 2);
     }
 
     /// A topic that never shows up does not hold ingest for ever: after the last attempt it

@@ -76,6 +76,18 @@ fn cut(bytes: &[u8], max: usize) -> &[u8] {
 }
 
 impl DeadLetter {
+    /// The bytes it holds until sent (key, value and headers), for the batch's byte budget:
+    /// a record of 1 MB of headers and an empty value is 1 MB, not nothing.
+    pub(super) fn held_bytes(&self) -> usize {
+        self.value.len()
+            + self.key.as_ref().map_or(0, Vec::len)
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+
     /// The record's `weft-tenant` header, empty when it has none; the last one when it has
     /// several, as `weft_schemas::wire::tenant_of` reads it.
     fn tenant(&self) -> String {
@@ -335,6 +347,17 @@ impl Flusher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_letter_counts_its_key_and_headers_not_only_its_value() {
+        let mut d = dead(0);
+        d.headers.push(("x".into(), vec![0; 1 << 20]));
+        d.key = Some(vec![0; 1000]);
+        assert_eq!(
+            d.held_bytes(),
+            1000 + "weft-tenant".len() + 4 + 1 + (1 << 20)
+        );
+    }
 
     fn dead(value_len: usize) -> DeadLetter {
         DeadLetter {
