@@ -389,6 +389,19 @@ impl Live {
 }
 
 /// The observations of stored (decision, feedback) rows; rows whose decision logged no
+/// Run `f`, CPU-heavy (a page of outcomes parsed and learnt: up to `OUTCOMES_PAGE` rows, seconds
+/// on a small machine), without holding up the tasks queued on this worker: on a
+/// multi-threaded runtime the worker first hands them to another (`block_in_place`), so
+/// `/v1/route` keeps answering during a rebuild. Elsewhere (a current-thread runtime, no
+/// runtime) it just runs.
+pub fn off_the_runtime<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// features, or whose feedback names a candidate the decision did not offer, are skipped.
 pub fn observations(rows: Vec<OutcomeRow>, pc: &PolicyConfig) -> Vec<Stored> {
     rows.into_iter()

@@ -84,7 +84,7 @@ impl Rebuild {
                 Ok(rows) => rows?,
                 Err(_) => return Ok(false),
             };
-            if self.learn_page(pc, rows) {
+            if super::off_the_runtime(|| self.learn_page(pc, rows)) {
                 return Ok(true);
             }
             if Instant::now() >= deadline {

@@ -143,7 +143,9 @@ where
             cursor = (last.visible_us, last.feedback_id.clone());
         }
         rows_read.inc_by(rows.len() as u64);
-        let late = live.reconcile(&pc.learner, crate::live::observations(rows, pc));
+        let late = crate::live::off_the_runtime(|| {
+            live.reconcile(&pc.learner, crate::live::observations(rows, pc))
+        });
         {
             let mut h = health.lock();
             h.late |= late;
