@@ -11,10 +11,9 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::pipeline::{check, free_port, truth_membership, wait_for_port, Pipeline, Proc};
+use common::pipeline::{check, truth_membership, Pipeline, Proc};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -34,21 +33,7 @@ fn enc(s: &str) -> String {
 
 /// `weft audit serve` with both tenants' keys and `extra` flags: the process and its base URL.
 fn serve(p: &Pipeline, log: &str, extra: &[&str]) -> (Proc, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let proc = Proc(
-        p.weft()
-            .args(["audit", "serve", "--listen", &addr])
-            .args(extra)
-            .env("WEFT_AUDIT_KEYS", format!("{ACME}=acme,{GLOBEX}=globex"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(p.path(log)).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(
-        wait_for_port(&addr, Duration::from_secs(20)),
-        "audit API did not start"
-    );
+    let (proc, addr) = p.audit_serve(&format!("{ACME}=acme,{GLOBEX}=globex"), log, extra);
     (proc, format!("http://{addr}"))
 }
 

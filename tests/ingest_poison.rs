@@ -10,30 +10,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use common::kafka::{producer, send};
 use common::pipeline::{distinct_facts, free_port, wait_for_port, Pipeline};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedHeaders, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sha2::{Digest, Sha256};
-
-fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", common::brokers())
-        .set("message.max.bytes", "8000000")
-        .create()
-        .unwrap()
-}
-
-async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
-    p.send(
-        FutureRecord::to(topic).key(key).payload(value).partition(0),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|(e, _)| e)
-    .unwrap();
-}
 
 /// A spec-valid trace event of about `size` bytes (a long `error_message`).
 fn big_event(id: &str, size: usize) -> Vec<u8> {

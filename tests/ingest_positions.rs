@@ -9,17 +9,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::kafka::{producer, send};
 use common::pipeline::{free_port, wait_for_port, Pipeline};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", common::brokers())
-        .create()
-        .unwrap()
-}
 
 /// A spec-valid trace event.
 fn event(id: &str) -> Vec<u8> {
@@ -27,17 +20,6 @@ fn event(id: &str) -> Vec<u8> {
         r#"{{"event_id":"{id}","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z"}}"#
     )
     .into_bytes()
-}
-
-/// Produce `value` to partition 0 of `topic`, alone in its batch (awaited before the next).
-async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
-    p.send(
-        FutureRecord::to(topic).key(key).payload(value).partition(0),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|(e, _)| e)
-    .unwrap();
 }
 
 fn consumer(group: Option<&str>) -> BaseConsumer {
@@ -72,16 +54,9 @@ fn wait_for_topic(topic: &str) {
 
 /// The consumer lag gauge of partition 0 of `topic` on `addr`'s `/metrics`, if shown.
 async fn lag(addr: &str, topic: &str) -> Option<i64> {
-    let body = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    body.lines()
-        .filter(|l| l.starts_with("weft_ingest_consumer_lag{"))
-        .filter(|l| l.contains(&format!("topic=\"{topic}\"")) && l.contains("partition=\"0\""))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+    let labels = [("topic", topic), ("partition", "0")];
+    let values = common::series(addr, "weft_ingest_consumer_lag", &labels).await?;
+    values.first().map(|v| *v as i64)
 }
 
 /// Wait until the gauge shows `want` (the monitor samples every 5 s).

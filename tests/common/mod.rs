@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod facts;
+pub mod kafka;
 pub mod pipeline;
 pub mod proxy;
 
@@ -85,17 +86,26 @@ pub fn repo_root() -> std::path::PathBuf {
 /// The sum of a counter or gauge (every label set) on the `/metrics` page at `addr` (0 when
 /// the page does not name it yet), `None` when the page does not answer.
 pub async fn metric(addr: &str, name: &str) -> Option<u64> {
+    let values = series(addr, name, &[]).await?;
+    Some(values.iter().sum::<f64>() as u64)
+}
+
+/// The values of metric `name` on the `/metrics` page at `addr`, one per series whose labels
+/// include every one of `labels` (`("topic", "t")` for `topic="t"`); `None` when the page
+/// does not answer.
+pub async fn series(addr: &str, name: &str, labels: &[(&str, &str)]) -> Option<Vec<f64>> {
     let body = reqwest::get(format!("http://{addr}/metrics"))
         .await
         .ok()?
         .text()
         .await
         .ok()?;
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
     Some(
         body.lines()
             .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+            .filter(|l| labels.iter().all(|label| l.contains(label.as_str())))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum(),
+            .collect(),
     )
 }

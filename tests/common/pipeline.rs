@@ -218,6 +218,28 @@ impl Pipeline {
             .with_setting("prefer_column_name_to_alias", "1")
     }
 
+    /// `weft audit serve` on a free loopback port with the API keys `keys`
+    /// (`WEFT_AUDIT_KEYS`: `key=tenant,...`) and `extra` flags, its log in `log`: the process
+    /// and its address (`host:port`), once it listens.
+    pub fn audit_serve(&self, keys: &str, log: &str, extra: &[&str]) -> (Proc, String) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let proc = Proc(
+            self.weft()
+                .args(["audit", "serve", "--listen", &addr])
+                .args(extra)
+                .env("WEFT_AUDIT_KEYS", keys)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(self.path(log)).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        assert!(
+            wait_for_port(&addr, Duration::from_secs(20)),
+            "audit API did not start (log: {log})"
+        );
+        (proc, addr)
+    }
+
     /// weft's own handle on this pipeline's database, for calling the product crates.
     pub fn store(&self) -> weft_store::Store {
         weft_store::Store::new(weft_store::ClickHouseConfig {
