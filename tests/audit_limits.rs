@@ -5,14 +5,14 @@
 //! - a timeline and a bundle are bounded in payload bytes, not only in members: a
 //!   narrative whose members hold 20 MB of payload gives a timeline of its first members
 //!   that fit in 16 MiB (`truncated_by: payload_bytes`) and a bundle refused with 422
-//!   `too_large` naming the limit, while a small narrative is whole.
+//!   `too_large` naming the limit, while a small narrative is whole;
+//! - a batch sent again under its token is written once.
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::pipeline::{free_port, wait_for_port, Pipeline, Proc};
+use common::pipeline::{Pipeline, Proc};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -21,21 +21,7 @@ const GLOBEX: &str = "globex-audit-key-0123456789";
 
 /// `weft audit serve` with both tenants' keys: the process and its address.
 fn serve(p: &Pipeline, log: &str) -> (Proc, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let proc = Proc(
-        p.weft()
-            .args(["audit", "serve", "--listen", &addr])
-            .env("WEFT_AUDIT_KEYS", format!("{ACME}=acme,{GLOBEX}=globex"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(p.path(log)).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(
-        wait_for_port(&addr, Duration::from_secs(20)),
-        "audit API did not start"
-    );
-    (proc, addr)
+    p.audit_serve(&format!("{ACME}=acme,{GLOBEX}=globex"), log, &[])
 }
 
 /// The inserts `weft_audit_log` has taken: every insert is one block with the next block
@@ -99,6 +85,32 @@ async fn a_flood_of_logged_refusals_is_written_in_a_few_batches() {
         N + M,
         "the queued rows were flushed"
     );
+}
+
+/// A batch the writer sends again after an insert whose answer was lost (the rows may have
+/// landed) carries the same token, and `weft_audit_log` takes it once (migration 0017);
+/// another batch of the same rows, under its own token, is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_again_under_its_token_is_written_once() {
+    let p = Pipeline::new("it_auditdedup");
+    let store = p.store();
+    let rows: Vec<weft_audit::log::LogRow> = (0..3)
+        .map(|i| {
+            let q = serde_json::json!({ "i": i });
+            weft_audit::log::LogRow::new("acme", "key:dedup", "search", &q, 1)
+        })
+        .collect();
+    const ROWS: &str = "SELECT count() FROM weft_audit_log WHERE actor = 'key:dedup'";
+    for _ in 0..2 {
+        weft_audit::log::insert(&store, &rows, Some("batch-1"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(p.scalar(ROWS).await, 3, "the second attempt was dropped");
+    weft_audit::log::insert(&store, &rows, Some("batch-2"))
+        .await
+        .unwrap();
+    assert_eq!(p.scalar(ROWS).await, 6, "another batch is written");
 }
 
 /// Narrative `nid` of tenant acme: a RoutingDecision, then `n` TraceEvents each carrying
@@ -203,19 +215,30 @@ async fn timeline_and_bundle_are_bounded_in_payload_bytes() {
         Some(3)
     );
 
-    // The CLI has no such limit: it exports the whole narrative.
-    let out = p
-        .weft()
-        .args([
-            "audit",
-            "bundle",
-            "--tenant",
-            "acme",
-            "--request",
-            "req-big",
-        ])
-        .output()
-        .unwrap();
+    // The CLI's limits are its flags: 10 MB refuses the narrative before reading a payload,
+    // naming the flag; its default (1 GiB) exports it whole.
+    let bundle = |extra: &[&str]| {
+        p.weft()
+            .args([
+                "audit",
+                "bundle",
+                "--tenant",
+                "acme",
+                "--request",
+                "req-big",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = bundle(&["--max-payload-bytes", "10000000"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--max-payload-bytes") && err.contains("10000000"),
+        "{err}"
+    );
+    let out = bundle(&[]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{e}: {}",

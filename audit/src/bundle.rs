@@ -40,15 +40,15 @@ pub async fn export(
         match p.cut() {
             Some(timeline::Cut::Members) => {
                 return Err(AuditError::TooLarge(format!(
-                    "narrative {nid} has {} members, over the limit of {max_members} of one \
-                     request: export it with `weft audit bundle`",
+                    "narrative {nid} has {} members, over the limit of {max_members} \
+                     (`weft audit bundle` takes more: --max-members)",
                     p.members_total
                 )))
             }
             Some(timeline::Cut::PayloadBytes) => {
                 return Err(AuditError::TooLarge(format!(
                     "narrative {nid}'s members hold {}{} bytes of payload, over the limit of \
-                     {max_bytes} bytes of one request: export it with `weft audit bundle`",
+                     {max_bytes} bytes (`weft audit bundle` takes more: --max-payload-bytes)",
                     if p.capped < p.members_total {
                         "at least "
                     } else {
@@ -63,8 +63,8 @@ pub async fn export(
     // Stored between the plan and the read: still whole or nothing.
     if n.members_total > n.entries.len() as u64 {
         return Err(AuditError::TooLarge(format!(
-            "narrative {} has {} members, over the limit of {max_members} of one request: \
-             export it with `weft audit bundle`",
+            "narrative {} has {} members, over the limit of {max_members} \
+             (`weft audit bundle` takes more: --max-members)",
             crate::short(&n.narrative_id),
             n.members_total
         )));

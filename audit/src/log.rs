@@ -62,9 +62,12 @@ impl LogRow {
 }
 
 /// Insert `rows` into `weft_audit_log` as one insert (one part).
-pub async fn insert(store: &Store, rows: &[LogRow]) -> Result<(), AuditError> {
-    let mut ins = store
-        .client()
+pub async fn insert(store: &Store, rows: &[LogRow], token: Option<&str>) -> Result<(), AuditError> {
+    let mut client = store.client().clone();
+    if let Some(t) = token {
+        client = client.with_setting("insert_deduplication_token", t);
+    }
+    let mut ins = client
         .insert::<LogRow>("weft_audit_log")
         .await
         .map_err(ch_err(store))?;
@@ -86,7 +89,7 @@ pub async fn record(
     results: u64,
 ) -> Result<(), AuditError> {
     let row = LogRow::new(tenant, actor, action, query, results);
-    insert(store, std::slice::from_ref(&row)).await
+    insert(store, std::slice::from_ref(&row), None).await
 }
 
 /// The actor name of the local command line: `cli:$USER`.

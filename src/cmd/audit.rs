@@ -226,7 +226,9 @@ async fn run_search(store: &Store, s: SearchArgs) -> anyhow::Result<ExitCode> {
 async fn run_bundle(store: &Store, b: BundleArgs) -> anyhow::Result<ExitCode> {
     let tenant = &b.tenant.name;
     let key = b.sign_key.as_deref().map(read_key).transpose()?;
-    let doc = bundle::export(store, tenant, &b.request, key.as_ref(), u64::MAX, u64::MAX).await?;
+    let limit = |n: u64| if n == 0 { u64::MAX } else { n };
+    let (members, bytes) = (limit(b.max_members), limit(b.max_payload_bytes));
+    let doc = bundle::export(store, tenant, &b.request, key.as_ref(), members, bytes).await?;
     logged(store, tenant, "bundle", json!({"id": b.request}), 1).await;
     let ring = key.as_ref().map(|k| Keyring {
         keys: vec![k.public()],

@@ -26,10 +26,13 @@ pub const DROP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Where a batch of rows goes: `weft_audit_log` ([`Store`]), or a fake in unit tests.
 pub trait Sink: Send + Sync + 'static {
-    /// Insert `rows` as one insert.
+    /// Insert `rows` as one insert. Every attempt at one batch carries the same `token`, and
+    /// the sink writes a token's rows at most once: an attempt whose answer was lost may
+    /// have landed.
     fn insert<'a>(
         &'a self,
         rows: &'a [LogRow],
+        token: &'a str,
     ) -> impl Future<Output = Result<(), AuditError>> + Send + 'a;
 }
 
@@ -37,8 +40,9 @@ impl Sink for Store {
     fn insert<'a>(
         &'a self,
         rows: &'a [LogRow],
+        token: &'a str,
     ) -> impl Future<Output = Result<(), AuditError>> + Send + 'a {
-        super::insert(self, rows)
+        super::insert(self, rows, Some(token))
     }
 }
 
@@ -170,6 +174,7 @@ async fn run<S: Sink>(
     opt: WriterOptions,
 ) {
     let max_batch = opt.max_batch.max(1);
+    let mut tokens = Tokens::new();
     let mut batch: Vec<LogRow> = Vec::with_capacity(max_batch.min(opt.capacity.max(1)));
     let mut tick = tokio::time::interval(opt.flush_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -181,13 +186,13 @@ async fn run<S: Sink>(
                 Some(row) => {
                     batch.push(row);
                     if batch.len() >= max_batch {
-                        flush(&sink, &mut batch, &metrics, &opt).await;
+                        flush(&sink, &mut batch, tokens.next(), &metrics, &opt).await;
                     }
                 }
                 // Every handle is gone: nothing more can come.
                 None => break,
             },
-            _ = tick.tick() => flush(&sink, &mut batch, &metrics, &opt).await,
+            _ = tick.tick() => flush(&sink, &mut batch, tokens.next(), &metrics, &opt).await,
         }
     }
     // Shutdown: no new rows; write those queued.
@@ -195,16 +200,42 @@ async fn run<S: Sink>(
     while let Some(row) = rx.recv().await {
         batch.push(row);
         if batch.len() >= max_batch {
-            flush(&sink, &mut batch, &metrics, &opt).await;
+            flush(&sink, &mut batch, tokens.next(), &metrics, &opt).await;
         }
     }
-    flush(&sink, &mut batch, &metrics, &opt).await;
+    flush(&sink, &mut batch, tokens.next(), &metrics, &opt).await;
 }
 
-/// Insert `batch` as one insert, retrying; empty afterwards either way.
+/// Names for batches, one per batch and unlike any other writer's: the process id, when the
+/// writer started, and a count.
+struct Tokens {
+    prefix: String,
+    n: u64,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        Tokens {
+            prefix: format!("weft-audit-{}-{started}", std::process::id()),
+            n: 0,
+        }
+    }
+
+    fn next(&mut self) -> String {
+        self.n += 1;
+        format!("{}-{}", self.prefix, self.n)
+    }
+}
+
+/// Insert `batch` as one insert named `token`, retrying; empty afterwards either way.
 async fn flush<S: Sink>(
     sink: &S,
     batch: &mut Vec<LogRow>,
+    token: String,
     metrics: &AuditMetrics,
     opt: &WriterOptions,
 ) {
@@ -214,7 +245,7 @@ async fn flush<S: Sink>(
     let n = batch.len() as u64;
     let mut wait = opt.retry_backoff;
     for attempt in 0..=opt.retries {
-        match sink.insert(batch).await {
+        match sink.insert(batch, &token).await {
             Ok(()) => {
                 metrics.log_inserts.inc();
                 metrics.log_rows_written.inc_by(n);

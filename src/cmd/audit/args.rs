@@ -368,6 +368,15 @@ pub struct BundleArgs {
     /// Signing key file from `weft audit keygen`.
     #[arg(long, env = "WEFT_AUDIT_SIGN_KEY")]
     pub sign_key: Option<PathBuf>,
+    /// Refuse a narrative of more members than this (0: no limit). The bundle is built in
+    /// memory whole (its signature covers the whole document), so this and
+    /// --max-payload-bytes bound what the command holds.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub max_members: u64,
+    /// Refuse a narrative whose members hold more payload bytes than this (0: no limit);
+    /// the command needs a few times this much memory.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub max_payload_bytes: u64,
 }
 
 /// Check a TraceBundle file offline: schema, I-01/I-02 and, if signed, its signature

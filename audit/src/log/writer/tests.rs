@@ -16,6 +16,8 @@ struct Fake {
     fail_first: u32,
     gate: Arc<Semaphore>,
     inserted: Arc<Notify>,
+    /// The token of every attempt, in order.
+    tokens: Arc<Mutex<Vec<String>>>,
 }
 
 impl Fake {
@@ -30,6 +32,7 @@ impl Fake {
                 0
             })),
             inserted: Default::default(),
+            tokens: Default::default(),
         }
     }
 
@@ -55,7 +58,11 @@ impl Fake {
 }
 
 impl Sink for Fake {
-    async fn insert(&self, rows: &[LogRow]) -> Result<(), AuditError> {
+    async fn insert(&self, rows: &[LogRow], token: &str) -> Result<(), AuditError> {
+        self.tokens
+            .lock()
+            .expect("fake sink lock")
+            .push(token.to_owned());
         let attempt = self.attempts.fetch_add(1, Ordering::SeqCst);
         let _permit = self.gate.acquire().await.expect("gate open");
         if attempt < self.fail_first {
@@ -143,6 +150,10 @@ async fn a_full_batch_is_written_at_once_and_shutdown_writes_the_rest() {
         "every row once, the rest by the shutdown"
     );
     assert!(fake.batches().iter().all(|b| b.len() <= 100));
+    let mut tokens = fake.tokens.lock().expect("fake sink lock").clone();
+    let n = tokens.len();
+    tokens.dedup();
+    assert_eq!((n, tokens.len()), (3, 3), "one token per batch: {tokens:?}");
     // After shutdown, a row is dropped and counted, not queued forever.
     log_n(&log, 1);
     assert_eq!(metrics.log_rows_dropped.get(), 1);
@@ -184,6 +195,11 @@ async fn a_failed_batch_is_retried_a_bounded_number_of_times() {
     assert_eq!(fake.batches().len(), 1);
     assert_eq!(metrics.log_rows_written.get(), 7);
     assert_eq!(metrics.log_write_failures.get(), 0);
+    // Every attempt at the batch carries its token: one whose answer was lost may have
+    // landed, and ClickHouse drops a second insert with the same token.
+    let tokens = fake.tokens.lock().expect("fake sink lock").clone();
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.iter().all(|t| *t == tokens[0]), "{tokens:?}");
 
     // Fails more often than it is retried: given up after 1 + 2 attempts, rows counted.
     let fake = Fake::new(u32::MAX, true);
