@@ -295,6 +295,74 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
     close(p).await;
 }
 
+/// A spooled event whose topic does not exist fails on replay with an error worth retrying
+/// (the broker does not know the topic), not one refused for good, so the replayer used to
+/// resend its batch for ever and every event behind it waited. Kafka acknowledging the
+/// events beside it, it is set aside after `set_aside_after_secs`, and the rest delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spooled_event_that_keeps_failing_while_others_go_through_is_set_aside() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    // Topics of this prefix are never created.
+    let missing = common::unique("missing") + ".";
+    let offline = |prefix: &str| weft_producers::PublisherConfig {
+        // Nothing listens on the discard port: every delivery times out, so all is spooled.
+        brokers: "127.0.0.1:9".into(),
+        message_timeout_ms: 300,
+        ..config(prefix, spool.path())
+    };
+    for (prefix, seq) in [(&prefix, 1), (&missing, 2), (&prefix, 3)] {
+        let p = Publisher::connect(offline(prefix)).await.unwrap();
+        let e = trace_envelope("stuck", seq, Some("r"));
+        assert_eq!(p.publish(e).unwrap().await.unwrap(), Delivery::Spooled);
+        close(p).await;
+    }
+
+    let p = Publisher::connect(weft_producers::PublisherConfig {
+        message_timeout_ms: 2_000,
+        set_aside_after_secs: 1,
+        ..config(&prefix, spool.path())
+    })
+    .await
+    .unwrap();
+    p.ensure_topics().await.unwrap();
+    let drained = common::wait_for(Duration::from_secs(120), || {
+        (p.spool_pending() == 0).then_some(())
+    });
+    assert!(
+        drained.is_some(),
+        "the spool did not drain: {} pending",
+        p.spool_pending()
+    );
+    assert_eq!(p.metrics().spool_refused.get(), 1);
+    let refused = std::fs::read_to_string(spool.path().join("refused.jsonl")).unwrap();
+    let lines: Vec<Value> = refused
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{refused}");
+    assert_eq!(lines[0]["topic"], format!("{missing}trace_events"));
+    let error = lines[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("acknowledged the records sent beside it"),
+        "{error}"
+    );
+    let recs = consume(&p.topics().event_topics(), 2, Duration::from_secs(30));
+    let mut ids: Vec<String> = recs
+        .iter()
+        .map(|r| {
+            r.envelope().payload_value().unwrap()["event_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "the events beside it are delivered: {ids:?}");
+    close(p).await;
+}
+
 async fn republish(p: &Publisher) -> weft_producers::Republished {
     let p = p.clone();
     tokio::task::spawn_blocking(move || p.republish_refused(Duration::from_secs(30)))

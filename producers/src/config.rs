@@ -186,6 +186,12 @@ pub struct PublisherConfig {
     /// Records the replayer sends to Kafka per round before it commits its cursor (a round
     /// also stops at 64 MiB of records; one larger record goes alone).
     pub replay_batch: usize,
+    /// Seconds after which a spooled record that keeps failing on replay, while Kafka
+    /// acknowledges the records sent beside it, is set aside in the spool's `refused.jsonl`
+    /// like one refused for good (a topic deleted behind the spool, say), so that it cannot
+    /// hold back every event behind it for ever. 0: retried for ever. Nothing is set aside
+    /// while Kafka acknowledges nothing.
+    pub set_aside_after_secs: u64,
     /// Refuse events whose payload has top-level keys neither defined by their kind nor of
     /// the `x_<org>_<field>` shape (`nonconforming_key`); by default they are only counted
     /// (`weft_publisher_nonconforming_keys_total`) and logged. The gateway has its own
@@ -220,6 +226,7 @@ impl Default for PublisherConfig {
             spool_max_bytes: 1 << 30,
             spool_segment_bytes: 64 << 20,
             replay_batch: 5_000,
+            set_aside_after_secs: 600,
             refuse_nonconforming_keys: false,
         }
     }

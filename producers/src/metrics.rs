@@ -20,7 +20,8 @@ pub struct Metrics {
     pub spooled: IntCounter,
     /// Spooled events later delivered to Kafka by the replayer.
     pub replayed: IntCounter,
-    /// Spooled events Kafka refused for good on replay, set aside in `refused.jsonl`.
+    /// Spooled events Kafka refused for good on replay, or kept failing while it acknowledged
+    /// others (`set_aside_after_secs`), set aside in `refused.jsonl`.
     pub spool_refused: IntCounter,
     /// Damaged spool records set aside, not replayed (copied to `corrupt-*` files in the
     /// spool folder; a range whose length was damaged counts once).
@@ -69,7 +70,7 @@ impl Metrics {
             ),
             spool_refused: r.counter(
                 "weft_publisher_spool_refused_total",
-                "Spooled events Kafka refused for good on replay (set aside in the spool's refused.jsonl)",
+                "Spooled events Kafka refused for good, or failed for set_aside_after_secs while it acknowledged others (set aside in the spool's refused.jsonl)",
             ),
             spool_corrupt_records: r.counter(
                 "weft_publisher_spool_corrupt_records_total",

@@ -266,10 +266,12 @@ impl Publisher {
         let sh = shared.clone();
         let batch = config.replay_batch;
         let timeout = Duration::from_millis(config.message_timeout_ms);
+        let give_up = (config.set_aside_after_secs > 0)
+            .then(|| Duration::from_secs(config.set_aside_after_secs));
         threads.push(
             std::thread::Builder::new()
                 .name("weft-spool-replayer".into())
-                .spawn(move || replayer_loop(sh, batch, timeout))
+                .spawn(move || replayer_loop(sh, batch, timeout, give_up))
                 .map_err(PublisherError::Thread)?,
         );
         let topics = Kind::ALL.map(|k| config.topics.topic(k));

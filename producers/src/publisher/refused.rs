@@ -98,8 +98,8 @@ fn append(path: &Path, lines: &[String]) -> std::io::Result<()> {
     f.sync_data()
 }
 
-/// Keep a record Kafka refused for good beside the spool, for an operator to fix and
-/// publish again; logged and counted (`weft_publisher_spool_refused_total`). If even that
+/// Keep a record Kafka refused for good (or failed for too long: `replay::Stuck`) beside the
+/// spool, for an operator to fix and publish again; logged and counted (`weft_publisher_spool_refused_total`). If even that
 /// write fails, the record is only in the log line.
 pub(super) fn set_aside(sh: &Shared, r: &SpoolRecord, error: &str) {
     let line = serde_json::to_string(&RefusedLine::new(r, error)).unwrap_or_default();
@@ -107,9 +107,9 @@ pub(super) fn set_aside(sh: &Shared, r: &SpoolRecord, error: &str) {
     sh.metrics.spool_refused.inc();
     match append(&path, std::slice::from_ref(&line)) {
         Ok(()) => error!(%error, topic = %r.topic, path = %path.display(),
-            "Kafka refused a spooled event for good; set aside, the spool moves on"),
+            "Kafka refused a spooled event; set aside, the spool moves on"),
         Err(e) => error!(%error, topic = %r.topic, record = %line, write_error = %e,
-            "Kafka refused a spooled event for good, and setting it aside failed; it is only in this line"),
+            "Kafka refused a spooled event, and setting it aside failed; it is only in this line"),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The replayer thread: spooled records back to Kafka, in order, batch by batch.
 
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -20,7 +22,14 @@ use crate::spool::{ReadBatch, SpoolRecord};
 pub(super) const REPLAY_BATCH_BYTES: u64 = 64 << 20;
 
 /// The replayer: send spooled records in order, commit the cursor per acknowledged batch.
-pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
+/// `give_up_after`: see [`Stuck`].
+pub(super) fn replayer_loop(
+    sh: Arc<Shared>,
+    batch: usize,
+    timeout: Duration,
+    give_up_after: Option<Duration>,
+) {
+    let mut stuck = Stuck::new(give_up_after);
     let mut backoff = Duration::from_millis(250);
     // Halved after a failed round (a slow broker may not ack a big batch within
     // message.timeout.ms), doubled back after each success.
@@ -75,6 +84,14 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
         drop(guard);
         drop(tx);
         await_reports(&rx, &mut report, timeout);
+        if report.failed.is_none() {
+            stuck.delivered(&b.records);
+        } else if let Some(give_up) = stuck.failed(&b.records, &report, Instant::now()) {
+            for (i, e) in give_up {
+                report.refused.push((i, e));
+            }
+            report.failed = None;
+        }
         match report.failed {
             None => {
                 // Refused for good, and only those: resending them can never succeed, so
@@ -106,17 +123,30 @@ pub(super) fn replayer_loop(sh: Arc<Shared>, batch: usize, timeout: Duration) {
     }
 }
 
-/// How a batch's replay went: the records handed to librdkafka, those refused for good
-/// ([`is_permanent`]: index and error), and the first error worth retrying the batch for.
+/// How a batch's replay went: the records handed to librdkafka and those it acknowledged,
+/// those refused for good ([`is_permanent`]: index and error), those that failed with an
+/// error worth a retry (index and error), whether reports stopped coming before the last,
+/// and the first reason to retry the batch.
 #[derive(Default)]
 struct Report {
     sent: usize,
+    acked: usize,
     refused: Vec<(usize, String)>,
+    failing: Vec<(usize, String)>,
+    late: bool,
     failed: Option<String>,
 }
 
-/// Hand a batch of spooled records to librdkafka, in order, waiting out a full queue; stop
-/// at the first error worth a retry.
+impl Report {
+    fn failing(&mut self, i: usize, e: String) {
+        self.failed.get_or_insert_with(|| e.clone());
+        self.failing.push((i, e));
+    }
+}
+
+/// Hand a batch of spooled records to librdkafka, in order, waiting out a full queue. A
+/// record that cannot be handed over is noted and the rest still go, so that the round
+/// tells which records fail and which Kafka takes ([`Stuck`]).
 fn send_batch(
     producer: &Kafka,
     records: &[SpoolRecord],
@@ -127,13 +157,97 @@ fn send_batch(
         match enqueue(producer, r, i, tx) {
             Ok(()) => report.sent += 1,
             Err(e) if is_permanent(&e) => report.refused.push((i, e.to_string())),
-            Err(e) => {
-                report.failed = Some(e.to_string());
-                return report;
-            }
+            Err(e) => report.failing(i, e.to_string()),
         }
     }
     report
+}
+
+/// Records that keep failing on replay while Kafka acknowledges the records sent beside
+/// them: a topic deleted behind the spool's back, an authorization taken away, a partition
+/// that stays leaderless. Such an error is not [`is_permanent`], so the batch is resent, and
+/// without a limit every event behind the record would wait for ever. A record failing in
+/// every round since `after` ago, in a round where Kafka acknowledged others, is given up
+/// on: set aside in `refused.jsonl` like one refused for good, for an operator to publish
+/// again (`weft publish --republish-refused`). Nothing is given up while Kafka acknowledges
+/// nothing (it is down, not refusing), nor while a delivery report is missing.
+///
+/// Records are told apart by a hash of their bytes, since a failed round rereads the batch
+/// from the cursor. The map holds only records failing in the last failed round, so it is
+/// bounded by the batch.
+struct Stuck {
+    after: Option<Duration>,
+    since: HashMap<u64, Instant>,
+}
+
+impl Stuck {
+    fn new(after: Option<Duration>) -> Self {
+        Stuck {
+            after,
+            since: HashMap::new(),
+        }
+    }
+
+    fn key(r: &SpoolRecord) -> u64 {
+        let mut h = DefaultHasher::new();
+        r.topic.hash(&mut h);
+        r.key.hash(&mut h);
+        r.value.hash(&mut h);
+        r.headers.hash(&mut h);
+        h.finish()
+    }
+
+    /// A round went through: its records failed no more.
+    fn delivered(&mut self, records: &[SpoolRecord]) {
+        if !self.since.is_empty() {
+            for r in records {
+                self.since.remove(&Self::key(r));
+            }
+        }
+    }
+
+    /// A round failed at `now`: the records to give up on (index and why), all of the
+    /// round's failing ones or none (a record given up on must not be sent again, and the
+    /// cursor moves past a whole batch only).
+    fn failed(
+        &mut self,
+        records: &[SpoolRecord],
+        report: &Report,
+        now: Instant,
+    ) -> Option<Vec<(usize, String)>> {
+        let after = self.after?;
+        let failing: Vec<u64> = report
+            .failing
+            .iter()
+            .map(|&(i, _)| Self::key(&records[i]))
+            .collect();
+        let mut since = HashMap::with_capacity(failing.len());
+        for &k in &failing {
+            since.insert(k, self.since.get(&k).copied().unwrap_or(now));
+        }
+        self.since = since;
+        let answering = report.acked > 0 && !report.late && !failing.is_empty();
+        let old = |k: &u64| now.duration_since(self.since[k]) >= after;
+        if !answering || !failing.iter().all(old) {
+            return None;
+        }
+        for k in &failing {
+            self.since.remove(k);
+        }
+        Some(
+            report
+                .failing
+                .iter()
+                .map(|(i, e)| {
+                    let why = format!(
+                        "failed on every replay for {}s while Kafka acknowledged the records sent beside it; last error: {e}",
+                        after.as_secs()
+                    );
+                    (*i, why)
+                })
+                .collect(),
+        )
+    }
 }
 
 /// Hand one spooled record (number `i` of its batch) to librdkafka as it was spooled (topic,
@@ -172,12 +286,11 @@ fn await_reports(
     let deadline = Instant::now() + timeout + Duration::from_secs(5);
     for _ in 0..report.sent {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((_, Ok(()))) => {}
+            Ok((_, Ok(()))) => report.acked += 1,
             Ok((i, Err(e))) if is_permanent(&e) => report.refused.push((i, e.to_string())),
-            Ok((_, Err(e))) => {
-                report.failed.get_or_insert_with(|| e.to_string());
-            }
+            Ok((i, Err(e))) => report.failing(i, e.to_string()),
             Err(_) => {
+                report.late = true;
                 report
                     .failed
                     .get_or_insert_with(|| "no delivery report in time".into());
@@ -225,4 +338,99 @@ fn replayed(sh: &Shared, b: &ReadBatch) {
     drop(st);
     sh.changed.notify_all();
     debug!(events = n, "replayed spooled events to Kafka");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(v: &str) -> SpoolRecord {
+        SpoolRecord {
+            topic: "t".into(),
+            key: None,
+            value: v.as_bytes().to_vec(),
+            headers: Vec::new(),
+        }
+    }
+
+    /// A round of `n` records sent, all reported: `failing` failed, the rest acknowledged.
+    fn round(n: usize, failing: &[usize]) -> Report {
+        let mut r = Report {
+            sent: n,
+            acked: n - failing.len(),
+            ..Report::default()
+        };
+        for &i in failing {
+            r.failing(i, "UnknownTopicOrPartition".into());
+        }
+        r
+    }
+
+    const AFTER: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_record_failing_while_others_are_acknowledged_is_given_up_after_the_limit() {
+        let recs = [rec("a"), rec("b"), rec("c")];
+        let mut s = Stuck::new(Some(AFTER));
+        let t0 = Instant::now();
+        assert_eq!(s.failed(&recs, &round(3, &[1]), t0), None);
+        assert_eq!(s.failed(&recs, &round(3, &[1]), t0 + AFTER / 2), None);
+        let given = s.failed(&recs, &round(3, &[1]), t0 + AFTER).unwrap();
+        assert_eq!(given.len(), 1);
+        assert_eq!(given[0].0, 1);
+        assert!(
+            given[0].1.contains("UnknownTopicOrPartition"),
+            "{}",
+            given[0].1
+        );
+        assert!(
+            s.since.is_empty(),
+            "nothing is remembered of a record given up on"
+        );
+    }
+
+    #[test]
+    fn nothing_is_given_up_while_kafka_acknowledges_nothing_or_a_report_is_missing() {
+        let recs = [rec("a"), rec("b")];
+        let mut s = Stuck::new(Some(AFTER));
+        let t0 = Instant::now();
+        // Kafka down: every record fails, for far longer than the limit.
+        assert_eq!(s.failed(&recs, &round(2, &[0, 1]), t0), None);
+        assert_eq!(s.failed(&recs, &round(2, &[0, 1]), t0 + AFTER * 10), None);
+        // One acknowledged, but a report never came: the round says too little.
+        let mut late = round(2, &[1]);
+        late.late = true;
+        assert_eq!(s.failed(&recs, &late, t0 + AFTER * 10), None);
+        // Off: retried for ever.
+        let mut off = Stuck::new(None);
+        assert_eq!(off.failed(&recs, &round(2, &[1]), t0), None);
+        assert_eq!(off.failed(&recs, &round(2, &[1]), t0 + AFTER * 10), None);
+    }
+
+    #[test]
+    fn the_clock_restarts_for_a_record_that_stopped_failing() {
+        let recs = [rec("a"), rec("b"), rec("c")];
+        let mut s = Stuck::new(Some(AFTER));
+        let t0 = Instant::now();
+        assert_eq!(s.failed(&recs, &round(3, &[1]), t0), None);
+        // A round where another record failed: "b" went through, its clock is gone.
+        assert_eq!(s.failed(&recs, &round(3, &[2]), t0 + AFTER / 2), None);
+        assert_eq!(s.failed(&recs, &round(3, &[1]), t0 + AFTER), None);
+        // And a round delivered whole forgets what it delivered.
+        s.delivered(&recs);
+        assert!(s.since.is_empty());
+    }
+
+    /// All or none: the cursor moves past a whole batch, so one record given up on while
+    /// another of the round must still be retried would be sent again.
+    #[test]
+    fn a_round_with_a_newer_failure_gives_up_on_none() {
+        let recs = [rec("a"), rec("b"), rec("c")];
+        let mut s = Stuck::new(Some(AFTER));
+        let t0 = Instant::now();
+        assert_eq!(s.failed(&recs, &round(3, &[0]), t0), None);
+        assert_eq!(s.failed(&recs, &round(3, &[0, 2]), t0 + AFTER), None);
+        let given = s.failed(&recs, &round(3, &[0, 2]), t0 + AFTER * 2).unwrap();
+        assert_eq!(given.iter().map(|g| g.0).collect::<Vec<_>>(), [0, 2]);
+    }
 }
