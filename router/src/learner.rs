@@ -6,7 +6,9 @@
 //! - Regression: `y = w . x` fitted by exact online ridge regression (recursive least
 //!   squares: `w` minimises `sum (y_t - w . x_t)^2 + ridge |w|^2` after every outcome), over
 //!   the hashed features a tenant has seen, each given a dense slot when first learnt, at
-//!   most [`MAX_SLOTS`] per tenant (features beyond that are ignored).
+//!   most [`MAX_SLOTS`] per tenant. When all are held, a new feature takes the slot of the
+//!   one learnt from least (fewest outcomes, then least recently), which is forgotten: a
+//!   flood of one-off ids cannot lock the features that matter out for good.
 //! - Exploration: with `K` admissible candidates, scores `s` and the best `b`,
 //!   `p(a) = 1 / (K + gamma (s_b - s_a))` for `a != b` and `p(b) = 1 - sum of the others`,
 //!   `gamma = gamma_scale * updates^gamma_exponent`. A candidate this tenant never saw an
@@ -185,6 +187,10 @@ pub struct TenantModel {
     pub w: Vec<f64>,
     /// The inverse of the regularised Gram matrix (`slots x slots`, row-major).
     pub p: Vec<f64>,
+    /// Per slot: outcomes learnt with it, and the update it was last learnt at; which
+    /// slot gives way when all [`MAX_SLOTS`] are held. (Shorter in a model saved before it
+    /// existed: the missing slots count as never used.)
+    pub slot_use: Vec<(u64, u64)>,
     /// Candidate id -> live figures.
     pub arms: BTreeMap<String, ArmLive>,
 }
@@ -203,24 +209,51 @@ impl TenantModel {
         }
     }
 
-    fn slot(&mut self, i: u32, ridge: f64) -> Option<usize> {
-        if let Some(s) = self.slots.get(&i) {
-            return Some(*s as usize);
-        }
+    /// The slot of feature `i`, given one if it has none: a new one while fewer than
+    /// [`MAX_SLOTS`] are held, else the slot of the feature learnt from least that the
+    /// current outcome does not use, which is forgotten (its weight back to 0, its row and
+    /// column of `P` back to the prior: the principal submatrix of the rest is kept, so `P`
+    /// stays positive definite). Marked used by the outcome being learnt (update `now`).
+    fn slot(&mut self, i: u32, ridge: f64, now: u64) -> Option<usize> {
         let d = self.w.len();
-        if d >= MAX_SLOTS {
-            return None;
+        self.slot_use.resize(d, (0, 0));
+        let s = match self.slots.get(&i) {
+            Some(s) => *s as usize,
+            None if d < MAX_SLOTS => {
+                // Grow P by one row and column: the new weight is independent, with
+                // variance 1/ridge.
+                let mut p = vec![0.0; (d + 1) * (d + 1)];
+                for r in 0..d {
+                    p[r * (d + 1)..r * (d + 1) + d].copy_from_slice(&self.p[r * d..r * d + d]);
+                }
+                p[d * (d + 1) + d] = 1.0 / ridge.max(1e-9);
+                self.p = p;
+                self.w.push(0.0);
+                self.slot_use.push((0, 0));
+                self.slots.insert(i, d as u32);
+                d
+            }
+            None => {
+                let s = (0..d)
+                    .filter(|s| self.slot_use[*s].1 != now)
+                    .min_by_key(|s| (self.slot_use[*s], *s))?;
+                self.slots.retain(|_, v| *v as usize != s);
+                self.slots.insert(i, s as u32);
+                self.w[s] = 0.0;
+                for r in 0..d {
+                    self.p[r * d + s] = 0.0;
+                    self.p[s * d + r] = 0.0;
+                }
+                self.p[s * d + s] = 1.0 / ridge.max(1e-9);
+                self.slot_use[s] = (0, 0);
+                s
+            }
+        };
+        let u = &mut self.slot_use[s];
+        if u.1 != now {
+            *u = (u.0 + 1, now);
         }
-        // Grow P by one row and column: the new weight is independent, with variance 1/ridge.
-        let mut p = vec![0.0; (d + 1) * (d + 1)];
-        for r in 0..d {
-            p[r * (d + 1)..r * (d + 1) + d].copy_from_slice(&self.p[r * d..r * d + d]);
-        }
-        p[d * (d + 1) + d] = 1.0 / ridge.max(1e-9);
-        self.p = p;
-        self.w.push(0.0);
-        self.slots.insert(i, d as u32);
-        Some(d)
+        Some(s)
     }
 
     /// Make room for one more arm when [`LearnerConfig::max_arms`] are held: drop the least
@@ -243,8 +276,9 @@ impl TenantModel {
     /// and took the place of another (see [`LearnerConfig::max_arms`]).
     pub fn learn(&mut self, cfg: &LearnerConfig, obs: &Observation) -> bool {
         let mut xs: Vec<(usize, f64)> = Vec::with_capacity(obs.example.len());
+        let now = self.updates + 1;
         for (i, v) in &obs.example {
-            if let Some(s) = self.slot(*i, cfg.ridge) {
+            if let Some(s) = self.slot(*i, cfg.ridge, now) {
                 match xs.iter_mut().find(|x| x.0 == s) {
                     Some(x) => x.1 += v,
                     None => xs.push((s, *v)),
@@ -399,196 +433,4 @@ pub fn sample(p: &[f64], u: f64) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::features::{candidate_features, context_features, example};
-    use crate::rng::Rng;
-    use serde_json::json;
-
-    #[test]
-    fn squarecb_probabilities_are_exact_and_sum_to_one() {
-        let p = squarecb(&[0.5, 0.7, 0.2], 10.0);
-        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-        assert!((p[0] - 1.0 / (3.0 + 10.0 * 0.2)).abs() < 1e-12);
-        assert!((p[2] - 1.0 / (3.0 + 10.0 * 0.5)).abs() < 1e-12);
-        assert_eq!(squarecb(&[1.0, 1.0], 5.0), vec![0.5, 0.5]);
-        // Sampling follows them.
-        let mut rng = Rng::new(3);
-        let mut f = [0.0; 3];
-        for _ in 0..30_000 {
-            f[sample(&p, rng.uniform())] += 1.0 / 30_000.0;
-        }
-        for i in 0..3 {
-            assert!((f[i] - p[i]).abs() < 0.01, "{f:?} {p:?}");
-        }
-    }
-
-    #[test]
-    fn regression_learns_a_contextual_rule() {
-        // Best candidate: "a" for gold, "b" otherwise.
-        let cfg = LearnerConfig::default();
-        let mut m = TenantModel::default();
-        let mut rng = Rng::new(1);
-        let ca = candidate_features("a", "tool", None);
-        let cb = candidate_features("b", "tool", None);
-        for i in 0..2000 {
-            let tier = ["gold", "silver", "bronze"][i % 3];
-            let ctx = context_features(json!({"tier": tier}).as_object().unwrap());
-            let (id, f) = if rng.uniform() < 0.5 {
-                ("a", &ca)
-            } else {
-                ("b", &cb)
-            };
-            let rate = match (tier, id) {
-                ("gold", "a") | ("silver" | "bronze", "b") => 0.8,
-                _ => 0.3,
-            };
-            let reward = f64::from(u8::from(rng.uniform() < rate));
-            m.learn(
-                &cfg,
-                &Observation {
-                    feedback_id: format!("f{i}"),
-                    candidate_id: id.into(),
-                    example: example(&ctx, f),
-                    outcome: Outcome {
-                        reward,
-                        latency_ms: Some(100.0),
-                        cost: 0.0,
-                        quality: None,
-                    },
-                },
-            );
-        }
-        for (tier, best) in [("gold", 0), ("silver", 1), ("bronze", 1)] {
-            let ctx = context_features(json!({"tier": tier}).as_object().unwrap());
-            let (xa, xb) = (example(&ctx, &ca), example(&ctx, &cb));
-            let s = m.scores(&[("a", &xa), ("b", &xb)], 1.0);
-            assert!((s[0] - s[1]).abs() > 0.3, "{tier}: {s:?}");
-            assert_eq!(usize::from(s[1] > s[0]), best, "{tier}: {s:?}");
-            assert!(s.iter().all(|x| (0.1..1.0).contains(x)), "{s:?}");
-        }
-        assert_eq!(m.arms["a"].latency_bound(5.0), Some(100.0));
-    }
-
-    #[test]
-    fn an_uncertain_candidate_is_explored_as_if_it_might_be_best() {
-        let cfg = LearnerConfig::default();
-        let mut m = TenantModel::default();
-        let (fa, fb) = (
-            candidate_features("a", "tool", None),
-            candidate_features("b", "flow", None),
-        );
-        let (xa, xb) = (example(&[], &fa), example(&[], &fb));
-        let learn = |m: &mut TenantModel, id: &str, x: &Example, reward: f64| {
-            m.learn(
-                &cfg,
-                &Observation {
-                    feedback_id: String::new(),
-                    candidate_id: id.into(),
-                    example: x.clone(),
-                    outcome: Outcome {
-                        reward,
-                        latency_ms: None,
-                        cost: 0.0,
-                        quality: None,
-                    },
-                },
-            );
-        };
-        // "a": 200 outcomes at 0.7; "b": a failure and a success, so its score is lower
-        // but uncertain.
-        for i in 0..200 {
-            learn(&mut m, "a", &xa, f64::from(u8::from(i % 10 < 7)));
-        }
-        learn(&mut m, "b", &xb, 0.0);
-        learn(&mut m, "b", &xb, 1.0);
-        let cands = [("a", &xa), ("b", &xb)];
-        assert!(m.variance(&xb, cfg.ridge) > 10.0 * m.variance(&xa, cfg.ridge));
-        let (s, p) = m.probabilities(&cfg, &cands, 1.0);
-        assert!(s[0] > s[1] + 0.05, "{s:?}");
-        assert!((p[1] - 0.5).abs() < 1e-12, "within its bound: 1/K, {p:?}");
-        // Without the bound, the plain inverse-gap weight.
-        let plain = LearnerConfig {
-            confidence: 0.0,
-            ..cfg
-        };
-        let (_, q) = m.probabilities(&plain, &cands, 1.0);
-        assert!((q[1] - squarecb(&s, m.gamma(&plain))[1]).abs() < 1e-12);
-        assert!(q[1] < 0.25, "{q:?}");
-        // Once "b" is known to be worse, its bound no longer reaches the best.
-        for i in 0..300 {
-            learn(&mut m, "b", &xb, f64::from(u8::from(i % 10 < 2)));
-        }
-        let (_, p) = m.probabilities(&cfg, &cands, 1.0);
-        assert!(p[1] < 0.01, "{p:?}");
-        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-    }
-
-    #[test]
-    fn an_unseen_candidate_is_optimistic() {
-        let m = TenantModel::default();
-        let x = example(&[], &candidate_features("a", "tool", None));
-        assert_eq!(m.scores(&[("a", &x)], 1.0), vec![1.0]);
-    }
-
-    /// A tenant naming a new candidate id with every outcome holds at most `max_arms` of
-    /// them; the candidates with evidence stay, the flood's evict each other, and a
-    /// decision over known, evicted and never-seen candidates still logs exact
-    /// probabilities that sum to 1 (an evicted candidate scores as never seen: the prior).
-    #[test]
-    fn a_flood_of_candidate_ids_stays_bounded_and_propensities_stay_exact() {
-        let cfg = LearnerConfig {
-            max_arms: 8,
-            ..LearnerConfig::default()
-        };
-        let mut m = TenantModel::default();
-        let ctx = context_features(json!({"tier": "gold"}).as_object().unwrap());
-        let x = |id: &str| example(&ctx, &candidate_features(id, "tool", None));
-        let obs = |id: &str, reward: f64| Observation {
-            feedback_id: String::new(),
-            candidate_id: id.into(),
-            example: x(id),
-            outcome: Outcome {
-                reward,
-                latency_ms: Some(100.0),
-                cost: 0.0,
-                quality: None,
-            },
-        };
-        for i in 0..200 {
-            assert!(
-                !m.learn(&cfg, &obs(["a", "b"][i % 2], 0.8)),
-                "room for a, b"
-            );
-        }
-        let mut evicted = 0;
-        for i in 0..300 {
-            evicted += usize::from(m.learn(&cfg, &obs(&format!("flood-{i}"), 0.0)));
-            assert!(m.arms.len() <= 8, "{}", m.arms.len());
-        }
-        assert_eq!(evicted, 300 - 6, "each new id past the bound evicts one");
-        assert_eq!(m.arms["a"].n, 100.0, "the evidenced arms stay");
-        assert_eq!(m.arms["b"].n, 100.0);
-        assert!(
-            m.arms.contains_key("flood-299"),
-            "the newest flood arm is held"
-        );
-        assert!(!m.arms.contains_key("flood-0"));
-        // A decision over a known, an evicted and a never-seen candidate.
-        let (xa, x0, xn) = (x("a"), x("flood-0"), x("new"));
-        let cands = [("a", &xa), ("flood-0", &x0), ("new", &xn)];
-        let (s, p) = m.probabilities(&cfg, &cands, 1.0);
-        assert_eq!((s[1], s[2]), (1.0, 1.0), "evicted = never seen: the prior");
-        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{p:?}");
-        assert!(p.iter().all(|x| *x > 0.0 && *x <= 1.0), "{p:?}");
-        // The same outcomes learnt again (a rebuild) evict the same arms.
-        let mut again = TenantModel::default();
-        for i in 0..200 {
-            again.learn(&cfg, &obs(["a", "b"][i % 2], 0.8));
-        }
-        for i in 0..300 {
-            again.learn(&cfg, &obs(&format!("flood-{i}"), 0.0));
-        }
-        assert_eq!(again, m);
-    }
-}
+mod tests;
