@@ -59,8 +59,8 @@ impl Health {
     }
 
     /// Book the contextual model's part of a refresh (`new`: the incremental read;
-    /// `rebuilt`: the rebuild's step, `Some` the highest visibility of a rebuild
-    /// installed); its error, if either failed. An incremental refresh counts toward the
+    /// `rebuilt`: the rebuild's step, `Some` where the incremental read resumes once a
+    /// rebuild is installed, [`Rebuild::resume_point`]); its error, if either failed. An incremental refresh counts toward the
     /// next rebuild even when it failed or ran out of time: a read that never completes (a
     /// backlog longer than the budget) would otherwise never let the rebuild take over.
     fn settle_model(
@@ -70,11 +70,13 @@ impl Health {
         rebuilt: Result<Option<i64>, RouterError>,
     ) -> Option<RouterError> {
         match &rebuilt {
-            Ok(Some(top)) => {
+            Ok(Some(resume)) => {
                 self.since_rebuild = 0;
                 self.late = false;
                 self.rebuilt_at = std::time::Instant::now();
-                self.watermark = Some((*top).max(self.watermark.unwrap_or(0)));
+                // Not the highest of the two: the rebuild's resume point may lie behind the
+                // watermark on purpose (`Rebuild::resume_point`).
+                self.watermark = Some(*resume);
             }
             _ if !full => self.since_rebuild = self.since_rebuild.saturating_add(1),
             _ => {}
@@ -241,7 +243,12 @@ impl Service {
         // Held across the reads (one refresh at a time); a refresh cancelled by its timeout
         // leaves the rebuild as it was after its last whole page.
         let mut slot = self.rebuilding.lock().await;
-        let rb = slot.get_or_insert_with(Rebuild::default);
+        let rb = slot.get_or_insert_with(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+            Rebuild::starting(self.health.lock().watermark.map_or(now, |w| w.min(now)))
+        });
         let done = rb
             .advance(pc, deadline, |after| async move {
                 crate::store::read_outcomes(store, (after.0, &after.1), window_s).await
@@ -268,11 +275,11 @@ impl Service {
         let Some(rb) = slot.take() else {
             return Ok(None);
         };
+        let resume = rb.resume_point();
         let fresh = rb.finish();
-        let top = fresh.top;
         self.live.install(&pc.learner, fresh);
         self.metrics.rebuild_rows.set(0);
-        Ok(Some(top.unwrap_or(0)))
+        Ok(Some(resume))
     }
 
     /// Re-read ClickHouse once; on failure keep the last state and mark it stale.

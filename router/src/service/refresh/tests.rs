@@ -147,3 +147,78 @@ fn a_failed_model_part_leaves_the_aggregates_fresh() {
     assert!(h.stale);
     assert_eq!(m.refresh_errors.get(), 1);
 }
+
+/// A row that becomes visible while a rebuild runs, behind the page that covered its place
+/// (an insert in flight), is learnt by the base the rebuild replaces, not by the rebuild;
+/// the incremental read resumes from the rebuild's start after the install, so the row is
+/// learnt again, and every row once. (Resuming from the rebuild's top, it was missing from
+/// the model until the next rebuild, 60 refreshes later.)
+#[tokio::test]
+async fn a_row_landing_behind_a_rebuild_under_way_is_learnt_after_its_install() {
+    let pc = PolicyConfig::default();
+    let live = Live::default();
+    let rows_read = RouterMetrics::default().refresh_rows;
+    let health = Mutex::new(Health::new(true));
+    let mut stored: Vec<i64> = vec![100, 140, 160, 180, 200];
+    // The base is up to date with the first row; the rebuild starts (as refresh does)
+    // at its watermark.
+    live.reconcile(&pc.learner, observations(vec![row(100)], &pc));
+    health.lock().watermark = Some(100_000_000);
+    let mut rb = Rebuild::starting(100_000_000).paged(3);
+    let one_page = tokio::time::Instant::now() + Duration::from_millis(50);
+    let mut calls = 0;
+    let done = rb
+        .advance(&pc, one_page, |after| {
+            calls += 1;
+            let page = page_of(&stored, &after, 3);
+            async move {
+                if calls > 1 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, ()>(page)
+            }
+        })
+        .await;
+    assert_eq!(
+        done,
+        Ok(false),
+        "one page read, the rest at the next refresh"
+    );
+    // A row at 120 s becomes visible now, behind the page that ended at 160 s; the
+    // incremental read of the old base learns it.
+    stored.insert(1, 120);
+    let since = health.lock().watermark.unwrap_or(0);
+    catch_up(&live, &pc, &health, &rows_read, (since, 1000), |after| {
+        std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 1000)))
+    })
+    .await
+    .expect("no error");
+    // The rebuild reads its last page and is installed.
+    let done = rb
+        .advance(
+            &pc,
+            tokio::time::Instant::now() + Duration::from_secs(5),
+            |after| std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 1000))),
+        )
+        .await;
+    assert_eq!(done, Ok(true));
+    let resume = rb.resume_point();
+    live.install(&pc.learner, rb.finish());
+    health.lock().settle_model(true, Ok(()), Ok(Some(resume)));
+    assert_eq!(
+        health.lock().watermark,
+        Some(100_000_000),
+        "resumes from the start"
+    );
+    let since = health.lock().watermark.unwrap_or(0);
+    catch_up(&live, &pc, &health, &rows_read, (since, 1000), |after| {
+        std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 1000)))
+    })
+    .await
+    .expect("no error");
+    assert_eq!(
+        live.served("t").updates,
+        stored.len() as u64,
+        "each row once"
+    );
+}
