@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use publish_support::{config, consume, trace_envelope};
+use publish_support::{config, consume, event_ids, trace_envelope};
 use weft_producers::spool::{Spool, SpoolOptions};
 use weft_producers::{Delivery, FsyncPolicy, Publisher, Receipt};
 use weft_schemas::Envelope;
@@ -96,17 +96,6 @@ fn assert_per_request_order(recs: &[publish_support::Rec]) {
             String::from_utf8_lossy(&key)
         );
     }
-}
-
-fn event_ids(recs: &[publish_support::Rec]) -> HashSet<String> {
-    recs.iter()
-        .map(|r| {
-            r.envelope().payload_value().unwrap()["event_id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect()
 }
 
 /// 60 s without a broker under constant publishing: every acknowledged event arrives, in
@@ -209,7 +198,7 @@ async fn fault_broker_outage_60s_every_acked_event_arrives_in_order() {
 
     let topics = vec![p.topics().topic(weft_schemas::Kind::TraceEvent)];
     let recs = consume(&topics, acked.len(), Duration::from_secs(120));
-    let got = event_ids(&recs);
+    let got: HashSet<String> = event_ids(&recs).into_iter().collect();
     let missing: Vec<&String> = acked.iter().filter(|id| !got.contains(*id)).collect();
     assert!(
         missing.is_empty(),
@@ -358,7 +347,7 @@ async fn fault_broker_sigkill_of_a_spooling_publisher_loses_nothing() {
 
     let topics = vec![format!("{prefix}trace_events")];
     let recs = consume(&topics, in_spool.len(), Duration::from_secs(120));
-    let got = event_ids(&recs);
+    let got: HashSet<String> = event_ids(&recs).into_iter().collect();
     let missing: Vec<&String> = in_spool.iter().filter(|id| !got.contains(*id)).collect();
     assert!(
         missing.is_empty(),

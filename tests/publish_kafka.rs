@@ -7,7 +7,7 @@ mod publish_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use publish_support::{config, consume, count, trace_envelope};
+use publish_support::{config, consume, count, event_ids, trace_envelope};
 use serde_json::Value;
 use weft_producers::{Delivery, PublishError, Publisher, ValueFormat};
 use weft_schemas::wire::header;
@@ -18,6 +18,27 @@ async fn close(p: Publisher) {
     tokio::task::spawn_blocking(move || p.close(Duration::from_secs(10)))
         .await
         .unwrap();
+}
+
+/// Wait (up to 120 s) until `p`'s spool holds nothing more to send.
+async fn wait_drained(p: &Publisher) {
+    let drained = common::wait_for(Duration::from_secs(120), || {
+        (p.spool_pending() == 0).then_some(())
+    });
+    assert!(
+        drained.is_some(),
+        "the spool did not drain: {} pending",
+        p.spool_pending()
+    );
+}
+
+/// The lines of the spool's `refused.jsonl`, parsed.
+fn refused_lines(spool: &std::path::Path) -> Vec<Value> {
+    let refused = std::fs::read_to_string(spool.join("refused.jsonl")).unwrap();
+    refused
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,37 +230,17 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
     .await
     .unwrap();
     p.ensure_topics().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while p.spool_pending() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the spool did not drain: {} pending",
-            p.spool_pending()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_drained(&p).await;
     assert_eq!(p.metrics().spool_refused.get(), 1);
-    let refused = std::fs::read_to_string(spool.path().join("refused.jsonl")).unwrap();
-    let lines: Vec<Value> = refused
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 1, "{refused}");
+    let lines = refused_lines(spool.path());
+    assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["topic"], format!("{prefix}trace_events"));
     let value = lines[0]["value"]["utf8"].as_str().unwrap();
     assert!(value.contains("\"te-big\""), "the refused event itself");
     assert!(!lines[0]["error"].as_str().unwrap().is_empty());
     let topics = p.topics().event_topics();
     let recs = consume(&topics, 2, Duration::from_secs(30));
-    let ids: Vec<String> = recs
-        .iter()
-        .map(|r| {
-            r.envelope().payload_value().unwrap()["event_id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let ids = event_ids(&recs);
     assert_eq!(recs.len(), 2, "{ids:?}");
     assert!(!ids.contains(&"te-big".to_owned()));
 
@@ -326,21 +327,10 @@ async fn a_spooled_event_that_keeps_failing_while_others_go_through_is_set_aside
     .await
     .unwrap();
     p.ensure_topics().await.unwrap();
-    let drained = common::wait_for(Duration::from_secs(120), || {
-        (p.spool_pending() == 0).then_some(())
-    });
-    assert!(
-        drained.is_some(),
-        "the spool did not drain: {} pending",
-        p.spool_pending()
-    );
+    wait_drained(&p).await;
     assert_eq!(p.metrics().spool_refused.get(), 1);
-    let refused = std::fs::read_to_string(spool.path().join("refused.jsonl")).unwrap();
-    let lines: Vec<Value> = refused
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 1, "{refused}");
+    let lines = refused_lines(spool.path());
+    assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["topic"], format!("{missing}trace_events"));
     let error = lines[0]["error"].as_str().unwrap();
     assert!(
@@ -348,15 +338,7 @@ async fn a_spooled_event_that_keeps_failing_while_others_go_through_is_set_aside
         "{error}"
     );
     let recs = consume(&p.topics().event_topics(), 2, Duration::from_secs(30));
-    let mut ids: Vec<String> = recs
-        .iter()
-        .map(|r| {
-            r.envelope().payload_value().unwrap()["event_id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
+    let mut ids = event_ids(&recs);
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 2, "the events beside it are delivered: {ids:?}");

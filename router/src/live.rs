@@ -26,6 +26,8 @@ use crate::policy::PolicyConfig;
 use crate::store::OutcomeRow;
 
 mod rebuild;
+#[cfg(test)]
+pub(crate) use rebuild::outcome_row;
 pub use rebuild::{rebuild, Rebuild};
 
 /// Feedback identities remembered per tenant base (older ones are forgotten first).

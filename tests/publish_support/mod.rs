@@ -178,3 +178,15 @@ pub fn by_key(recs: &[Rec]) -> BTreeMap<Vec<u8>, Vec<&Rec>> {
     }
     m
 }
+
+/// The `event_id` of each record's payload.
+pub fn event_ids(recs: &[Rec]) -> Vec<String> {
+    recs.iter()
+        .map(|r| {
+            r.envelope().payload_value().unwrap()["event_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}

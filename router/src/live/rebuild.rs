@@ -136,27 +136,34 @@ pub async fn rebuild(
     }
 }
 
+/// A stored (decision, feedback) row of tenant `t` for tests: decision `d{i}` chose `a` or
+/// `b` (every third), a gold or free tier, succeeded but every fourth; visible at
+/// `visible_us`.
+#[cfg(test)]
+pub(crate) fn outcome_row(i: i64, visible_us: i64) -> OutcomeRow {
+    let cand = if i % 3 == 0 { "b" } else { "a" };
+    let decision = serde_json::json!({"decision_id": format!("d{i}"),
+        "candidate": {"candidate_id": cand, "candidate_type": "tool"},
+        "metadata": {"x_weft_features": {"tier": if i % 2 == 0 { "gold" } else { "free" }}}});
+    let feedback = serde_json::json!({"decision_id": format!("d{i}"), "candidate_id": cand,
+        "success": i % 4 != 0, "latency_ms": 100 + i});
+    OutcomeRow {
+        tenant: "t".into(),
+        feedback_id: format!("f{i:04}"),
+        visible_us,
+        decision: decision.to_string(),
+        feedback: feedback.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use std::time::Duration;
 
     /// A stored (decision, feedback) row of tenant `t`: candidate `a` or `b`, visible at `i`.
     fn row(i: i64) -> OutcomeRow {
-        let cand = if i % 3 == 0 { "b" } else { "a" };
-        let decision = json!({"decision_id": format!("d{i}"),
-            "candidate": {"candidate_id": cand, "candidate_type": "tool"},
-            "metadata": {"x_weft_features": {"tier": if i % 2 == 0 { "gold" } else { "free" }}}});
-        let feedback = json!({"decision_id": format!("d{i}"), "candidate_id": cand,
-            "success": i % 4 != 0, "latency_ms": 100 + i});
-        OutcomeRow {
-            tenant: "t".into(),
-            feedback_id: format!("f{i:04}"),
-            visible_us: i,
-            decision: decision.to_string(),
-            feedback: feedback.to_string(),
-        }
+        outcome_row(i, i)
     }
 
     /// The rows after `after` in the store `rows`, a page of at most `page`.

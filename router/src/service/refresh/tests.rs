@@ -1,23 +1,10 @@
 use super::*;
 use crate::live::observations;
 use crate::metrics::RouterMetrics;
-use serde_json::json;
 
 /// A stored (decision, feedback) row of tenant `t`, visible `s` seconds into the window.
 fn row(s: i64) -> OutcomeRow {
-    let cand = if s % 3 == 0 { "b" } else { "a" };
-    let decision = json!({"decision_id": format!("d{s}"),
-        "candidate": {"candidate_id": cand, "candidate_type": "tool"},
-        "metadata": {"x_weft_features": {"tier": if s % 2 == 0 { "gold" } else { "free" }}}});
-    let feedback = json!({"decision_id": format!("d{s}"), "candidate_id": cand,
-        "success": s % 4 != 0, "latency_ms": 100 + s});
-    OutcomeRow {
-        tenant: "t".into(),
-        feedback_id: format!("f{s:04}"),
-        visible_us: s * 1_000_000,
-        decision: decision.to_string(),
-        feedback: feedback.to_string(),
-    }
+    crate::live::outcome_row(s, s * 1_000_000)
 }
 
 /// The rows after `after` in the store `rows`, a page of at most `page`.
