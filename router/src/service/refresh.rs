@@ -223,7 +223,7 @@ impl Service {
             &self.metrics.refresh_rows,
             (since, OUTCOMES_PAGE),
             |after| async move {
-                crate::store::read_outcomes(store, (after.0, &after.1), window_s).await
+                crate::store::read_new_outcomes(store, (after.0, &after.1), window_s).await
             },
         )
         .await
