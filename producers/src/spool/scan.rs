@@ -5,8 +5,9 @@
 //!   data, the CRC matches and the body decodes.
 //! - A **torn tail** (only in the last segment, only at open): a frame whose header or
 //!   declared body runs past the end of the file, with no good frame starting anywhere after
-//!   it. That is what a crash in the middle of an append leaves; the append was never
-//!   acknowledged as durable, so the tail is cut off.
+//!   it, or zeros to the end of the file. That is what a crash in the middle of an append
+//!   leaves (or a power loss that kept the file's new size but not its data); the append was
+//!   never acknowledged as durable, so the tail is cut off.
 //! - Anything else that is not a good frame is **damage**: acknowledged bytes that changed.
 //!   If the damaged frame's length is believable (its body ends inside the data and a good
 //!   frame, or the end of the data, follows it) only that frame is set aside; otherwise the
@@ -59,7 +60,11 @@ fn torn_tail(data: &[u8], at: usize) -> bool {
         Some(len) => len <= MAX_RECORD as usize && at + FRAME as usize + len > data.len(),
     };
     let whole = decode_frame(&data[at..]).is_some();
-    runs_past && !whole && !(at + 1..data.len()).any(|y| good_frame(data, y).is_some())
+    // Zeros to the end are what a power loss leaves when the file's size was made durable
+    // before its data (`fsync = interval|never`): appends never acknowledged, and a copy of
+    // zeros would tell an operator nothing.
+    let zeros = data[at..].iter().all(|b| *b == 0);
+    zeros || (runs_past && !whole && !(at + 1..data.len()).any(|y| good_frame(data, y).is_some()))
 }
 
 /// Where the damage starting at `at` (not a good frame) ends: just past the damaged frame if
@@ -187,5 +192,12 @@ mod tests {
         let s = scan(&raised, 0, true);
         assert_eq!((s.records, s.torn), (1, None));
         assert_eq!(s.damaged, vec![(at as u64, raised.len() as u64)]);
+        // Zeros to the end (a power loss kept the size, not the data): torn, in the last
+        // segment; damage in another.
+        let zeroed = [good.clone(), vec![0; 4096]].concat();
+        let s = scan(&zeroed, 0, true);
+        assert_eq!((s.records, s.torn), (2, Some(good.len() as u64)));
+        assert!(s.damaged.is_empty());
+        assert_eq!(scan(&zeroed, 0, false).damaged.len(), 1);
     }
 }
