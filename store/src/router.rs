@@ -155,24 +155,62 @@ pub struct OutcomeRow {
 /// Rows read per refresh at most; the next refresh continues from the last one read.
 pub const OUTCOMES_PAGE: u64 = 200_000;
 
-/// Feedback joined with its decision by (tenant, decision_id): binds the window (s), twice
-/// the window, the cursor (visibility µs, feedback id) and the page size.
-pub const OUTCOMES_SQL: &str = "SELECT f.tenant AS tenant, f.id AS feedback_id,
+/// The pieces of the two pair queries below (macros, so that `concat!` can join them into
+/// one literal each).
+/// The pair's columns, from the feedback side `f` and the decision side `d`.
+macro_rules! pair_columns {
+    () => {
+        "SELECT f.tenant AS tenant, f.id AS feedback_id,
         toUnixTimestamp64Micro(greatest(f.ingested_at, d.ingested_at)) AS visible_us,
-        d.payload AS decision, f.payload AS feedback
- FROM (SELECT tenant, id, ingested_at, payload,
+        d.payload AS decision, f.payload AS feedback"
+    };
+}
+/// Feedback ingested in the last `?` seconds, with the decision id it names, `and` more.
+macro_rules! feedback_side {
+    ($and:literal) => {
+        concat!(
+            " FROM (SELECT tenant, id, ingested_at, payload,
               JSONExtractString(payload, 'decision_id') AS did
        FROM weft_events
        WHERE kind = 'execution_feedback' AND conflict = 0
-         AND ingested_at >= now64(6) - toIntervalSecond(?)) AS f
- INNER JOIN (SELECT tenant, id, ingested_at, payload FROM weft_events
+         AND ingested_at >= now64(6) - toIntervalSecond(?)",
+            $and,
+            ") AS f"
+        )
+    };
+}
+/// Decisions ingested in the last `?` seconds, `and` more, joined to the feedback naming them.
+macro_rules! decision_side {
+    ($and:literal) => {
+        concat!(
+            " INNER JOIN (SELECT tenant, id, ingested_at, payload FROM weft_events
        WHERE kind = 'execution_routing_decision' AND conflict = 0
-         AND ingested_at >= now64(6) - toIntervalSecond(?)) AS d
-   ON f.tenant = d.tenant AND f.did = d.id
+         AND ingested_at >= now64(6) - toIntervalSecond(?)",
+            $and,
+            ") AS d
+   ON f.tenant = d.tenant AND f.did = d.id"
+        )
+    };
+}
+/// After the cursor `(?, ?)`, in its order, one row per feedback identity, a page of `?`.
+macro_rules! after_cursor {
+    () => {
+        "
  WHERE (visible_us, feedback_id) > (?, ?)
  ORDER BY visible_us, feedback_id
  LIMIT 1 BY feedback_id
- LIMIT ?";
+ LIMIT ?"
+    };
+}
+
+/// Feedback joined with its decision by (tenant, decision_id): binds the window (s), twice
+/// the window, the cursor (visibility µs, feedback id) and the page size.
+pub const OUTCOMES_SQL: &str = concat!(
+    pair_columns!(),
+    feedback_side!(""),
+    decision_side!(""),
+    after_cursor!()
+);
 
 /// [`OUTCOMES_SQL`] for a recent cursor (the refresh's incremental read): a pair is new
 /// when its feedback is (its decision then found by id) or when only its decision is (one
@@ -183,40 +221,24 @@ pub const OUTCOMES_SQL: &str = "SELECT f.tenant AS tenant, f.id AS feedback_id,
 /// where the whole join is the cheaper (3.2 s against 3.9 s), so its pages keep
 /// `OUTCOMES_SQL`. Binds the cursor's time (µs), the window (s) and twice it for
 /// each half, the cursor (visibility µs, feedback id) and the page size.
-pub const NEW_OUTCOMES_SQL: &str = "WITH fromUnixTimestamp64Micro(?, 'UTC') AS c
-SELECT tenant, feedback_id, visible_us, decision, feedback FROM (
- SELECT f.tenant AS tenant, f.id AS feedback_id,
-        toUnixTimestamp64Micro(greatest(f.ingested_at, d.ingested_at)) AS visible_us,
-        d.payload AS decision, f.payload AS feedback
- FROM (SELECT tenant, id, ingested_at, payload,
-              JSONExtractString(payload, 'decision_id') AS did
-       FROM weft_events
-       WHERE kind = 'execution_feedback' AND conflict = 0
-         AND ingested_at >= now64(6) - toIntervalSecond(?) AND ingested_at >= c) AS f
- INNER JOIN (SELECT tenant, id, ingested_at, payload FROM weft_events
-       WHERE kind = 'execution_routing_decision' AND conflict = 0
-         AND ingested_at >= now64(6) - toIntervalSecond(?)
-         AND id IN (SELECT JSONExtractString(payload, 'decision_id') FROM weft_events
+pub const NEW_OUTCOMES_SQL: &str = concat!(
+    "WITH fromUnixTimestamp64Micro(?, 'UTC') AS c
+SELECT tenant, feedback_id, visible_us, decision, feedback FROM (",
+    pair_columns!(),
+    feedback_side!(" AND ingested_at >= c"),
+    decision_side!(
+        " AND id IN (SELECT JSONExtractString(payload, 'decision_id') FROM weft_events
                     WHERE kind = 'execution_feedback' AND conflict = 0
-                      AND ingested_at >= c)) AS d
-   ON f.tenant = d.tenant AND f.did = d.id
- UNION ALL
- SELECT f.tenant AS tenant, f.id AS feedback_id,
-        toUnixTimestamp64Micro(greatest(f.ingested_at, d.ingested_at)) AS visible_us,
-        d.payload AS decision, f.payload AS feedback
- FROM (SELECT tenant, id, ingested_at, payload,
-              JSONExtractString(payload, 'decision_id') AS did
-       FROM weft_events
-       WHERE kind = 'execution_feedback' AND conflict = 0
-         AND ingested_at >= now64(6) - toIntervalSecond(?) AND ingested_at < c) AS f
- INNER JOIN (SELECT tenant, id, ingested_at, payload FROM weft_events
-       WHERE kind = 'execution_routing_decision' AND conflict = 0
-         AND ingested_at >= now64(6) - toIntervalSecond(?) AND ingested_at >= c) AS d
-   ON f.tenant = d.tenant AND f.did = d.id)
- WHERE (visible_us, feedback_id) > (?, ?)
- ORDER BY visible_us, feedback_id
- LIMIT 1 BY feedback_id
- LIMIT ?";
+                      AND ingested_at >= c)"
+    ),
+    "
+ UNION ALL ",
+    pair_columns!(),
+    feedback_side!(" AND ingested_at < c"),
+    decision_side!(" AND ingested_at >= c"),
+    ")",
+    after_cursor!()
+);
 
 /// [`read_outcomes`] for a recent cursor, through [`NEW_OUTCOMES_SQL`]: the same rows.
 pub async fn read_new_outcomes(
