@@ -246,20 +246,11 @@ pub async fn read_new_outcomes(
     after: (i64, &str),
     window_s: u64,
 ) -> Result<Vec<OutcomeRow>, StoreError> {
-    store
-        .client()
-        .query(NEW_OUTCOMES_SQL)
+    let first_half = (store.client().query(NEW_OUTCOMES_SQL))
         .bind(after.0)
         .bind(window_s)
-        .bind(window_s.saturating_mul(2))
-        .bind(window_s)
-        .bind(window_s.saturating_mul(2))
-        .bind(after.0)
-        .bind(after.1)
-        .bind(OUTCOMES_PAGE)
-        .fetch_all()
-        .await
-        .map_err(store.err())
+        .bind(window_s.saturating_mul(2));
+    pairs(store, first_half, after, window_s).await
 }
 
 /// Feedback joined with its decision by (tenant, decision_id), for pairs after `after`
@@ -271,9 +262,17 @@ pub async fn read_outcomes(
     after: (i64, &str),
     window_s: u64,
 ) -> Result<Vec<OutcomeRow>, StoreError> {
-    store
-        .client()
-        .query(OUTCOMES_SQL)
+    pairs(store, store.client().query(OUTCOMES_SQL), after, window_s).await
+}
+
+/// Bind a pair query's (last) windows, its cursor and its page size, and read it.
+async fn pairs(
+    store: &Store,
+    query: clickhouse::query::Query,
+    after: (i64, &str),
+    window_s: u64,
+) -> Result<Vec<OutcomeRow>, StoreError> {
+    query
         .bind(window_s)
         .bind(window_s.saturating_mul(2))
         .bind(after.0)
