@@ -37,10 +37,11 @@ pub struct StatRow {
 }
 
 /// The aggregates over the last `{window_s}` seconds, each minute bucket weighted by
-/// `2^(-age / half_life_s)` (no decay when `half_life_s` is 0), at most `{max_cells}` per
-/// tenant, the most evidenced (largest decayed `n`) first; `evidence` is the column `n`
-/// under another name, since `n` after the `GROUP BY` is the alias of the sum. Binds
-/// half-life, half-life (as the divisor), window and the cells per tenant.
+/// `2^(-age / half_life_s)` (no decay when `half_life_s` is 0; a bucket ahead of the clock
+/// weighs 1, not more), at most `{max_cells}` per tenant, the most evidenced (largest
+/// decayed `n`) first; `evidence` is the column `n` under another name, since `n` after the
+/// `GROUP BY` is the alias of the sum. Binds half-life, half-life (as the divisor), window
+/// and the cells per tenant.
 pub const STATS_SQL: &str = "SELECT tenant, context_key, candidate_id,
         sum(n * w) AS n, sum(successes * w) AS successes,
         sum(latency_n * w) AS latency_n, sum(latency_sum * w) AS latency_sum,
@@ -48,7 +49,7 @@ pub const STATS_SQL: &str = "SELECT tenant, context_key, candidate_id,
         sum(cost_sum * w) AS cost_sum,
         sum(quality_n * w) AS quality_n, sum(quality_sum * w) AS quality_sum
  FROM (
-    SELECT *, n AS evidence, if(? > 0, exp2(-dateDiff('second', bucket, now()) / ?), 1.0) AS w
+    SELECT *, n AS evidence, if(? > 0, least(1.0, exp2(-dateDiff('second', bucket, now()) / ?)), 1.0) AS w
     FROM weft_router_stats
     WHERE bucket >= now() - toIntervalSecond(?)
  )
