@@ -124,3 +124,106 @@ async fn extension_fields_survive_every_framing_through_kafka() {
     }
     assert_eq!(seen, framings, "all three records consumed back, in order");
 }
+
+/// Records framed `avro-confluent` by `weft publish` are stored by `weft ingest`, which learns
+/// the ids from the registry as the records bring them (it started before any was registered).
+/// Before, ingest knew no id and sent every such record to the dead-letter topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_confluent_records_are_stored_through_the_registry() {
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+    use std::sync::{Arc, Mutex};
+
+    // A stand-in registry: ids from 1001 in registration order, served back by id.
+    type Schemas = Arc<Mutex<Vec<String>>>;
+    let schemas = Schemas::default();
+    let app = Router::new()
+        .route(
+            "/subjects/{subject}/versions",
+            post(
+                |State(s): State<Schemas>, Json(body): Json<Value>| async move {
+                    let mut s = s.lock().unwrap();
+                    let text = body["schema"].as_str().unwrap_or_default().to_owned();
+                    let id = match s.iter().position(|t| *t == text) {
+                        Some(i) => i,
+                        None => {
+                            s.push(text);
+                            s.len() - 1
+                        }
+                    };
+                    Json(serde_json::json!({ "id": 1001 + id }))
+                },
+            ),
+        )
+        .route(
+            "/schemas/ids/{id}",
+            get(
+                |State(s): State<Schemas>, Path(id): Path<usize>| async move {
+                    let s = s.lock().unwrap();
+                    match id.checked_sub(1001).and_then(|i| s.get(i)) {
+                        Some(text) => Ok(Json(serde_json::json!({ "schema": text }))),
+                        None => Err(StatusCode::NOT_FOUND),
+                    }
+                },
+            ),
+        )
+        .with_state(schemas.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let registry = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let p = common::pipeline::Pipeline::new("it_wire_confluent");
+    let config = p.path("weft.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[publisher]\ncontent_type = \"avro-confluent\"\nschema_registry_url = \"{registry}\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    p.simulate(&["--flows", "20", "--seed", "3"]);
+    let events = p.path("events.jsonl");
+    let ingest = p.ingest_with(None, &[("WEFT_CONFIG", config)]);
+    let out = p
+        .weft()
+        .env("WEFT_CONFIG", config)
+        .arg("publish")
+        .arg(&events)
+        .arg("--drain-spool")
+        .args(["--message-timeout-ms", "300000"])
+        .arg("--topic-prefix")
+        .arg(&p.prefix)
+        .arg("--spool-dir")
+        .arg(p.path("spool"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        schemas.lock().unwrap().len(),
+        8,
+        "one schema per kind registered"
+    );
+
+    let n = common::pipeline::distinct_facts(&[&events]);
+    p.wait_for_facts(n, Duration::from_secs(120)).await;
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n);
+    drop(ingest);
+    assert!(
+        p.ingest_log()
+            .contains("learnt a schema id from the registry"),
+        "{}",
+        p.ingest_log()
+    );
+    assert!(
+        !p.ingest_log().contains("unknown_schema"),
+        "{}",
+        p.ingest_log()
+    );
+}

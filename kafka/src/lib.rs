@@ -5,12 +5,15 @@
 //!   `[kafka.router]`) resolved by [`KafkaConfig::client`] into a [`ClientSettings`];
 //! - [`ensure_topics`]: the one topic-creation routine (event topics and dead letters);
 //! - [`Topics`]: the topic names, re-exported from `weft-schemas`, where the decoder needs
-//!   them without linking librdkafka.
+//!   them without linking librdkafka;
+//! - [`registry`]: the Confluent schema registry, for the `avro-confluent` content type: the
+//!   publisher registers weft's schemas, ingest learns which kind an id it meets stands for.
 
 #![warn(missing_docs)]
 
 mod admin;
 mod config;
+pub mod registry;
 
 pub use admin::{ensure_topics, TopicError, TopicLayout};
 pub use config::{default_brokers, ClientRole, ClientSettings, KafkaConfig, RoleOverride};

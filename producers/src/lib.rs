@@ -4,7 +4,8 @@
 //!   once it is durable (acknowledged by Kafka, or written to the on-disk [`spool`]);
 //! - [`spool`]: append-only, checksummed segments that hold events while Kafka cannot;
 //! - [`gateway`]: the HTTP ingest endpoint for producers that are not written in Rust;
-//! - [`config`], [`metrics`], [`registry`]: what those need (API keys live in `weft-http`).
+//! - [`config`], [`metrics`]: what those need (API keys live in `weft-http`; the schema
+//!   registry client in `weft-kafka`).
 
 #![warn(missing_docs)]
 
@@ -12,7 +13,6 @@ pub mod config;
 pub mod gateway;
 pub mod metrics;
 pub mod publisher;
-pub mod registry;
 pub mod spool;
 
 pub use config::{FsyncPolicy, PublisherConfig, ValueFormat};

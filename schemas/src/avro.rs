@@ -163,6 +163,20 @@ impl AvroSchemas {
             .find(|k| k.single_object_header == head)
     }
 
+    /// The kind whose schema `text` is (an `.avsc` a schema registry returned), compared by
+    /// the CRC-64-AVRO fingerprint of its canonical form, so that whitespace, field order of
+    /// the JSON and attributes outside the canonical form do not matter. `None` for any other
+    /// schema, or text that is not one.
+    pub fn kind_of_schema(&self, text: &str) -> Option<Kind> {
+        let schema = Schema::parse_str(text).ok()?;
+        let header = RabinFingerprintHeader::from_schema(&schema).build_header();
+        let head = header.get(..10)?;
+        self.by_kind
+            .values()
+            .find(|k| k.single_object_header == head)
+            .map(|k| k.kind)
+    }
+
     /// Encode a JSON payload as a bare Avro datum (no framing).
     pub fn encode_datum(&self, kind: Kind, payload: &Value) -> Result<Vec<u8>, AvroError> {
         let ks = self.get(kind);
@@ -390,6 +404,22 @@ fn record_to_json(kind: Kind, rec: &RecordSchema, value: Avro) -> Result<Value, 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A registry hands a schema back in its own formatting: each kind's is recognised
+    /// however it is laid out, and a schema that differs in a field is no kind's.
+    #[test]
+    fn a_schema_is_recognised_by_its_canonical_form_not_its_text() {
+        let s = AvroSchemas::global();
+        for kind in Kind::ALL {
+            let text = schema_text(kind);
+            let compact = serde_json::to_string(&serde_json::from_str::<Value>(text).unwrap());
+            assert_eq!(s.kind_of_schema(&compact.unwrap()), Some(kind));
+        }
+        let mut other: Value = serde_json::from_str(schema_text(Kind::Frame)).unwrap();
+        other["fields"][0]["name"] = json!("renamed");
+        assert_eq!(s.kind_of_schema(&other.to_string()), None);
+        assert_eq!(s.kind_of_schema("not a schema"), None);
+    }
 
     /// Datums another Avro producer could write with weft's own schema: each is refused,
     /// where it used to be stored changed (a duplicate key's last value, the extra-keys

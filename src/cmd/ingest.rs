@@ -137,6 +137,8 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     }
     // One place names the topics, for publishers and consumers alike: `[publisher.topics]`.
     cfg.topics = settings.publisher.topics.clone();
+    // And the schema registry that numbers `avro-confluent` records: `[publisher]`'s.
+    cfg.schema_registry_url = settings.publisher.schema_registry_url.clone();
     if let Some(v) = a.listen {
         cfg.listen = v;
     }

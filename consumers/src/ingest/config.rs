@@ -50,6 +50,11 @@ pub struct IngestConfig {
     /// Topic names; the CLI fills them from `[publisher.topics]`, so both sides agree.
     #[serde(skip)]
     pub topics: Topics,
+    /// The Confluent schema registry, for records framed `avro-confluent`; the CLI fills it
+    /// from `[publisher] schema_registry_url`, so both sides agree. Without it such records
+    /// are dead-lettered (`unknown_schema`).
+    #[serde(skip)]
+    pub schema_registry_url: Option<String>,
     /// Which parts of the pipeline this process runs.
     pub role: Role,
     /// Partitions for topics this process creates when they are missing.
@@ -115,6 +120,7 @@ impl Default for IngestConfig {
             brokers: String::new(),
             group_id: "weft-ingest".into(),
             topics: Topics::default(),
+            schema_registry_url: None,
             role: Role::All,
             partitions: 4,
             replication_factor: 1,

@@ -384,7 +384,7 @@ impl Ingestor {
                 ),
             })
         } else {
-            decode::decode_parsed(&r, &self.cfg.topics, &self.ids)
+            decode::decode_parsed(&r, &self.cfg.topics, self.schemas.ids())
         };
         // The parsed payload is looked at here once, and dropped.
         let decoded = decoded.map(|(fact, payload)| {

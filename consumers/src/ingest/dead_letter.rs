@@ -13,12 +13,13 @@
 //! offset, the reason and the broker's refusal), retried like a facts insert until it lands,
 //! and the partition moves on (`weft_ingest_dead_letters_quarantined_total`).
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sha2::{Digest, Sha256};
 use tracing::{error, instrument, warn};
 
+use super::config::{kafka_config, IngestConfig};
 use super::flush::{Flusher, Stopped};
 use super::now_micros;
 use crate::decode::Rejection;
@@ -37,6 +38,10 @@ pub(super) struct DeadLetter {
 
 /// Room kept for the record's framing and weft's own headers in a bounded form.
 const OVERHEAD: usize = 8 << 10;
+/// The prefix of the headers weft adds to a dead letter.
+const DLQ_PREFIX: &str = "weft-dlq-";
+/// What a record's own header named with [`DLQ_PREFIX`] is renamed to start with.
+const ORIGINAL_PREFIX: &str = "original-";
 /// Longest key and `weft-dlq-message` a bounded form carries.
 const MAX_SMALL: usize = 1 << 10;
 /// Most bytes of original headers a bounded form (or a quarantine row) keeps.
@@ -55,6 +60,30 @@ pub(super) enum Form {
 
 /// Key, value and headers of a dead letter as it goes out.
 type Rendered = (Option<Vec<u8>>, Vec<u8>, Vec<(String, Vec<u8>)>);
+
+/// The dead-letter producer: idempotent, acknowledged by every in-sync replica, with room for
+/// weft's headers around a record of `max_message_bytes` unless the properties set a limit
+/// (a smaller one makes larger dead letters go out bounded, or quarantined).
+pub(super) fn producer(cfg: &IngestConfig) -> KafkaResult<FutureProducer> {
+    let mut dlq = kafka_config(cfg);
+    dlq.set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "30000");
+    if !cfg.kafka_properties.contains_key("message.max.bytes") {
+        let room = cfg.max_message_bytes + (64 << 10);
+        dlq.set("message.max.bytes", room.to_string());
+    }
+    dlq.create()
+}
+
+/// An idempotent producer that hit a fatal error (librdkafka's word for one that can never
+/// send again, such as a sequence gap the broker will not accept) fails every send from then
+/// on; a new one starts a new producer id. `None` while `dlq` can still send.
+fn fatal_error(dlq: &FutureProducer) -> Option<String> {
+    dlq.client()
+        .fatal_error()
+        .map(|(code, reason)| format!("{code:?}: {reason}"))
+}
 
 /// Errors that will not go away by retrying the same bytes.
 fn is_permanent(e: &KafkaError) -> bool {
@@ -162,14 +191,25 @@ impl DeadLetter {
     /// Key, value and headers of this dead letter in `form`, at most `max` bytes of value.
     pub(super) fn render(&self, form: Form, max: usize, source: (&str, i32)) -> Rendered {
         let (topic, partition) = source;
-        let mut headers: Vec<(String, Vec<u8>)> = Vec::new();
-        match form {
-            Form::Whole => headers.extend(self.headers.iter().cloned()),
-            Form::Bounded => {
-                headers.extend(self.small_headers().unwrap_or_default().iter().cloned())
-            }
-            Form::Minimal => {}
-        }
+        let original: &[(String, Vec<u8>)] = match form {
+            Form::Whole => &self.headers,
+            Form::Bounded => self.small_headers().unwrap_or_default(),
+            Form::Minimal => &[],
+        };
+        // A record that already carries weft's headers (a producer's, or a dead letter
+        // published again) keeps them under another name: a reader that takes the first
+        // `weft-dlq-reason` must get weft's.
+        let mut headers: Vec<(String, Vec<u8>)> = original
+            .iter()
+            .map(|(k, v)| {
+                let name = if k.starts_with(DLQ_PREFIX) {
+                    format!("{ORIGINAL_PREFIX}{k}")
+                } else {
+                    k.clone()
+                };
+                (name, v.clone())
+            })
+            .collect();
         let message = match form {
             Form::Whole => self.reason.message.as_bytes(),
             _ => cut(self.reason.message.as_bytes(), MAX_SMALL),
@@ -338,6 +378,17 @@ impl Flusher {
                     self.metrics.dead_letter_retries.inc();
                     warn!(error = %e, attempt, "dead-letter publish failed; retrying (offsets held)");
                     self.back_off(attempt).await?;
+                    if let Some(fatal) = fatal_error(&self.dlq) {
+                        match producer(&self.cfg) {
+                            Ok(fresh) => {
+                                error!(%fatal, "dead-letter producer failed for good; replaced by a new one");
+                                self.dlq = fresh;
+                            }
+                            Err(e) => {
+                                warn!(%fatal, error = %e, "dead-letter producer failed for good, and a new one could not be made; retrying")
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -403,6 +454,36 @@ mod tests {
     }
 
     #[test]
+    fn a_records_own_weft_headers_cannot_pass_for_weft_s() {
+        let mut d = dead(10);
+        d.headers
+            .push(("weft-dlq-reason".into(), b"forged".to_vec()));
+        d.headers.push(("weft-dlq-offset".into(), b"0".to_vec()));
+        for form in [Form::Whole, Form::Bounded] {
+            let (_, _, headers) = d.render(form, 1_000_000, ("t", 0));
+            let first = |name: &str| headers.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+            assert_eq!(
+                first("weft-dlq-reason"),
+                Some(&d.reason.code.as_bytes().to_vec())
+            );
+            assert_eq!(
+                first("weft-dlq-offset"),
+                Some(&d.offset.to_string().into_bytes())
+            );
+            assert_eq!(
+                first("original-weft-dlq-reason"),
+                Some(&b"forged".to_vec()),
+                "{form:?}: the record's own header is kept, renamed"
+            );
+            let reasons = headers
+                .iter()
+                .filter(|(k, _)| k == "weft-dlq-reason")
+                .count();
+            assert_eq!(reasons, 1, "{form:?}");
+        }
+    }
+
+    #[test]
     fn small_records_go_whole_and_minimal_has_no_value() {
         let d = dead(100);
         assert_eq!(d.first_form(1_000_000), Form::Whole);
@@ -445,6 +526,31 @@ mod tests {
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
         assert_eq!(weft_schemas::wire::tenant_of(&headers), Some("globex"));
+    }
+
+    /// A producer in librdkafka's fatal state is found, and one made afresh is not in it.
+    #[test]
+    fn a_producer_failed_for_good_is_told_from_a_working_one() {
+        let cfg = IngestConfig::default();
+        let dlq = producer(&cfg).unwrap();
+        assert_eq!(fatal_error(&dlq), None);
+        let reason = std::ffi::CString::new("injected by a test").unwrap();
+        // SAFETY: the client pointer is live for the producer's lifetime, and the reason a
+        // NUL-terminated string that outlives the call.
+        let injected = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                dlq.client().native_ptr(),
+                rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                reason.as_ptr(),
+            )
+        };
+        assert_eq!(
+            injected,
+            rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+        let fatal = fatal_error(&dlq).expect("the injected fatal error");
+        assert!(fatal.contains("injected by a test"), "{fatal}");
+        assert_eq!(fatal_error(&producer(&cfg).unwrap()), None);
     }
 
     #[test]

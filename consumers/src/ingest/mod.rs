@@ -25,6 +25,7 @@ mod dead_letter;
 mod flush;
 mod headers;
 mod lag;
+mod schema_ids;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,12 +33,10 @@ use std::time::Duration;
 
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::FutureProducer;
+use rdkafka::message::{BorrowedMessage, Message};
 use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
-use weft_schemas::wire::SchemaIds;
 
 use crate::metrics::IngestMetrics;
 use crate::narrative::projector::Projector;
@@ -121,7 +120,8 @@ pub struct IngestTotals {
 pub struct Ingestor {
     cfg: IngestConfig,
     store: Store,
-    ids: SchemaIds,
+    /// The Confluent schema ids met so far ([`schema_ids`]).
+    schemas: schema_ids::SchemaBook,
     /// Shared so the run loop can hold a received message while it borrows `self`, and
     /// the flush task can store offsets.
     consumer: Arc<StreamConsumer<RebalanceWatch>>,
@@ -217,17 +217,7 @@ impl Ingestor {
         }
         let consumer: StreamConsumer<RebalanceWatch> =
             consumer_config.create_with_context(watch)?;
-        let mut dlq = kafka_config(&cfg);
-        dlq.set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", "30000");
-        // Room for weft's headers around a record of max_message_bytes, unless the properties
-        // set a limit (a smaller one makes larger dead letters go out bounded, or quarantined).
-        if !cfg.kafka_properties.contains_key("message.max.bytes") {
-            let room = cfg.max_message_bytes + (64 << 10);
-            dlq.set("message.max.bytes", room.to_string());
-        }
-        let dlq: FutureProducer = dlq.create()?;
+        let dlq = dead_letter::producer(&cfg)?;
         let projector = match cfg.role {
             Role::Facts => None,
             Role::All | Role::Narratives => Some(
@@ -254,9 +244,9 @@ impl Ingestor {
             telemetry: telemetry.clone(),
         };
         let mut me = Self {
+            schemas: schema_ids::SchemaBook::new(cfg.schema_registry_url.clone()),
             cfg,
             store,
-            ids: SchemaIds::default(),
             consumer,
             lanes: None,
             rebalanced,
@@ -305,6 +295,12 @@ impl Ingestor {
                 return Ok(false);
             }
         };
+        if let Some(id) = self.schemas.unmet(m.payload(), std::time::Instant::now()) {
+            let mut stop = self.stop.clone();
+            if self.schemas.learn(id, &mut stop).await.is_err() {
+                return Ok(true);
+            }
+        }
         let rec = self.decode_record(&m);
         drop(m);
         self.after_rebalance().await?;

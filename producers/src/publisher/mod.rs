@@ -57,11 +57,11 @@ use weft_schemas::{Envelope, EnvelopeError, Kind, Topics};
 
 use crate::config::{ConfigError, PublisherConfig, ValueFormat};
 use crate::metrics::Metrics;
-use crate::registry::{self, RegistryError};
 use crate::spool::{Spool, SpoolError, SpoolOptions};
 use delivery::Ctx;
 use replay::replayer_loop;
 use state::{lock, read, write, Job, Kafka, Shared, State};
+use weft_kafka::registry::{self, RegistryError};
 use writer::{writer_loop, WriterMsg};
 
 pub use receipt::{Delivery, Receipt};
