@@ -189,7 +189,7 @@ impl Lanes {
         lane.waiting.store(true, Relaxed);
         if let Ok(m) = &m {
             if let Some(ts) = m.timestamp().to_millis() {
-                lane.head_ms.store(ts, Relaxed);
+                lane.head_ms.store(head_of(ts, now_ms()), Relaxed);
             }
             let next = lane.next.swap(m.offset() + 1, Relaxed);
             if next >= 0 && m.offset() > next {
@@ -209,6 +209,21 @@ impl Lanes {
             })
             .collect()
     }
+}
+
+/// A lane's head time after a record stamped `record_ms`: never past the wall clock. A
+/// producer sets CreateTime, and a lane whose records claim the year 3000 would otherwise be
+/// ahead of every lane still catching up, for good, and read only when all of them are found
+/// empty: under steady load, never (its records held in librdkafka's queue, where no stall
+/// alarm sees them). Clamped, it counts as live, like any caught-up lane.
+fn head_of(record_ms: i64, now_ms: i64) -> i64 {
+    record_ms.min(now_ms)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(i64::MAX, |d| d.as_millis() as i64)
 }
 
 /// Which lanes may be read, from each lane's (head time, records may be waiting): those at
@@ -237,7 +252,23 @@ fn slowest(heads: &[(Option<i64>, bool)]) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::open_lanes;
+    use super::{head_of, open_lanes};
+
+    #[test]
+    fn a_lane_stamped_in_the_future_is_read_beside_live_ones() {
+        let now = 1_700_000_000_000;
+        let year_3000 = 32_503_680_000_000;
+        // A live lane 100 ms behind the clock is waiting: the future lane stays open.
+        let heads = [
+            (Some(head_of(year_3000, now)), true),
+            (Some(now - 100), true),
+        ];
+        assert_eq!(open_lanes(&heads, 500), [true, true]);
+        // Unclamped it would be held while any other lane has records waiting.
+        let heads = [(Some(year_3000), true), (Some(now - 100), true)];
+        assert_eq!(open_lanes(&heads, 500), [false, true]);
+        assert_eq!(head_of(now - 5, now), now - 5, "a past time is kept");
+    }
 
     #[test]
     fn a_lane_far_ahead_of_the_slowest_delivering_one_waits() {
