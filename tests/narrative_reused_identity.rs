@@ -153,4 +153,20 @@ async fn the_same_payload_under_another_request_id_is_stored_and_the_rebuild_agr
     assert_eq!(ingest.terminate().code(), Some(0));
     check(p.weft().arg("rebuild").output().unwrap(), "weft rebuild");
     assert_eq!(p.membership().await, want, "weft rebuild");
+    // The audit tells the two apart as ingest does: neither is a copy written behind its
+    // back, so both are sealed and verify (the second was held as `inserted`, and sealing
+    // of the partition stopped at it for good).
+    check(
+        p.weft().args(["audit", "seal"]).output().unwrap(),
+        "weft audit seal",
+    );
+    assert_eq!(p.scalar("SELECT count() FROM weft_audit_chain").await, 2);
+    let out = p
+        .weft()
+        .args(["audit", "verify", "--format", "json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["verified"], 2, "{report}");
 }

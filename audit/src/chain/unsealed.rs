@@ -13,12 +13,14 @@ use weft_store::chain::{Unsealed, UNSEALED_SQL};
 use super::{events_span_where, kind_where, Span};
 use crate::{ch_err, AuditError, Store};
 
-/// Every fact of the partition that shares its identity and content with an unsealed one,
-/// grouped: each row lists one fact's copies as (offset, ingested_at µs), by offset. Copies
+/// Every fact of the partition that shares its identity, content and request id with an
+/// unsealed one, grouped: each row lists one fact's copies as (offset, ingested_at µs), by
+/// offset. A copy under another request id is no copy: ingest stores it (`facts::copy_hash`),
+/// since the narratives take a node's color from its request ids. Copies
 /// ingested more than `{w}` µs before the earliest unsealed row cannot matter and are not
 /// read (the table is partitioned by month of `ingested_at`).
 const COPIES_SQL: &str = concat!(
-    "WITH unsealed AS (SELECT kind, id, content_hash, ingested_at FROM weft_events WHERE ",
+    "WITH unsealed AS (SELECT kind, id, content_hash, request_id, ingested_at FROM weft_events WHERE ",
     events_span_where!(),
     ")
 SELECT arraySort(groupArray((offset, toUnixTimestamp64Micro(ingested_at)))) AS copies
@@ -28,15 +30,16 @@ WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
     kind_where!(),
     "
   AND ingested_at >= (SELECT min(ingested_at) FROM unsealed) - toIntervalMicrosecond({w:UInt64})
-  AND (kind, id, content_hash) IN (SELECT kind, id, content_hash FROM unsealed)
-GROUP BY kind, id, content_hash
+  AND (kind, id, content_hash, request_id) IN (SELECT kind, id, content_hash, request_id FROM unsealed)
+GROUP BY kind, id, content_hash, request_id
 HAVING count() > 1
 "
 );
 
-/// How far apart two stored copies of one fact (same partition, identity and content) must
-/// have been ingested for the second to be legitimate, given ingest's `dedup_window_secs`:
-/// half of it, the least its two-generation dedup cache is sure to remember.
+/// How far apart two stored copies of one fact (same partition, identity, content and request
+/// id) must have been ingested for the second to be legitimate, given ingest's
+/// `dedup_window_secs`: half of it, the least its two-generation dedup cache is sure to
+/// remember.
 pub fn copy_window_secs(dedup_window_secs: u64) -> u64 {
     dedup_window_secs / 2
 }
@@ -54,7 +57,7 @@ struct CopiesRow {
 /// [`weft_store::typed_columns`] derives (the function ingest writes them with) and every
 /// MATERIALIZED column its expression over the payload ([`disagreements`]), no two facts
 /// share an offset (a Kafka record holds
-/// one), and no fact repeats another of its partition (same identity and content) ingested
+/// one), and no fact repeats another of its partition (same identity, content and request id) ingested
 /// less than `copy_window_secs` apart (ingest's dedup cache drops such copies: the window is
 /// half of ingest's `dedup_window_secs`, the least its two-generation cache is sure to
 /// remember). This names a row altered after the last seal (an ALTER UPDATE of a column, or
@@ -133,7 +136,7 @@ pub(super) async fn unsealed_problems(
             out.push(("inserted", r, d));
         } else if let Some(original) = repeated {
             let d = format!(
-                "unsealed {}:{} at offset {} is the same fact (identity and content) as offset \
+                "unsealed {}:{} at offset {} is the same fact (identity, content and request id) as offset \
                  {original}, ingested less than {} h apart: ingest stores it once, so one of the \
                  two was written behind its back",
                 r.kind,
