@@ -525,11 +525,9 @@ async fn verify_route(
         copy_window_secs: s.copy_window_secs,
         max_rows: Some(s.max_verify_rows),
     };
-    // Verify's bound is its own budget, counted before each partition is read
-    // (`max_verify_rows`); its reads by partition and offset are not what the per-query
-    // row limit is sized for.
-    let store = s.store.with_read_limit(0);
-    match chain::verify(&store, &tenant, &[], s.keyring.as_deref(), opt).await {
+    // Verify's span reads are bounded by its own budget (`max_verify_rows`), the queries
+    // that find them by the per-query read limit (`chain::verify`).
+    match chain::verify(&s.store, &tenant, &[], s.keyring.as_deref(), opt).await {
         Ok(mut r) => {
             let total = r.problems.len();
             record(
