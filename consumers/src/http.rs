@@ -34,12 +34,22 @@ impl HasApiKeys for AppState {
 /// Longest id `GET /v1/narratives/{id}` takes (longer: 422 `string_too_long`).
 pub use weft_schemas::identity::MAX_ID_BYTES;
 
+/// The most narrative lookups served at once; one more is answered 503 `busy` at once
+/// ([`weft_http::limit_in_hand`]). Each is bounded by the read limit; this bounds how many
+/// ClickHouse serves together, beside ingest's own writes.
+pub const MAX_CONCURRENT_LOOKUPS: usize = 8;
+
 /// The router of the status server.
 pub fn router(state: AppState) -> Router {
+    let in_hand = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_LOOKUPS));
     Router::new()
+        .route("/v1/narratives/{id}", get(narrative))
+        .route_layer(axum::middleware::from_fn_with_state(
+            in_hand,
+            weft_http::limit_in_hand,
+        ))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .route("/v1/narratives/{id}", get(narrative))
         .with_state(state)
 }
 
