@@ -187,10 +187,10 @@ pub struct PublisherConfig {
     /// also stops at 64 MiB of records; one larger record goes alone).
     pub replay_batch: usize,
     /// Seconds after which a spooled record that keeps failing on replay, while Kafka
-    /// acknowledges the records sent beside it, is set aside in the spool's `refused.jsonl`
-    /// like one refused for good (a topic deleted behind the spool, say), so that it cannot
-    /// hold back every event behind it for ever. 0: retried for ever. Nothing is set aside
-    /// while Kafka acknowledges nothing.
+    /// acknowledges the records sent beside it or refuses its topic, is set aside in the
+    /// spool's `refused.jsonl` like one refused for good (a topic deleted behind the spool,
+    /// say), so that it cannot hold back every event behind it for ever. 0: retried for
+    /// ever. Nothing is set aside while Kafka acknowledges nothing and says nothing.
     pub set_aside_after_secs: u64,
     /// Refuse events whose payload has top-level keys neither defined by their kind nor of
     /// the `x_<org>_<field>` shape (`nonconforming_key`); by default they are only counted

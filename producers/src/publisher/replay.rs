@@ -125,23 +125,44 @@ pub(super) fn replayer_loop(
 
 /// How a batch's replay went: the records handed to librdkafka and those it acknowledged,
 /// those refused for good ([`is_permanent`]: index and error), those that failed with an
-/// error worth a retry (index and error), whether reports stopped coming before the last,
-/// and the first reason to retry the batch.
+/// error worth a retry (index and error) and how many of those the broker refused
+/// ([`is_refusal`]), whether reports stopped coming before the last, and the first reason to
+/// retry the batch.
 #[derive(Default)]
 struct Report {
     sent: usize,
     acked: usize,
     refused: Vec<(usize, String)>,
     failing: Vec<(usize, String)>,
+    refusals: usize,
     late: bool,
     failed: Option<String>,
 }
 
 impl Report {
-    fn failing(&mut self, i: usize, e: String) {
-        self.failed.get_or_insert_with(|| e.clone());
-        self.failing.push((i, e));
+    fn failing(&mut self, i: usize, e: &KafkaError) {
+        let e_text = e.to_string();
+        self.failed.get_or_insert_with(|| e_text.clone());
+        self.failing.push((i, e_text));
+        self.refusals += usize::from(is_refusal(e));
     }
+}
+
+/// The broker's answer that a record's topic or partition does not exist, or that this
+/// producer may not write it: Kafka is up and saying no (a topic deleted behind the spool's
+/// back, an ACL taken away), unlike a timeout or a lost connection, which say nothing.
+fn is_refusal(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::UnknownPartition
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+        )
+    )
 }
 
 /// Hand a batch of spooled records to librdkafka, in order, waiting out a full queue. A
@@ -157,7 +178,7 @@ fn send_batch(
         match enqueue(producer, r, i, tx) {
             Ok(()) => report.sent += 1,
             Err(e) if is_permanent(&e) => report.refused.push((i, e.to_string())),
-            Err(e) => report.failing(i, e.to_string()),
+            Err(e) => report.failing(i, &e),
         }
     }
     report
@@ -169,8 +190,11 @@ fn send_batch(
 /// without a limit every event behind the record would wait for ever. A record failing in
 /// every round since `after` ago, in a round where Kafka acknowledged others, is given up
 /// on: set aside in `refused.jsonl` like one refused for good, for an operator to publish
-/// again (`weft publish --republish-refused`). Nothing is given up while Kafka acknowledges
-/// nothing (it is down, not refusing), nor while a delivery report is missing.
+/// again (`weft publish --republish-refused`). A round whose records all fail counts too when
+/// the broker refused each of them ([`is_refusal`]): a run of records for a deleted topic,
+/// longer than a round, would otherwise never be given up on. Nothing is given up while
+/// Kafka neither acknowledges a record nor says why (it is down, not refusing), nor while a
+/// delivery report is missing.
 ///
 /// Records are told apart by a hash of their bytes, since a failed round rereads the batch
 /// from the cursor. The map holds only records failing in the last failed round, so it is
@@ -226,7 +250,8 @@ impl Stuck {
             since.insert(k, self.since.get(&k).copied().unwrap_or(now));
         }
         self.since = since;
-        let answering = report.acked > 0 && !report.late && !failing.is_empty();
+        let said_no = report.refusals == report.failing.len();
+        let answering = (report.acked > 0 || said_no) && !report.late && !failing.is_empty();
         let old = |k: &u64| now.duration_since(self.since[k]) >= after;
         if !answering || !failing.iter().all(old) {
             return None;
@@ -239,8 +264,13 @@ impl Stuck {
                 .failing
                 .iter()
                 .map(|(i, e)| {
+                    let beside = if report.acked > 0 {
+                        "while Kafka acknowledged the records sent beside it"
+                    } else {
+                        "the broker refusing it"
+                    };
                     let why = format!(
-                        "failed on every replay for {}s while Kafka acknowledged the records sent beside it; last error: {e}",
+                        "failed on every replay for {}s, {beside}; last error: {e}",
                         after.as_secs()
                     );
                     (*i, why)
@@ -288,7 +318,7 @@ fn await_reports(
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok((_, Ok(()))) => report.acked += 1,
             Ok((i, Err(e))) if is_permanent(&e) => report.refused.push((i, e.to_string())),
-            Ok((i, Err(e))) => report.failing(i, e.to_string()),
+            Ok((i, Err(e))) => report.failing(i, &e),
             Err(_) => {
                 report.late = true;
                 report
@@ -353,17 +383,28 @@ mod tests {
         }
     }
 
-    /// A round of `n` records sent, all reported: `failing` failed, the rest acknowledged.
-    fn round(n: usize, failing: &[usize]) -> Report {
+    /// A round of `n` records sent, all reported: `failing` failed with `error`, the rest
+    /// acknowledged.
+    fn round_of(n: usize, failing: &[usize], error: RDKafkaErrorCode) -> Report {
         let mut r = Report {
             sent: n,
             acked: n - failing.len(),
             ..Report::default()
         };
         for &i in failing {
-            r.failing(i, "UnknownTopicOrPartition".into());
+            r.failing(i, &KafkaError::MessageProduction(error));
         }
         r
+    }
+
+    /// [`round_of`] with the broker refusing the failing records' topic.
+    fn round(n: usize, failing: &[usize]) -> Report {
+        round_of(n, failing, RDKafkaErrorCode::UnknownTopicOrPartition)
+    }
+
+    /// [`round_of`] with the failing records timing out (Kafka unreachable).
+    fn silent(n: usize, failing: &[usize]) -> Report {
+        round_of(n, failing, RDKafkaErrorCode::MessageTimedOut)
     }
 
     const AFTER: Duration = Duration::from_secs(60);
@@ -378,11 +419,7 @@ mod tests {
         let given = s.failed(&recs, &round(3, &[1]), t0 + AFTER).unwrap();
         assert_eq!(given.len(), 1);
         assert_eq!(given[0].0, 1);
-        assert!(
-            given[0].1.contains("UnknownTopicOrPartition"),
-            "{}",
-            given[0].1
-        );
+        assert!(given[0].1.contains("Unknown topic"), "{}", given[0].1);
         assert!(
             s.since.is_empty(),
             "nothing is remembered of a record given up on"
@@ -395,8 +432,16 @@ mod tests {
         let mut s = Stuck::new(Some(AFTER));
         let t0 = Instant::now();
         // Kafka down: every record fails, for far longer than the limit.
-        assert_eq!(s.failed(&recs, &round(2, &[0, 1]), t0), None);
-        assert_eq!(s.failed(&recs, &round(2, &[0, 1]), t0 + AFTER * 10), None);
+        assert_eq!(s.failed(&recs, &silent(2, &[0, 1]), t0), None);
+        assert_eq!(s.failed(&recs, &silent(2, &[0, 1]), t0 + AFTER * 10), None);
+        // Some refused, others timing out: Kafka has not said why of every record.
+        let mut mixed = silent(2, &[0]);
+        mixed.failing(
+            1,
+            &KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic),
+        );
+        mixed.acked = 0;
+        assert_eq!(s.failed(&recs, &mixed, t0 + AFTER * 20), None);
         // One acknowledged, but a report never came: the round says too little.
         let mut late = round(2, &[1]);
         late.late = true;
@@ -419,6 +464,18 @@ mod tests {
         // And a round delivered whole forgets what it delivered.
         s.delivered(&recs);
         assert!(s.since.is_empty());
+    }
+
+    /// A round of records all for a deleted topic (a run longer than a round) acknowledges
+    /// nothing, yet the broker says why: given up on after the limit, not waited on for ever.
+    #[test]
+    fn a_round_the_broker_refuses_whole_is_given_up_after_the_limit() {
+        let recs = [rec("a"), rec("b")];
+        let mut s = Stuck::new(Some(AFTER));
+        let t0 = Instant::now();
+        assert_eq!(s.failed(&recs, &round(2, &[0, 1]), t0), None);
+        let given = s.failed(&recs, &round(2, &[0, 1]), t0 + AFTER).unwrap();
+        assert_eq!(given.iter().map(|g| g.0).collect::<Vec<_>>(), [0, 1]);
     }
 
     /// All or none: the cursor moves past a whole batch, so one record given up on while
