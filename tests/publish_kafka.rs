@@ -190,6 +190,66 @@ async fn typed_helper_and_avro_single_object() {
     close(p).await;
 }
 
+/// A record refused for good that cannot be set aside (`refused.jsonl` cannot be written) stays
+/// the spool's: its round is retried, and nothing moves past it until the file can be
+/// written. The cursor used to move on with the record only in a log line: an acknowledged
+/// event lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_event_that_cannot_be_set_aside_stays_in_the_spool() {
+    let spool = tempfile::tempdir().unwrap();
+    let prefix = common::unique("t") + ".";
+    let online = config(&prefix, spool.path());
+    let offline = weft_producers::PublisherConfig {
+        brokers: "127.0.0.1:9".into(),
+        message_timeout_ms: 300,
+        max_message_bytes: 400_000,
+        ..online.clone()
+    };
+    let big: Envelope = serde_json::from_str(&format!(
+        r#"{{"kind":"trace_event","request_id":"r","payload":{{"event_id":"te-big","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z","error_message":"{}"}}}}"#,
+        "e".repeat(200_000)
+    ))
+    .unwrap();
+    let p = Publisher::connect(offline).await.unwrap();
+    for e in [trace_envelope("noroom", 1, Some("r")), big] {
+        assert_eq!(p.publish(e).unwrap().await.unwrap(), Delivery::Spooled);
+    }
+    close(p).await;
+    // Where refused.jsonl goes, a directory: the append fails.
+    let file = spool.path().join("refused.jsonl");
+    std::fs::create_dir(&file).unwrap();
+
+    let p = Publisher::connect(weft_producers::PublisherConfig {
+        max_message_bytes: 100_000,
+        ..online
+    })
+    .await
+    .unwrap();
+    p.ensure_topics().await.unwrap();
+    // The small event is acknowledged in every round: two copies mean two rounds went.
+    let topics = p.topics().event_topics();
+    let recs = consume(&topics, 2, Duration::from_secs(60));
+    assert_eq!(recs.len(), 2, "{:?}", event_ids(&recs));
+    assert_eq!(
+        p.spool_pending(),
+        2,
+        "neither is settled while one cannot be set aside"
+    );
+    assert_eq!(p.metrics().spool_refused.get(), 0);
+
+    // The file can be written again: the record is set aside and the spool drains.
+    std::fs::remove_dir(&file).unwrap();
+    wait_drained(&p).await;
+    assert_eq!(p.metrics().spool_refused.get(), 1);
+    let lines = refused_lines(spool.path());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0]["value"]["utf8"]
+        .as_str()
+        .unwrap()
+        .contains("\"te-big\""));
+    close(p).await;
+}
+
 /// A spooled event that Kafka refuses for good on replay (here: over the message size of the
 /// publisher restarted with a smaller `max_message_bytes`) is set aside in the spool's
 /// `refused.jsonl` and counted, and the events behind it are delivered: the replayer used to

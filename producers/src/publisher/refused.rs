@@ -98,19 +98,27 @@ fn append(path: &Path, lines: &[String]) -> std::io::Result<()> {
     f.sync_data()
 }
 
-/// Keep a record Kafka refused for good (or failed for too long: `replay::Stuck`) beside the
-/// spool, for an operator to fix and publish again; logged and counted (`weft_publisher_spool_refused_total`). If even that
-/// write fails, the record is only in the log line.
-pub(super) fn set_aside(sh: &Shared, r: &SpoolRecord, error: &str) {
-    let line = serde_json::to_string(&RefusedLine::new(r, error)).unwrap_or_default();
-    let path = lock(&sh.spool).dir().join(FILE);
-    sh.metrics.spool_refused.inc();
-    match append(&path, std::slice::from_ref(&line)) {
-        Ok(()) => error!(%error, topic = %r.topic, path = %path.display(),
-            "Kafka refused a spooled event; set aside, the spool moves on"),
-        Err(e) => error!(%error, topic = %r.topic, record = %line, write_error = %e,
-            "Kafka refused a spooled event, and setting it aside failed; it is only in this line"),
+/// Keep records Kafka refused for good (or that failed for too long: `replay::Stuck`) beside
+/// the spool, for an operator to fix and publish again; logged and counted
+/// (`weft_publisher_spool_refused_total`). An error when the file could not be written
+/// durably: the records are then still the spool's, and the round that refused them is
+/// retried (moving the cursor past them would lose them).
+pub(super) fn set_aside(sh: &Shared, refused: &[(&SpoolRecord, &str)]) -> std::io::Result<()> {
+    if refused.is_empty() {
+        return Ok(());
     }
+    let lines: Vec<String> = refused
+        .iter()
+        .map(|(r, error)| serde_json::to_string(&RefusedLine::new(r, error)).unwrap_or_default())
+        .collect();
+    let path = lock(&sh.spool).dir().join(FILE);
+    append(&path, &lines)?;
+    sh.metrics.spool_refused.inc_by(refused.len() as u64);
+    for (r, error) in refused {
+        error!(%error, topic = %r.topic, path = %path.display(),
+            "Kafka refused a spooled event; set aside, the spool moves on");
+    }
+    Ok(())
 }
 
 /// What [`Publisher::republish_refused`] did.

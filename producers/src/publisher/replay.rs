@@ -92,14 +92,19 @@ pub(super) fn replayer_loop(
             }
             report.failed = None;
         }
-        match report.failed {
+        // Refused for good, and only those: resending them can never succeed, so they are
+        // set aside and the spool moves on (else every event behind them would wait for
+        // ever); if they cannot be, the round is retried.
+        let failed = report.failed.or_else(|| {
+            let refused: Vec<(&SpoolRecord, &str)> = (report.refused.iter())
+                .map(|(i, e)| (&b.records[*i], e.as_str()))
+                .collect();
+            set_aside(&sh, &refused)
+                .err()
+                .map(|e| format!("setting refused events aside in refused.jsonl failed: {e}"))
+        });
+        match failed {
             None => {
-                // Refused for good, and only those: resending them can never succeed, so
-                // they are set aside and the spool moves on (else every event behind them
-                // would wait for ever).
-                for (i, e) in report.refused {
-                    set_aside(&sh, &b.records[i], &e);
-                }
                 replayed(&sh, &b);
                 backoff = Duration::from_millis(250);
                 size = (size * 2).min(batch);
