@@ -295,7 +295,7 @@ impl Ingestor {
                 return Ok(false);
             }
         };
-        if let Some(id) = self.schemas.unmet(m.payload(), std::time::Instant::now()) {
+        if let Some(id) = self.schemas.unmet(m.payload()) {
             let mut stop = self.stop.clone();
             if self.schemas.learn(id, &mut stop).await.is_err() {
                 return Ok(true);
