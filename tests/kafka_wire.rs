@@ -187,24 +187,7 @@ async fn avro_confluent_records_are_stored_through_the_registry() {
     p.simulate(&["--flows", "20", "--seed", "3"]);
     let events = p.path("events.jsonl");
     let ingest = p.ingest_with(None, &[("WEFT_CONFIG", config)]);
-    let out = p
-        .weft()
-        .env("WEFT_CONFIG", config)
-        .arg("publish")
-        .arg(&events)
-        .arg("--drain-spool")
-        .args(["--message-timeout-ms", "300000"])
-        .arg("--topic-prefix")
-        .arg(&p.prefix)
-        .arg("--spool-dir")
-        .arg(p.path("spool"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    p.publish_with(&events, &[("WEFT_CONFIG", config)]);
     assert_eq!(
         schemas.lock().unwrap().len(),
         8,

@@ -190,6 +190,31 @@ async fn typed_helper_and_avro_single_object() {
     close(p).await;
 }
 
+/// A 200 kB trace event: over the 100 kB the tests below restart their publisher with.
+fn big() -> Envelope {
+    serde_json::from_str(&format!(
+        r#"{{"kind":"trace_event","request_id":"r","payload":{{"event_id":"te-big","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z","error_message":"{}"}}}}"#,
+        "e".repeat(200_000)
+    ))
+    .unwrap()
+}
+
+/// Spool `events` in `online`'s spool: a publisher whose broker is unreachable (nothing
+/// listens on the discard port, every delivery times out) spools every one.
+async fn spooled(online: &weft_producers::PublisherConfig, events: Vec<Envelope>) {
+    let offline = weft_producers::PublisherConfig {
+        brokers: "127.0.0.1:9".into(),
+        message_timeout_ms: 300,
+        max_message_bytes: 400_000,
+        ..online.clone()
+    };
+    let p = Publisher::connect(offline).await.unwrap();
+    for e in events {
+        assert_eq!(p.publish(e).unwrap().await.unwrap(), Delivery::Spooled);
+    }
+    close(p).await;
+}
+
 /// A record refused for good that cannot be set aside (`refused.jsonl` cannot be written) stays
 /// the spool's: its round is retried, and nothing moves past it until the file can be
 /// written. The cursor used to move on with the record only in a log line: an acknowledged
@@ -199,22 +224,7 @@ async fn a_refused_event_that_cannot_be_set_aside_stays_in_the_spool() {
     let spool = tempfile::tempdir().unwrap();
     let prefix = common::unique("t") + ".";
     let online = config(&prefix, spool.path());
-    let offline = weft_producers::PublisherConfig {
-        brokers: "127.0.0.1:9".into(),
-        message_timeout_ms: 300,
-        max_message_bytes: 400_000,
-        ..online.clone()
-    };
-    let big: Envelope = serde_json::from_str(&format!(
-        r#"{{"kind":"trace_event","request_id":"r","payload":{{"event_id":"te-big","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z","error_message":"{}"}}}}"#,
-        "e".repeat(200_000)
-    ))
-    .unwrap();
-    let p = Publisher::connect(offline).await.unwrap();
-    for e in [trace_envelope("noroom", 1, Some("r")), big] {
-        assert_eq!(p.publish(e).unwrap().await.unwrap(), Delivery::Spooled);
-    }
-    close(p).await;
+    spooled(&online, vec![trace_envelope("noroom", 1, Some("r")), big()]).await;
     // Where refused.jsonl goes, a directory: the append fails.
     let file = spool.path().join("refused.jsonl");
     std::fs::create_dir(&file).unwrap();
@@ -259,28 +269,12 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
     let spool = tempfile::tempdir().unwrap();
     let prefix = common::unique("t") + ".";
     let online = config(&prefix, spool.path());
-    let offline = weft_producers::PublisherConfig {
-        // Nothing listens on the discard port: every delivery times out, so all is spooled.
-        brokers: "127.0.0.1:9".into(),
-        message_timeout_ms: 300,
-        max_message_bytes: 400_000,
-        ..online.clone()
-    };
-    let big: Envelope = serde_json::from_str(&format!(
-        r#"{{"kind":"trace_event","request_id":"r","payload":{{"event_id":"te-big","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z","error_message":"{}"}}}}"#,
-        "e".repeat(200_000)
-    ))
-    .unwrap();
-    let p = Publisher::connect(offline).await.unwrap();
-    let events = [
+    let events = vec![
         trace_envelope("ref", 1, Some("r")),
-        big,
+        big(),
         trace_envelope("ref", 2, Some("r")),
     ];
-    for e in events {
-        assert_eq!(p.publish(e).unwrap().await.unwrap(), Delivery::Spooled);
-    }
-    close(p).await;
+    spooled(&online, events).await;
 
     // Restarted against the broker, allowing 100 kB messages only.
     let p = Publisher::connect(weft_producers::PublisherConfig {

@@ -121,8 +121,14 @@ impl Pipeline {
     /// counting as down: a timed-out idempotent producer bumps its epoch, which makes
     /// tansu 0.6's sqlite engine panic (see deploy/local/README.md). Spooling has its own tests.
     pub fn publish(&self, file: &Path) {
+        self.publish_with(file, &[]);
+    }
+
+    /// [`Pipeline::publish`] with extra environment variables (`WEFT_CONFIG`, say).
+    pub fn publish_with(&self, file: &Path, env: &[(&str, &str)]) {
         let out = self
             .weft()
+            .envs(env.iter().copied())
             .arg("publish")
             .arg(file)
             .arg("--drain-spool")
