@@ -28,7 +28,7 @@ use crate::store::OutcomeRow;
 mod rebuild;
 #[cfg(test)]
 pub(crate) use rebuild::outcome_row;
-pub use rebuild::{rebuild, Rebuild};
+pub use rebuild::{read_page, rebuild, PageRequest, Rebuild, Slices};
 
 /// Feedback identities remembered per tenant base (older ones are forgotten first).
 pub const APPLIED_MAX: usize = 500_000;

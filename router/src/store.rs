@@ -3,7 +3,7 @@
 //! decisions with their feedback for the refresh and `weft eval`.
 
 pub use weft_store::router::{
-    read_logged, read_new_outcomes, read_outcomes, LoggedPair, OutcomeRow, StatRow, OUTCOMES_PAGE,
+    read_logged, read_outcomes, LoggedPair, OutcomeRow, StatRow, OUTCOMES_PAGE,
 };
 use weft_store::{Store, StoreError};
 

@@ -153,11 +153,16 @@ pub struct OutcomeRow {
     pub feedback: String,
 }
 
-/// Rows read per refresh at most; the next refresh continues from the last one read.
+/// Rows of a page at most (the refresh's and the rebuild's); the next page continues from
+/// the last row read.
 pub const OUTCOMES_PAGE: u64 = 200_000;
 
-/// The pieces of the two pair queries below (macros, so that `concat!` can join them into
-/// one literal each).
+/// The latest time a `DateTime64(6)` holds (2299-12-31 23:59:59.999999 UTC, µs): the upper
+/// bound of a slice that has none.
+const OPEN_US: i64 = 10_413_791_999_999_999;
+
+/// The pieces of the pair query below (macros, so that `concat!` can join them into one
+/// literal).
 /// The pair's columns, from the feedback side `f` and the decision side `d`.
 macro_rules! pair_columns {
     () => {
@@ -204,81 +209,72 @@ macro_rules! after_cursor {
     };
 }
 
-/// Feedback joined with its decision by (tenant, decision_id): binds the window (s), twice
-/// the window, the cursor (visibility µs, feedback id) and the page size.
-pub const OUTCOMES_SQL: &str = concat!(
-    pair_columns!(),
-    feedback_side!(""),
-    decision_side!(""),
-    after_cursor!()
-);
-
-/// [`OUTCOMES_SQL`] for a recent cursor (the refresh's incremental read): a pair is new
-/// when its feedback is (its decision then found by id) or when only its decision is (one
-/// stored after its feedback), and each side is read from the cursor's time on, not the
-/// whole window. `OUTCOMES_SQL` joins both sides of the window whole, payloads included,
-/// and filters after the join: with 1M pairs stored that was 1.6 s at every refresh against
-/// 0.03 s this way (docs/ROUTER.md). A rebuild's cursor starts at the window's beginning,
-/// where the whole join is the cheaper (3.2 s against 3.9 s), so its pages keep
-/// `OUTCOMES_SQL`. Binds the cursor's time (µs), the window (s) and twice it for
+/// The pairs (feedback joined with its decision by tenant and decision id) made visible in
+/// the slice of time `[c, u)`, after a cursor, in its order: the refresh's incremental read
+/// (`u` open) and a rebuild's pages (`u` ahead of the cursor, [`read_outcomes`]).
+///
+/// A pair is visible at the later of its two rows' `ingested_at`, so it falls in the slice
+/// when (A) its feedback was ingested in it and its decision before `u` (found by id among
+/// the slice's feedback's decision ids), or (B) its decision was ingested in it and its
+/// feedback before `c`. Each half reads the payloads of its slice only. (B)'s feedback is
+/// found from the slice's decisions through the `links` column (ingest writes the
+/// feedback's decision id there, `weft_schemas::links`), scanned without the payloads; a
+/// row without that link (not written by ingest) is read whole and joined by its payload.
+/// Before, a rebuild's page joined the whole window, payloads included, then applied the
+/// cursor and the limit: 3.2-7.3 s a page with 1M pairs stored, so a rebuild cost
+/// O(pages x window) and past ~13M pairs one page outlasted the refresh's budget
+/// (docs/ROUTER.md). Binds `c` and `u` (µs), then the window (s) and twice the window for
 /// each half, the cursor (visibility µs, feedback id) and the page size.
-pub const NEW_OUTCOMES_SQL: &str = concat!(
-    "WITH fromUnixTimestamp64Micro(?, 'UTC') AS c
+pub const OUTCOMES_SQL: &str = concat!(
+    "WITH fromUnixTimestamp64Micro(?, 'UTC') AS c, fromUnixTimestamp64Micro(?, 'UTC') AS u
 SELECT tenant, feedback_id, visible_us, decision, feedback FROM (",
     pair_columns!(),
-    feedback_side!(" AND ingested_at >= c"),
+    feedback_side!(" AND ingested_at >= c AND ingested_at < u"),
     decision_side!(
-        " AND id IN (SELECT JSONExtractString(payload, 'decision_id') FROM weft_events
+        " AND ingested_at < u
+         AND id IN (SELECT JSONExtractString(payload, 'decision_id') FROM weft_events
                     WHERE kind = 'execution_feedback' AND conflict = 0
-                      AND ingested_at >= c)"
+                      AND ingested_at >= c AND ingested_at < u)"
     ),
     "
  UNION ALL ",
     pair_columns!(),
-    feedback_side!(" AND ingested_at < c"),
-    decision_side!(" AND ingested_at >= c"),
+    feedback_side!(
+        " AND ingested_at < c
+         AND ((links.3[indexOf(links.1, 'feedback_decision_id')] AS linked) = ''
+              OR linked IN (SELECT id FROM weft_events
+                            WHERE kind = 'execution_routing_decision' AND conflict = 0
+                              AND ingested_at >= c AND ingested_at < u))"
+    ),
+    decision_side!(" AND ingested_at >= c AND ingested_at < u"),
     ")",
     after_cursor!()
 );
 
-/// [`read_outcomes`] for a recent cursor, through [`NEW_OUTCOMES_SQL`]: the same rows.
-pub async fn read_new_outcomes(
-    store: &Store,
-    after: (i64, &str),
-    window_s: u64,
-) -> Result<Vec<OutcomeRow>, StoreError> {
-    let first_half = (store.client().query(NEW_OUTCOMES_SQL))
-        .bind(after.0)
-        .bind(window_s)
-        .bind(window_s.saturating_mul(2));
-    pairs(store, first_half, after, window_s).await
-}
-
-/// Feedback joined with its decision by (tenant, decision_id), for pairs after `after`
-/// ((visibility µs, feedback id), exclusive) whose feedback was ingested in the last
-/// `window_s` seconds, one row per feedback identity, in (visibility, id) order, at most
-/// [`OUTCOMES_PAGE`].
+/// Feedback joined with its decision by (tenant, decision_id), one row per feedback
+/// identity, in (visibility, id) order, at most `page` rows: the pairs after `after`
+/// ((visibility µs, feedback id), exclusive) and visible before `until` (µs, exclusive;
+/// `None`: no bound), whose feedback was ingested in the last `window_s` seconds
+/// ([`OUTCOMES_SQL`]). Fewer than `page` rows: every such pair was read.
 pub async fn read_outcomes(
     store: &Store,
     after: (i64, &str),
+    until: Option<i64>,
     window_s: u64,
+    page: u64,
 ) -> Result<Vec<OutcomeRow>, StoreError> {
-    pairs(store, store.client().query(OUTCOMES_SQL), after, window_s).await
-}
-
-/// Bind a pair query's (last) windows, its cursor and its page size, and read it.
-async fn pairs(
-    store: &Store,
-    query: clickhouse::query::Query,
-    after: (i64, &str),
-    window_s: u64,
-) -> Result<Vec<OutcomeRow>, StoreError> {
-    query
+    store
+        .client()
+        .query(OUTCOMES_SQL)
+        .bind(after.0)
+        .bind(until.map_or(OPEN_US, |u| u.min(OPEN_US)))
+        .bind(window_s)
+        .bind(window_s.saturating_mul(2))
         .bind(window_s)
         .bind(window_s.saturating_mul(2))
         .bind(after.0)
         .bind(after.1)
-        .bind(OUTCOMES_PAGE)
+        .bind(page)
         .fetch_all()
         .await
         .map_err(store.err())
@@ -293,7 +289,6 @@ mod tests {
     fn the_queries_select_their_rows_columns() {
         assert_eq!(selected(STATS_SQL), StatRow::COLUMN_NAMES);
         assert_eq!(selected(OUTCOMES_SQL), OutcomeRow::COLUMN_NAMES);
-        assert_eq!(selected(NEW_OUTCOMES_SQL), OutcomeRow::COLUMN_NAMES);
         assert_eq!(selected(LOGGED_FEEDBACK_SQL), ["d", "payload"]);
         assert_eq!(selected(LOGGED_DECISIONS_SQL), ["id", "payload"]);
     }

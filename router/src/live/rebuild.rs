@@ -11,6 +11,95 @@ use super::{observations, Rebuilt};
 use crate::policy::PolicyConfig;
 use crate::store::{OutcomeRow, OUTCOMES_PAGE};
 
+/// One page to read: the pairs after `after` ((visibility µs, feedback id), exclusive),
+/// visible before `until` (µs, exclusive; `None`: no bound), at most `page` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageRequest {
+    /// The cursor.
+    pub after: (i64, String),
+    /// The end of the slice of visibility time.
+    pub until: Option<i64>,
+    /// Rows at most.
+    pub page: u64,
+}
+
+/// A rebuild's first slice of visibility time (µs): an hour.
+const FIRST_SPAN_US: i64 = 3_600_000_000;
+/// A slice grows at most this much from one page to the next, when its page held rows.
+const MAX_GROWTH: f64 = 4.0;
+/// A slice after an empty one is this much longer. Where the rows start after a long empty
+/// stretch the slice is about as long as the stretch, so a larger factor overshoots: with
+/// 4, the first slice reaching 1M pairs stored held 2.2 pages and took 5.5 s, against about
+/// 2 s for the half-page slices that follow.
+const EMPTY_GROWTH: f64 = 2.0;
+
+/// How far past the cursor a rebuild page reads: the page's slice of visibility time. The
+/// store reads only the rows of a slice (`weft_store::router::OUTCOMES_SQL`), so a page costs
+/// about its rows whatever the window holds, as long as the slice holds about a page. It
+/// grows while pages come back small and halves when one fills; correctness never depends
+/// on it (a full page resumes at its last row, a short one at the slice's end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slices {
+    span_us: i64,
+}
+
+impl Default for Slices {
+    fn default() -> Self {
+        Slices {
+            span_us: FIRST_SPAN_US,
+        }
+    }
+}
+
+impl Slices {
+    /// Slices starting `span_us` long.
+    pub fn spanning(span_us: i64) -> Self {
+        Slices {
+            span_us: span_us.max(1),
+        }
+    }
+
+    /// The end (µs, exclusive) of the slice after a cursor at `from`, or `None` (no bound)
+    /// once it reaches `now`: the last page reads up to the latest row, as the refresh's
+    /// incremental read does. The slice starts at the window's start `window_start` when
+    /// the cursor lies before it (no row is visible earlier), and always ends after `from`.
+    pub fn until(&self, from: i64, window_start: i64, now: i64) -> Option<i64> {
+        let end = from.max(window_start).saturating_add(self.span_us);
+        (end < now).then_some(end)
+    }
+
+    /// Adapt to a page of `rows` read with a limit of `page`: half the span when it filled
+    /// (the slice held more than a page), [`EMPTY_GROWTH`] times longer when it was empty,
+    /// else scaled toward half a page of rows (at most [`MAX_GROWTH`] times longer, at
+    /// least half as long).
+    pub fn after_page(&mut self, rows: u64, page: u64) {
+        let span = self.span_us as f64;
+        let next = if rows >= page {
+            span / 2.0
+        } else if rows == 0 {
+            span * EMPTY_GROWTH
+        } else {
+            let target = page as f64 / 2.0;
+            span * (target / rows as f64).clamp(0.5, MAX_GROWTH)
+        };
+        // Rounded up, so that a span of a few µs still grows; `as` saturates (a span past
+        // i64::MAX µs is no bound anyway).
+        self.span_us = (next.ceil() as i64).max(1);
+    }
+
+    /// The current span (µs).
+    pub fn span_us(&self) -> i64 {
+        self.span_us
+    }
+}
+
+/// Microseconds since the Unix epoch on this host's clock.
+fn clock_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
 /// A full rebuild in progress: what it has learnt, and where it resumes.
 pub struct Rebuild {
     fresh: Rebuilt,
@@ -18,6 +107,9 @@ pub struct Rebuild {
     rows: u64,
     page: u64,
     started: i64,
+    slices: Slices,
+    window_us: i64,
+    clock: fn() -> i64,
 }
 
 impl Default for Rebuild {
@@ -28,16 +120,31 @@ impl Default for Rebuild {
             rows: 0,
             page: OUTCOMES_PAGE,
             started: i64::MAX,
+            slices: Slices::default(),
+            window_us: i64::MAX,
+            clock: clock_us,
         }
     }
 }
 
 impl Rebuild {
-    /// A rebuild begun when no row visible later can have a visibility below `started`
-    /// (µs; the incremental watermark then, or the clock): see [`Rebuild::resume_point`].
-    pub fn starting(started: i64) -> Self {
+    /// A rebuild of the last `window_s` seconds begun when no row visible later can have a
+    /// visibility below `started` (µs; the incremental watermark then, or the clock): see
+    /// [`Rebuild::resume_point`].
+    pub fn starting(started: i64, window_s: u64) -> Self {
         Rebuild {
             started,
+            ..Rebuild::over(window_s)
+        }
+    }
+
+    /// A rebuild of the last `window_s` seconds (the rows' feedback ingested then): its
+    /// first slice starts there.
+    pub fn over(window_s: u64) -> Self {
+        Rebuild {
+            window_us: i64::try_from(window_s)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(1_000_000),
             ..Rebuild::default()
         }
     }
@@ -53,14 +160,33 @@ impl Rebuild {
         }
     }
 
-    /// The same rebuild over pages of `page` rows (the store reads [`OUTCOMES_PAGE`]).
-    #[cfg(test)]
-    pub(crate) fn paged(self, page: u64) -> Self {
-        Rebuild { page, ..self }
+    /// The same rebuild over pages of `page` rows (by default [`OUTCOMES_PAGE`]; smaller
+    /// for tests, which check that the pages give the rows of one read).
+    pub fn paged(self, page: u64) -> Self {
+        Rebuild {
+            page: page.max(1),
+            ..self
+        }
     }
 
-    /// The place (visibility µs, feedback id) after the last row learnt; the next page is
-    /// read after it.
+    /// The same rebuild with slices starting as `slices` (for tests, as [`Rebuild::paged`]).
+    pub fn sliced(self, slices: Slices) -> Self {
+        Rebuild { slices, ..self }
+    }
+
+    /// The same rebuild on the clock `clock` (µs).
+    #[cfg(test)]
+    pub(crate) fn clocked(self, clock: fn() -> i64) -> Self {
+        Rebuild { clock, ..self }
+    }
+
+    /// The next page to read now ([`Rebuild::next_page`] on the rebuild's clock).
+    pub fn next_page_now(&self) -> PageRequest {
+        self.next_page((self.clock)())
+    }
+
+    /// The place (visibility µs, feedback id) after the last row learnt, or the end of the
+    /// last slice read whole; the next page is read after it.
     pub fn cursor(&self) -> (i64, &str) {
         (self.cursor.0, &self.cursor.1)
     }
@@ -70,19 +196,47 @@ impl Rebuild {
         self.rows
     }
 
-    /// Learn one page read after [`Rebuild::cursor`]; `true` when it was the last (not
-    /// full).
-    pub fn learn_page(&mut self, pc: &PolicyConfig, rows: Vec<OutcomeRow>) -> bool {
-        let last = (rows.len() as u64) < self.page;
+    /// The next page to read, at `now` (µs).
+    pub fn next_page(&self, now: i64) -> PageRequest {
+        PageRequest {
+            after: self.cursor.clone(),
+            until: self
+                .slices
+                .until(self.cursor.0, now.saturating_sub(self.window_us), now),
+            page: self.page,
+        }
+    }
+
+    /// Learn one page read for `asked` ([`Rebuild::next_page`]); `true` when it was the
+    /// last: it held fewer rows than asked and its slice had no end. A short page of a
+    /// bounded slice read every row of it, so the cursor moves to the slice's end, and
+    /// an empty slice still makes progress.
+    pub fn learn_page(
+        &mut self,
+        pc: &PolicyConfig,
+        asked: &PageRequest,
+        rows: Vec<OutcomeRow>,
+    ) -> bool {
+        let n = rows.len() as u64;
         if let Some(r) = rows.last() {
             self.cursor = (r.visible_us, r.feedback_id.clone());
         }
-        self.rows += rows.len() as u64;
+        self.rows += n;
+        self.slices.after_page(n, asked.page);
         self.fresh.learn(&pc.learner, observations(rows, pc));
-        last
+        if n >= asked.page {
+            return false;
+        }
+        match asked.until {
+            Some(end) => {
+                self.cursor = (end, String::new());
+                false
+            }
+            None => true,
+        }
     }
 
-    /// Read (`read(cursor)`) and learn pages until the last one (`Ok(true)`: [`finish`]
+    /// Read (`read(page)`) and learn pages until the last one (`Ok(true)`: [`finish`]
     /// it) or until `deadline` (`Ok(false)`: call again later; a page still being read at
     /// the deadline is dropped and read again then). On an error what was learnt stays.
     ///
@@ -94,16 +248,17 @@ impl Rebuild {
         mut read: F,
     ) -> Result<bool, E>
     where
-        F: FnMut((i64, String)) -> Fut,
+        F: FnMut(PageRequest) -> Fut,
         Fut: Future<Output = Result<Vec<OutcomeRow>, E>>,
     {
         loop {
-            let page = read(self.cursor.clone());
+            let asked = self.next_page_now();
+            let page = read(asked.clone());
             let rows = match tokio::time::timeout_at(deadline, page).await {
                 Ok(rows) => rows?,
                 Err(_) => return Ok(false),
             };
-            if super::off_the_runtime(|| self.learn_page(pc, rows)) {
+            if super::off_the_runtime(|| self.learn_page(pc, &asked, rows)) {
                 return Ok(true);
             }
             if Instant::now() >= deadline {
@@ -118,6 +273,17 @@ impl Rebuild {
     }
 }
 
+/// Read the page `asked` of the pairs of the last `window_s` seconds
+/// ([`crate::store::read_outcomes`]).
+pub async fn read_page(
+    store: &weft_store::Store,
+    asked: &PageRequest,
+    window_s: u64,
+) -> Result<Vec<OutcomeRow>, weft_store::StoreError> {
+    let after = (asked.after.0, asked.after.1.as_str());
+    crate::store::read_outcomes(store, after, asked.until, window_s, asked.page).await
+}
+
 /// Every tenant's contextual model rebuilt from ClickHouse alone (the outcomes of the last
 /// `window_s` seconds, in visibility order, page by page, without a time budget): what
 /// `weft router snapshot` writes, and what every replica serves once all outcomes are
@@ -127,10 +293,11 @@ pub async fn rebuild(
     pc: &PolicyConfig,
     window_s: u64,
 ) -> Result<Rebuilt, weft_store::StoreError> {
-    let mut rb = Rebuild::default();
+    let mut rb = Rebuild::over(window_s);
     loop {
-        let rows = crate::store::read_outcomes(store, rb.cursor(), window_s).await?;
-        if rb.learn_page(pc, rows) {
+        let asked = rb.next_page_now();
+        let rows = read_page(store, &asked, window_s).await?;
+        if rb.learn_page(pc, &asked, rows) {
             return Ok(rb.finish());
         }
     }
@@ -157,98 +324,4 @@ pub(crate) fn outcome_row(i: i64, visible_us: i64) -> OutcomeRow {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// A stored (decision, feedback) row of tenant `t`: candidate `a` or `b`, visible at `i`.
-    fn row(i: i64) -> OutcomeRow {
-        outcome_row(i, i)
-    }
-
-    /// The rows after `after` in the store `rows`, a page of at most `page`.
-    fn page_of(rows: &[OutcomeRow], after: &(i64, String), page: usize) -> Vec<OutcomeRow> {
-        rows.iter()
-            .filter(|r| (r.visible_us, &r.feedback_id) > (after.0, &after.1))
-            .take(page)
-            .map(|r| row(r.visible_us))
-            .collect()
-    }
-
-    /// With a budget spent after one page, every refresh advances the rebuild by a page
-    /// while new outcomes keep arriving (one per refresh, fewer than a page), and it
-    /// completes with exactly the model a one-shot rebuild of the same rows gives.
-    #[tokio::test]
-    async fn a_rebuild_longer_than_its_budget_resumes_and_converges() {
-        let pc = PolicyConfig::default();
-        let mut stored: Vec<OutcomeRow> = (0..9).map(row).collect();
-        let mut rb = Rebuild::default().paged(3);
-        let mut refreshes = 0;
-        loop {
-            refreshes += 1;
-            assert!(refreshes < 20, "the rebuild does not converge");
-            let now = Instant::now();
-            let done = rb
-                .advance(&pc, now, |after| {
-                    std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 3)))
-                })
-                .await
-                .expect("pages are read");
-            if done {
-                break;
-            }
-            let n = stored.len() as i64;
-            stored.push(row(n));
-        }
-        assert_eq!(rb.rows(), stored.len() as u64);
-        assert!(refreshes >= 4, "one page per refresh: {refreshes}");
-        let mut one_shot = Rebuilt::default();
-        one_shot.learn(
-            &pc.learner,
-            observations(stored.iter().map(|r| row(r.visible_us)).collect(), &pc),
-        );
-        let fresh = rb.finish();
-        assert_eq!(fresh.top, one_shot.top);
-        assert_eq!(fresh.models(), one_shot.models());
-        assert_eq!(fresh.models()["t"].updates, stored.len() as u64);
-    }
-
-    /// A page still being read when the budget runs out is given up, not what was learnt
-    /// before it: the next refresh reads from the last row learnt.
-    #[tokio::test]
-    async fn a_page_that_outlasts_the_budget_keeps_what_was_learnt() {
-        let pc = PolicyConfig::default();
-        let stored: Vec<OutcomeRow> = (0..5).map(row).collect();
-        let mut rb = Rebuild::default().paged(2);
-        let mut calls = 0;
-        let deadline = Instant::now() + Duration::from_millis(50);
-        let done = rb
-            .advance(&pc, deadline, |after| {
-                calls += 1;
-                let first = calls == 1;
-                let page = page_of(&stored, &after, 2);
-                async move {
-                    if !first {
-                        // ClickHouse slower than the budget.
-                        std::future::pending::<()>().await;
-                    }
-                    Ok::<_, ()>(page)
-                }
-            })
-            .await
-            .expect("no error");
-        assert!(!done);
-        assert_eq!((rb.rows(), rb.cursor()), (2, (1, "f0001")));
-        let mut seen = Vec::new();
-        let done = rb
-            .advance(&pc, Instant::now() + Duration::from_secs(60), |after| {
-                seen.push(after.clone());
-                std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 2)))
-            })
-            .await
-            .expect("no error");
-        assert!(done);
-        assert_eq!(seen[0], (1, "f0001".to_owned()), "resumed at the cursor");
-        assert_eq!(rb.finish().models()["t"].updates, 5);
-    }
-}
+mod tests;

@@ -223,7 +223,8 @@ impl Service {
             &self.metrics.refresh_rows,
             (since, OUTCOMES_PAGE),
             |after| async move {
-                crate::store::read_new_outcomes(store, (after.0, &after.1), window_s).await
+                let after = (after.0, after.1.as_str());
+                crate::store::read_outcomes(store, after, None, window_s, OUTCOMES_PAGE).await
             },
         )
         .await
@@ -247,11 +248,12 @@ impl Service {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-            Rebuild::starting(self.health.lock().watermark.map_or(now, |w| w.min(now)))
+            let started = self.health.lock().watermark.map_or(now, |w| w.min(now));
+            Rebuild::starting(started, window_s)
         });
         let done = rb
-            .advance(pc, deadline, |after| async move {
-                crate::store::read_outcomes(store, (after.0, &after.1), window_s).await
+            .advance(pc, deadline, |asked| async move {
+                crate::live::read_page(store, &asked, window_s).await
             })
             .await;
         self.metrics

@@ -16,6 +16,14 @@ fn page_of(rows: &[i64], after: &(i64, String), page: usize) -> Vec<OutcomeRow> 
         .collect()
 }
 
+/// The page `asked` of a rebuild over the store `rows`.
+fn slice_of(rows: &[i64], asked: &crate::live::PageRequest) -> Vec<OutcomeRow> {
+    page_of(rows, &asked.after, asked.page as usize)
+        .into_iter()
+        .filter(|r| asked.until.is_none_or(|u| r.visible_us < u))
+        .collect()
+}
+
 /// A backlog that takes longer than the model's budget: what the read learnt before the
 /// deadline stays booked (watermark, late), the next refresh resumes after it, and every
 /// outcome is learnt once.
@@ -151,13 +159,13 @@ async fn a_row_landing_behind_a_rebuild_under_way_is_learnt_after_its_install() 
     // at its watermark.
     live.reconcile(&pc.learner, observations(vec![row(100)], &pc));
     health.lock().watermark = Some(100_000_000);
-    let mut rb = Rebuild::starting(100_000_000).paged(3);
+    let mut rb = Rebuild::starting(100_000_000, 604_800).paged(3);
     let one_page = tokio::time::Instant::now() + Duration::from_millis(50);
     let mut calls = 0;
     let done = rb
-        .advance(&pc, one_page, |after| {
+        .advance(&pc, one_page, |asked| {
             calls += 1;
-            let page = page_of(&stored, &after, 3);
+            let page = slice_of(&stored, &asked);
             async move {
                 if calls > 1 {
                     std::future::pending::<()>().await;
@@ -185,7 +193,7 @@ async fn a_row_landing_behind_a_rebuild_under_way_is_learnt_after_its_install() 
         .advance(
             &pc,
             tokio::time::Instant::now() + Duration::from_secs(5),
-            |after| std::future::ready(Ok::<_, ()>(page_of(&stored, &after, 1000))),
+            |asked| std::future::ready(Ok::<_, ()>(slice_of(&stored, &asked))),
         )
         .await;
     assert_eq!(done, Ok(true));
