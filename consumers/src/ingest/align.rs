@@ -189,7 +189,7 @@ impl Lanes {
         lane.waiting.store(true, Relaxed);
         if let Ok(m) = &m {
             if let Some(ts) = m.timestamp().to_millis() {
-                lane.head_ms.store(head_of(ts, now_ms()), Relaxed);
+                lane.head_ms.store(ts, Relaxed);
             }
             let next = lane.next.swap(m.offset() + 1, Relaxed);
             if next >= 0 && m.offset() > next {
@@ -199,19 +199,25 @@ impl Lanes {
         m
     }
 
-    /// Per lane: its head time, and whether records may be waiting in its queue.
+    /// Per lane: its head time ([`head_of`]: the clock is read once a weighing, not once a
+    /// record), and whether records may be waiting in its queue.
     fn heads(&self) -> Vec<(Option<i64>, bool)> {
+        let now = now_ms();
         self.lanes
             .iter()
             .map(|l| {
                 let h = l.head_ms.load(Relaxed);
-                ((h != NO_HEAD).then_some(h), l.waiting.load(Relaxed))
+                (
+                    (h != NO_HEAD).then(|| head_of(h, now)),
+                    l.waiting.load(Relaxed),
+                )
             })
             .collect()
     }
 }
 
-/// A lane's head time after a record stamped `record_ms`: never past the wall clock. A
+/// A lane's head time as the lanes are weighed, its last record stamped `record_ms`: never
+/// past the wall clock. A
 /// producer sets CreateTime, and a lane whose records claim the year 3000 would otherwise be
 /// ahead of every lane still catching up, for good, and read only when all of them are found
 /// empty: under steady load, never (its records held in librdkafka's queue, where no stall
