@@ -254,17 +254,16 @@ impl Flusher {
                     let left = self
                         .rows_left_after(&query_id, rows, spans, &mut attempt)
                         .await?;
-                    if left.is_empty() && !e.is_transient() {
-                        // The rows are in weft_events, yet ClickHouse answered with an error
-                        // that is not the network's: a materialized view refused its block
-                        // (the facts are written first), and its table misses these rows.
-                        error!(error = %e, rows = rows.len(),
-                            "the insert's rows landed but ClickHouse refused it: a view of weft_events missed them");
-                        self.metrics.clickhouse_up.set(1);
-                        return Ok(first.elapsed().as_secs_f64() * 1e3);
-                    }
                     if left.is_empty() {
-                        info!("the failed-looking insert had landed; not repeating it");
+                        if e.is_transient() {
+                            info!("the failed-looking insert had landed; not repeating it");
+                        } else {
+                            // Landed, yet refused with an error that is not the network's: a
+                            // materialized view refused its block (the facts are written
+                            // first), and its table misses these rows.
+                            error!(error = %e, rows = rows.len(),
+                                "the insert's rows landed but ClickHouse refused it: a view of weft_events missed them");
+                        }
                         self.metrics.clickhouse_up.set(1);
                         return Ok(first.elapsed().as_secs_f64() * 1e3);
                     }
