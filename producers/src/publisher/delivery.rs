@@ -49,6 +49,23 @@ pub(super) fn is_permanent(e: &KafkaError) -> bool {
     )
 }
 
+/// The broker's answer that a record's topic or partition does not exist, or that this
+/// producer may not write to the cluster: Kafka is up and saying no (a topic deleted behind
+/// the spool's back), unlike a timeout or a lost connection, which say nothing. Retriable
+/// all the same (a topic may be created again), unlike [`is_permanent`].
+pub(super) fn is_refusal(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::UnknownPartition
+                | C::ClusterAuthorizationFailed
+        )
+    )
+}
+
 impl ProducerContext for Ctx {
     type DeliveryOpaque = Box<Pending>;
 

@@ -10,7 +10,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::BaseRecord;
 use tracing::{debug, error, warn};
 
-use super::delivery::{is_permanent, Pending};
+use super::delivery::{is_permanent, is_refusal, Pending};
 use super::owned_headers;
 use super::refused::set_aside;
 use super::state::{lock, read, Kafka, Shared};
@@ -151,23 +151,6 @@ impl Report {
         self.failing.push((i, e_text));
         self.refusals += usize::from(is_refusal(e));
     }
-}
-
-/// The broker's answer that a record's topic or partition does not exist, or that this
-/// producer may not write it: Kafka is up and saying no (a topic deleted behind the spool's
-/// back, an ACL taken away), unlike a timeout or a lost connection, which say nothing.
-fn is_refusal(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::UnknownTopicOrPartition
-                | C::UnknownTopic
-                | C::UnknownPartition
-                | C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-        )
-    )
 }
 
 /// Hand a batch of spooled records to librdkafka, in order, waiting out a full queue. A
