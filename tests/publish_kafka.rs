@@ -215,6 +215,19 @@ async fn spooled(online: &weft_producers::PublisherConfig, events: Vec<Envelope>
     close(p).await;
 }
 
+/// A publisher of `online`'s spool against the real broker, allowing 100 kB messages only:
+/// [`big`] is refused for good on replay.
+async fn restarted(online: &weft_producers::PublisherConfig) -> Publisher {
+    let p = Publisher::connect(weft_producers::PublisherConfig {
+        max_message_bytes: 100_000,
+        ..online.clone()
+    })
+    .await
+    .unwrap();
+    p.ensure_topics().await.unwrap();
+    p
+}
+
 /// A record refused for good that cannot be set aside (`refused.jsonl` cannot be written) stays
 /// the spool's: its round is retried, and nothing moves past it until the file can be
 /// written. The cursor used to move on with the record only in a log line: an acknowledged
@@ -229,13 +242,7 @@ async fn a_refused_event_that_cannot_be_set_aside_stays_in_the_spool() {
     let file = spool.path().join("refused.jsonl");
     std::fs::create_dir(&file).unwrap();
 
-    let p = Publisher::connect(weft_producers::PublisherConfig {
-        max_message_bytes: 100_000,
-        ..online
-    })
-    .await
-    .unwrap();
-    p.ensure_topics().await.unwrap();
+    let p = restarted(&online).await;
     // The small event is acknowledged in every round: two copies mean two rounds went.
     let topics = p.topics().event_topics();
     let recs = consume(&topics, 2, Duration::from_secs(60));
@@ -276,14 +283,7 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
     ];
     spooled(&online, events).await;
 
-    // Restarted against the broker, allowing 100 kB messages only.
-    let p = Publisher::connect(weft_producers::PublisherConfig {
-        max_message_bytes: 100_000,
-        ..online
-    })
-    .await
-    .unwrap();
-    p.ensure_topics().await.unwrap();
+    let p = restarted(&online).await;
     wait_drained(&p).await;
     assert_eq!(p.metrics().spool_refused.get(), 1);
     let lines = refused_lines(spool.path());
