@@ -288,6 +288,13 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
     assert_eq!(p.metrics().spool_refused.get(), 1);
     let lines = refused_lines(spool.path());
     assert_eq!(lines.len(), 1, "{lines:?}");
+    let file = spool.path().join("refused.jsonl");
+    let aside = std::fs::metadata(&file).unwrap().len();
+    assert_eq!(
+        p.spool_bytes().0,
+        aside,
+        "the spool's bound counts what it set aside"
+    );
     assert_eq!(lines[0]["topic"], format!("{prefix}trace_events"));
     let value = lines[0]["value"]["utf8"].as_str().unwrap();
     assert!(value.contains("\"te-big\""), "the refused event itself");
@@ -300,7 +307,6 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
 
     // Republished before the cause is fixed: refused again, kept with the new error; a line
     // an operator mangled is kept as it was.
-    let file = spool.path().join("refused.jsonl");
     let mut text = std::fs::read_to_string(&file).unwrap();
     text.push_str("{\"not\": \"a record\"}\n");
     std::fs::write(&file, &text).unwrap();
@@ -324,6 +330,7 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
         std::fs::read_to_string(&file).unwrap(),
         "{\"not\": \"a record\"}\n"
     );
+    assert_eq!(p.spool_bytes().0, std::fs::metadata(&file).unwrap().len());
     let recs = consume(&topics, 3, Duration::from_secs(30));
     let big = recs
         .iter()

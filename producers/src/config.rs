@@ -178,8 +178,9 @@ pub struct PublisherConfig {
     pub spool_dir: PathBuf,
     /// When the spool fsyncs: `always`, `interval:<ms>` or `never` (see [`FsyncPolicy`]).
     pub fsync: FsyncPolicy,
-    /// Upper bound of spool disk use in bytes. When reached, `publish` returns `SpoolFull`
-    /// (back-pressure) rather than dropping anything.
+    /// Upper bound of spool disk use in bytes, its segments and `refused.jsonl` together.
+    /// When reached, `publish` returns `SpoolFull` (back-pressure) rather than dropping
+    /// anything.
     pub spool_max_bytes: u64,
     /// Size at which the spool starts a new segment file; delivered segments are deleted.
     pub spool_segment_bytes: u64,

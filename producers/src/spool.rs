@@ -45,7 +45,10 @@ pub const MAX_RECORD: u32 = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
     /// The records would take the spool past `max_bytes`; nothing was written.
-    #[error("spool is full ({used} of {max} bytes used); retry later or raise spool_max_bytes")]
+    #[error(
+        "spool is full ({used} of {max} bytes used, refused.jsonl included); retry later, \
+         empty refused.jsonl (weft publish --republish-refused) or raise spool_max_bytes"
+    )]
     Full {
         /// Bytes the spool holds now.
         used: u64,
@@ -97,7 +100,8 @@ pub struct Position {
 pub struct SpoolOptions {
     /// When appends are fsynced.
     pub fsync: FsyncPolicy,
-    /// Bound on the bytes all segments may occupy; past it appends fail with `Full`.
+    /// Bound on the bytes all segments, and the records set aside beside them
+    /// ([`Spool::set_aside_bytes`]), may occupy; past it appends fail with `Full`.
     pub max_bytes: u64,
     /// Size at which the active segment is closed and a new one started.
     pub segment_bytes: u64,
@@ -163,6 +167,9 @@ pub struct Spool {
     cut_failed: bool,
     last_sync: Instant,
     buf: Vec<u8>,
+    /// Bytes of records the owner keeps beside the segments (`refused.jsonl`), counted
+    /// against `max_bytes` so that the folder as a whole stays bounded.
+    aside: u64,
     _lock: File,
 }
 
@@ -307,14 +314,23 @@ impl Spool {
             cut_failed: false,
             last_sync: Instant::now(),
             buf: Vec::new(),
+            aside: 0,
             _lock: lock,
         };
         Ok((spool, report))
     }
 
-    /// Bytes the segments occupy on disk (what `max_bytes` bounds).
+    /// Bytes the spool occupies on disk, what `max_bytes` bounds: its segments and the
+    /// records set aside beside them.
     pub fn bytes(&self) -> u64 {
-        self.segments.values().sum()
+        self.segments.values().sum::<u64>() + self.aside
+    }
+
+    /// Count `bytes` kept beside the segments (the owner's set-aside records) against
+    /// `max_bytes`. Setting records aside never fails for the bound (they were counted in
+    /// the segments already); only new appends do, until an operator empties the file.
+    pub fn set_aside_bytes(&mut self, bytes: u64) {
+        self.aside = bytes;
     }
 
     /// Records appended but not yet delivered.

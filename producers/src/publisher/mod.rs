@@ -211,7 +211,7 @@ impl Publisher {
             }
             _ => SchemaIds::default(),
         };
-        let (spool, report) = Spool::open(
+        let (mut spool, report) = Spool::open(
             &config.spool_dir,
             SpoolOptions {
                 fsync: config.fsync,
@@ -226,6 +226,7 @@ impl Publisher {
                 "spool holds events from an earlier run; replaying them before new ones"
             );
         }
+        refused::count_aside(&mut spool);
         metrics.spool_bytes.set(spool.bytes() as i64);
         metrics.spool_pending.set(report.pending as i64);
         metrics.spool_corrupt_records.inc_by(report.corrupt_records);

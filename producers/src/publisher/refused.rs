@@ -5,8 +5,9 @@
 //! One JSON object per line ([`RefusedLine`]): when, why, and the record as it was spooled
 //! (topic, key, value, headers), each bytes field as `{"utf8": ..}` or `{"hex": ..}`.
 
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use tracing::{error, info, warn};
 use super::replay::enqueue;
 use super::state::{lock, read, Shared};
 use super::Publisher;
-use crate::spool::SpoolRecord;
+use crate::spool::{Spool, SpoolRecord};
 
 /// The file's name in the spool folder.
 pub const FILE: &str = "refused.jsonl";
@@ -113,6 +114,7 @@ pub(super) fn set_aside(sh: &Shared, refused: &[(&SpoolRecord, &str)]) -> std::i
         .collect();
     let path = lock(&sh.spool).dir().join(FILE);
     append(&path, &lines)?;
+    count_aside(&mut lock(&sh.spool));
     sh.metrics.spool_refused.inc_by(refused.len() as u64);
     for (r, error) in refused {
         error!(%error, topic = %r.topic, path = %path.display(),
@@ -156,7 +158,7 @@ impl Publisher {
     pub fn republish_refused(&self, timeout: Duration) -> Result<Republished, RefusedFileError> {
         let sh = &*self.inner.shared;
         // Held throughout: our replayer cannot set a record aside while the file is rewritten.
-        let spool = lock(&sh.spool);
+        let mut spool = lock(&sh.spool);
         let path = spool.dir().join(FILE);
         let fail = |source| RefusedFileError {
             path: path.clone(),
@@ -166,63 +168,85 @@ impl Publisher {
             path: path.clone(),
             ..Default::default()
         };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
             Err(e) => return Err(fail(e)),
         };
-        let mut keep: Vec<String> = Vec::new();
-        let mut lines: Vec<RefusedLine> = Vec::new();
-        let mut records: Vec<SpoolRecord> = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            if raw.trim().is_empty() {
-                continue;
-            }
-            let parsed = serde_json::from_str::<RefusedLine>(raw)
-                .map_err(|e| e.to_string())
-                .and_then(|l| l.clone().into_record().map(|r| (l, r)));
-            match parsed {
-                Ok((l, r)) => {
-                    lines.push(l);
-                    records.push(r);
+        let tmp = path.with_extension("jsonl.tmp");
+        let mut kept = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
+        // A chunk at a time, so that memory does not grow with the file.
+        let mut lines = std::io::BufReader::new(file).lines().enumerate();
+        loop {
+            let mut chunk: Vec<(RefusedLine, SpoolRecord)> = Vec::new();
+            for (i, raw) in lines.by_ref() {
+                let raw = raw.map_err(fail)?;
+                if raw.trim().is_empty() {
+                    continue;
                 }
-                Err(why) => {
-                    out.unreadable.push((i as u64 + 1, why));
-                    keep.push(raw.to_owned());
+                let parsed = serde_json::from_str::<RefusedLine>(&raw)
+                    .map_err(|e| e.to_string())
+                    .and_then(|l| l.clone().into_record().map(|r| (l, r)));
+                match parsed {
+                    Ok(pair) => chunk.push(pair),
+                    Err(why) => {
+                        out.unreadable.push((i as u64 + 1, why));
+                        writeln!(kept, "{raw}").map_err(fail)?;
+                    }
+                }
+                if chunk.len() == CHUNK {
+                    break;
+                }
+            }
+            if chunk.is_empty() {
+                break;
+            }
+            let (chunk, records): (Vec<RefusedLine>, Vec<SpoolRecord>) = chunk.into_iter().unzip();
+            for (l, outcome) in chunk.into_iter().zip(send_all(sh, &records, timeout)) {
+                match outcome {
+                    Ok(()) => out.delivered += 1,
+                    Err(error) => {
+                        out.kept += 1;
+                        let again = RefusedLine {
+                            at: weft_schemas::time::now_rfc3339(),
+                            error,
+                            ..l
+                        };
+                        let line = serde_json::to_string(&again).unwrap_or_default();
+                        writeln!(kept, "{line}").map_err(fail)?;
+                    }
                 }
             }
         }
-        let outcomes = send_all(sh, &records, timeout);
-        for (l, outcome) in lines.into_iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => out.delivered += 1,
-                Err(error) => {
-                    out.kept += 1;
-                    let again = RefusedLine {
-                        at: weft_schemas::time::now_rfc3339(),
-                        error,
-                        ..l
-                    };
-                    keep.push(serde_json::to_string(&again).unwrap_or_default());
-                }
-            }
-        }
-        if keep.is_empty() {
+        let kept = kept.into_inner().map_err(|e| fail(e.into_error()))?;
+        kept.sync_data().map_err(fail)?;
+        let left = kept.metadata().map_err(fail)?.len();
+        if left == 0 {
             std::fs::remove_file(&path).map_err(fail)?;
+            std::fs::remove_file(&tmp).map_err(fail)?;
         } else {
-            let tmp = path.with_extension("jsonl.tmp");
-            let _ = std::fs::remove_file(&tmp);
-            append(&tmp, &keep).map_err(fail)?;
             std::fs::rename(&tmp, &path).map_err(fail)?;
         }
         if let Ok(d) = std::fs::File::open(spool.dir()) {
             let _ = d.sync_all();
         }
+        spool.set_aside_bytes(left);
+        sh.spool_bytes.store(spool.bytes(), Ordering::Relaxed);
+        sh.metrics.spool_bytes.set(spool.bytes() as i64);
         drop(spool);
         info!(delivered = out.delivered, kept = out.kept, unreadable = out.unreadable.len(),
             path = %path.display(), "republished the records set aside");
         Ok(out)
     }
+}
+
+/// Records [`Publisher::republish_refused`] sends before it waits for their reports.
+const CHUNK: usize = 10_000;
+
+/// Count `refused.jsonl` against the spool's bound (at open, and after each set-aside).
+pub(super) fn count_aside(spool: &mut Spool) {
+    let bytes = std::fs::metadata(spool.dir().join(FILE)).map_or(0, |m| m.len());
+    spool.set_aside_bytes(bytes);
 }
 
 /// Send each record and wait for its delivery report (at most `timeout` past the last

@@ -157,6 +157,31 @@ fn torn_tail_is_truncated_with_the_good_records_kept() {
     assert_eq!(drain(&mut s), recs[..1].to_vec());
 }
 
+/// Records kept beside the segments (`refused.jsonl`) count against the bound: the folder as
+/// a whole stays under `max_bytes`. They used to be outside it, so a spool of records Kafka
+/// refuses could fill the disk.
+#[test]
+fn bytes_set_aside_count_against_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SpoolOptions {
+        max_bytes: 4096,
+        segment_bytes: 1024,
+        fsync: FsyncPolicy::Never,
+    };
+    let (mut s, _) = Spool::open(dir.path(), opts).unwrap();
+    let r = rec(1);
+    let one = Spool::size_of(std::slice::from_ref(&r));
+    s.set_aside_bytes(4096 - one + 1);
+    assert_eq!(s.bytes(), 4096 - one + 1);
+    match s.append(std::slice::from_ref(&r)) {
+        Err(SpoolError::Full { used, max }) => assert_eq!((used, max), (4096 - one + 1, 4096)),
+        other => panic!("expected Full, got {other:?}"),
+    }
+    s.set_aside_bytes(4096 - one);
+    s.append(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(s.bytes(), 4096);
+}
+
 #[test]
 fn full_spool_refuses_whole_batches_and_a_second_owner_is_refused() {
     let dir = tempfile::tempdir().unwrap();
