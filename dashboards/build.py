@@ -4,13 +4,14 @@
 
 Why a generator: the panel SQL is long and multi-line; keeping it here as plain text (and
 the JSON as output) keeps the SQL readable and every panel's shape uniform. Edit this file,
-run `python3 dashboards/build.py`, commit both. `cargo test --test dashboards` runs every
-panel's SQL against ClickHouse and fails when the JSON and this file disagree (it re-reads
-the JSON only, so re-run the generator after an edit).
+run `python3 dashboards/build.py`, commit both (`--check` writes nothing and fails when the
+files differ from what it would write). `cargo test --test dashboards` runs every panel's
+SQL against ClickHouse, and fails when the JSON and this file disagree.
 """
 
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CH = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
@@ -202,7 +203,8 @@ ORDER BY facts DESC
     ch_panel(
         "Narrative projector lag per partition",
         "Highest offset stored in weft_events per source partition against the projector's "
-        "progress (weft_projector_progress). A growing gap means narratives trail the facts.",
+        "progress (weft_projector_progress; with several narrative shards, the slowest "
+        "shard's). A growing gap means narratives trail the facts.",
         "table",
         """
 SELECT f.topic AS topic, f.partition AS partition, f.stored_offset AS stored_offset,
@@ -216,8 +218,12 @@ FROM
 ) AS f
 LEFT JOIN
 (
-    SELECT topic, partition, argMax(offset, version) AS projected_offset
-    FROM weft_projector_progress
+    SELECT topic, partition, min(shard_offset) AS projected_offset
+    FROM (
+        SELECT topic, partition, shard, argMax(offset, version) AS shard_offset
+        FROM weft_projector_progress
+        GROUP BY topic, partition, shard
+    )
     GROUP BY topic, partition
 ) AS p ON f.topic = p.topic AND f.partition = p.partition
 ORDER BY projector_lag DESC, topic, partition
@@ -416,7 +422,7 @@ FROM
         FROM (SELECT id, any(payload) AS payload FROM weft_events WHERE {T} AND kind = 'capability_token' GROUP BY id) AS tk
         LEFT JOIN
         (
-            SELECT token_id, count() AS uses
+            SELECT token_id, uniqExact(id) AS uses
             FROM weft_events
             WHERE {T} AND kind = 'policy_decision' AND decision = 'allow' AND token_id != ''
             GROUP BY token_id
@@ -447,12 +453,12 @@ GROUP BY kind, id
 COMPLIANCE = [
     ch_panel(
         "Authorizations and denials",
-        "PolicyDecisions per interval: allow vs deny.",
+        "PolicyDecisions per interval: allow vs deny (each decision once, as first stored).",
         "timeseries",
         f"""
 SELECT $__timeInterval(ts) AS time, countIf(decision = 'allow') AS allowed, countIf(decision = 'deny') AS denied
 FROM weft_events
-WHERE {TENANT} AND kind = 'policy_decision' AND $__timeFilter(ts)
+WHERE {TENANT} AND kind = 'policy_decision' AND conflict = 0 AND $__timeFilter(ts)
 GROUP BY time
 ORDER BY time
 """,
@@ -466,7 +472,7 @@ ORDER BY time
         f"""
 SELECT $__timeInterval(ts) AS time, principal, count() AS denied
 FROM weft_events
-WHERE {TENANT} AND kind = 'policy_decision' AND decision = 'deny' AND $__timeFilter(ts)
+WHERE {TENANT} AND kind = 'policy_decision' AND conflict = 0 AND decision = 'deny' AND $__timeFilter(ts)
 GROUP BY time, principal
 ORDER BY time, principal
 """,
@@ -481,7 +487,7 @@ ORDER BY time, principal
 SELECT principal, countIf(decision = 'allow') AS allowed, countIf(decision = 'deny') AS denied,
        round(denied / count(), 4) AS deny_share
 FROM weft_events
-WHERE {TENANT} AND kind = 'policy_decision' AND $__timeFilter(ts)
+WHERE {TENANT} AND kind = 'policy_decision' AND conflict = 0 AND $__timeFilter(ts)
 GROUP BY principal
 ORDER BY denied DESC, allowed DESC
 LIMIT 100
@@ -498,7 +504,7 @@ LIMIT 100
 SELECT capability_id, countIf(decision = 'allow') AS allowed, countIf(decision = 'deny') AS denied,
        round(denied / count(), 4) AS deny_share
 FROM weft_events
-WHERE {TENANT} AND kind = 'policy_decision' AND $__timeFilter(ts)
+WHERE {TENANT} AND kind = 'policy_decision' AND conflict = 0 AND $__timeFilter(ts)
 GROUP BY capability_id
 ORDER BY denied DESC, allowed DESC
 LIMIT 100
@@ -546,7 +552,7 @@ SELECT $__timeInterval(ts) AS time,
        countIf(kind = 'policy_decision' AND token_id != '' AND decision = 'allow') AS allowed_uses,
        countIf(kind = 'policy_decision' AND token_id != '' AND decision = 'deny') AS denied_uses
 FROM weft_events
-WHERE {TENANT} AND kind IN ('capability_token', 'policy_decision') AND $__timeFilter(ts)
+WHERE {TENANT} AND kind IN ('capability_token', 'policy_decision') AND conflict = 0 AND $__timeFilter(ts)
 GROUP BY time
 ORDER BY time
 """,
@@ -572,7 +578,7 @@ FROM
 ) AS t
 LEFT JOIN
 (
-    SELECT token_id, count() AS uses, max(ts) AS last_use
+    SELECT token_id, uniqExact(id) AS uses, max(ts) AS last_use
     FROM weft_events
     WHERE {TENANT} AND kind = 'policy_decision' AND token_id != ''
     GROUP BY token_id
@@ -883,17 +889,29 @@ def main():
             [ch_var, TENANT_VAR], ROUTER, ["router"]),
     }
     expected = {}
+    files = {}
     for name, (board, expect) in boards.items():
-        with open(os.path.join(HERE, f"{name}.json"), "w") as f:
-            json.dump(board, f, indent=2)
-            f.write("\n")
+        files[f"{name}.json"] = json.dumps(board, indent=2) + "\n"
         expected[board["uid"]] = {"file": f"{name}.json", "panels": expect}
     # JSON is valid YAML; a .yaml name keeps Grafana's file provider from loading it.
-    with open(os.path.join(HERE, "expected.yaml"), "w") as f:
-        f.write("# Generated by dashboards/build.py: per dashboard uid and panel id, the columns\n")
-        f.write("# each panel's query must return, and whether simulated data must give rows.\n")
-        json.dump(expected, f, indent=2)
-        f.write("\n")
+    files["expected.yaml"] = (
+        "# Generated by dashboards/build.py: per dashboard uid and panel id, the columns\n"
+        "# each panel's query must return, and whether simulated data must give rows.\n"
+        + json.dumps(expected, indent=2) + "\n"
+    )
+    stale = []
+    for name, text in files.items():
+        path = os.path.join(HERE, name)
+        if "--check" in sys.argv[1:]:
+            with open(path) as f:
+                if f.read() != text:
+                    stale.append(name)
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+    if stale:
+        sys.exit(f"dashboards/build.py: {', '.join(stale)} differ from the generator: "
+                 "edit build.py and run it, never the JSON")
 
 
 if __name__ == "__main__":

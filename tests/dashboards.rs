@@ -90,6 +90,22 @@ fn is_ch(ds: &Value) -> bool {
     ds["type"] == CH_PLUGIN && ds["uid"] == "${datasource}"
 }
 
+/// The JSON is what `dashboards/build.py` writes: an edit made to the JSON alone is lost at
+/// the next generation (the operations board once carried a hand-made query for weeks).
+#[test]
+fn dashboards_are_what_the_generator_writes() {
+    let out = std::process::Command::new("python3")
+        .arg(dir().join("build.py"))
+        .arg("--check")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn dashboards_are_well_formed_and_read_through_the_datasource_variable() {
     let boards = dashboards();
@@ -463,6 +479,9 @@ async fn every_panel_query_runs_on_simulated_data() {
     eprintln!("{:?}: ingest up", started.elapsed());
     let events = p.path("events.jsonl");
     p.publish(&events);
+    let retry = p.path("retry.jsonl");
+    let retried = retried_decision(&truth, &events, &retry);
+    p.publish(&retry);
     let garbage = publish_garbage(&p).await;
     eprintln!("{:?}: published", started.elapsed());
     let (router, base) = start_router(&p);
@@ -471,7 +490,7 @@ async fn every_panel_query_runs_on_simulated_data() {
     route(&base, ROUTES).await;
     eprintln!("{:?}: published and routed", started.elapsed());
     // Simulated facts + one decision and one feedback per route.
-    let want = distinct_facts(&[events.as_path()]) + 2 * ROUTES as u64;
+    let want = distinct_facts(&[events.as_path(), retry.as_path()]) + 2 * ROUTES as u64;
     p.wait_for_facts(want, Duration::from_secs(120)).await;
     eprintln!("{:?}: facts stored", started.elapsed());
     drop(router);
@@ -596,7 +615,7 @@ async fn every_panel_query_runs_on_simulated_data() {
                             failures.push(format!("{file}: {title}: no rows"));
                         }
                         if panel["title"] == "Invariant violations" {
-                            check_violations(&truth, &cols, &rows, &mut failures);
+                            check_violations(&truth, &retried, &cols, &rows, &mut failures);
                         }
                         if title == "Latest `weft eval` estimates" {
                             check_eval(&artifact, &cols, &rows, &mut failures);
@@ -643,14 +662,65 @@ fn check_eval(artifact: &Value, cols: &[String], rows: &[Vec<Value>], failures: 
     }
 }
 
-/// The violation table names exactly the injected violations: (rule, subject kind, id).
+/// A kernel retry: an allow decision of a clean flow that spends a single-use token once (and
+/// so breaks no invariant), written to `out` again with another reason, which ingest stores as an id
+/// conflict. Returns the decision's id. The violations panel counted that second version as a
+/// second use of the token (an I-06 finding `weft audit check` does not make).
+fn retried_decision(
+    truth: &weft_sim::GroundTruth,
+    events: &std::path::Path,
+    out: &std::path::Path,
+) -> String {
+    let clean: BTreeSet<&str> = truth
+        .requests
+        .iter()
+        .filter(|r| r.scenario == weft_sim::Scenario::Clean)
+        .map(|r| r.request_id.as_str())
+        .collect();
+    let lines: Vec<Value> = std::fs::read_to_string(events)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let single_use: BTreeSet<&str> = lines
+        .iter()
+        .filter(|e| e["kind"] == "capability_token" && e["payload"]["single_use"] == true)
+        .filter_map(|e| e["payload"]["token_id"].as_str())
+        .collect();
+    let allows: Vec<&Value> = lines
+        .iter()
+        .filter(|e| e["kind"] == "policy_decision" && e["payload"]["decision"] == "allow")
+        .collect();
+    let uses = |t: &str| {
+        allows
+            .iter()
+            .filter(|e| e["payload"]["token_id"] == t)
+            .count()
+    };
+    let mut retry = allows
+        .iter()
+        .find(|e| {
+            let t = e["payload"]["token_id"].as_str().unwrap_or_default();
+            let request = e["request_id"].as_str().unwrap_or_default();
+            clean.contains(request) && single_use.contains(t) && uses(t) == 1
+        })
+        .map(|e| (*e).clone())
+        .expect("an allow decision spending a single-use token once");
+    retry["payload"]["reason"] = json!("retried by the kernel (dashboards test)");
+    std::fs::write(out, format!("{retry}\n")).unwrap();
+    retry["payload"]["decision_id"].as_str().unwrap().to_owned()
+}
+
+/// The violation table names exactly the injected violations (and the retried decision's id
+/// conflict): (rule, subject kind, id).
 fn check_violations(
     truth: &weft_sim::GroundTruth,
+    retried: &str,
     cols: &[String],
     rows: &[Vec<Value>],
     failures: &mut Vec<String>,
 ) {
-    let want: BTreeSet<(String, String, String)> = truth
+    let mut want: BTreeSet<(String, String, String)> = truth
         .requests
         .iter()
         .flat_map(|r| &r.violations)
@@ -662,6 +732,12 @@ fn check_violations(
             )
         })
         .collect();
+    // The retried decision is an id conflict, and still one use of its single-use token.
+    want.insert((
+        "id_conflict".into(),
+        "policy_decision".into(),
+        retried.into(),
+    ));
     let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
     let (r, k, i) = (at("rule"), at("subject_kind"), at("subject_id"));
     let got: BTreeSet<(String, String, String)> = rows
