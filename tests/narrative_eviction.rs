@@ -365,6 +365,10 @@ async fn a_component_far_over_the_budget_is_assigned_exactly() {
             .expect("the narrative exists");
     assert_eq!(first.members_total, (N + 1) as u64);
     assert_eq!(first.entries, n.entries[..api_max as usize]);
+    // Its first members are handles without a request id: the anchor is beyond the cut, and
+    // the narrative is still the request's.
+    assert_eq!(first.request_id.as_deref(), Some("req-big"));
+    assert_eq!(first.request_id, n.request_id);
 }
 
 /// A few members leaving a large narrative cost a read of their own rows, not of the whole

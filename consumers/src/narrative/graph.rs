@@ -314,12 +314,18 @@ impl Graph {
         s
     }
 
-    /// Recompute the narratives around `seeds` and return what changed.
+    /// Recompute the narratives around `seeds` and return what changed. A seed named more
+    /// than once is settled once: a pass of k events citing one colored hub names the hub k
+    /// times, and each repeat used to scan all of its neighbors again (k × degree).
     pub fn settle(&mut self, seeds: &[NodeIdx]) -> Vec<Change> {
         self.largest_component = 0;
         let mut changes = Vec::new();
         let mut done: HashSet<NodeIdx> = HashSet::default();
+        let mut seen: HashSet<NodeIdx> = HashSet::default();
         for &s in seeds {
+            if !seen.insert(s) {
+                continue;
+            }
             self.nodes[s as usize].touched = self.pass;
             let starts: Vec<NodeIdx> = match &self.nodes[s as usize].color {
                 Some(c) => {

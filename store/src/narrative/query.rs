@@ -230,10 +230,10 @@ pub async fn lookup_at_most(
         .iter()
         .map(|m| (m.kind.clone(), m.id.clone()))
         .collect();
-    let request_id = members
-        .iter()
-        .any(|m| m.request_id == nid)
-        .then(|| nid.clone());
+    // A bounded read may have cut the anchor off (members earlier in time lack a request id).
+    let anchored = members.iter().any(|m| m.request_id == nid)
+        || (members_total > members.len() as u64 && anchored_beyond(store, tenant, &nid).await?);
+    let request_id = anchored.then(|| nid.clone());
     let (entries, link_set, mut outside) = entries_and_links(&members, &member_set);
     let incoming = match incoming {
         Some(rows) => rows,
@@ -249,6 +249,20 @@ pub async fn lookup_at_most(
         links: link_set.into_iter().collect(),
         related,
     }))
+}
+
+/// Whether a live member of the narrative carries its id as its own request id: the test of
+/// a request narrative, for a read that kept only its first members. It reads the
+/// narrative's keys, as the bounded read's ranking does.
+async fn anchored_beyond(store: &Store, tenant: &str, nid: &str) -> Result<bool, StoreError> {
+    const ANCHORED: &str = "SELECT count() FROM ( \
+          SELECT 1 FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+          GROUP BY kind, id, content_hash \
+          HAVING argMax(is_deleted, version) = 0 AND argMax(request_id, version) = {n:String} \
+          LIMIT 1)";
+    let c = store.client();
+    let q = c.query(ANCHORED).param("t", tenant).param("n", nid);
+    Ok(q.fetch_one::<u64>().await.map_err(store.err())? > 0)
 }
 
 /// The first `max` live members of a narrative in timeline order, each with the count of
