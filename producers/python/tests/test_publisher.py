@@ -38,7 +38,7 @@ class FakeGateway:
     def __init__(self, port: int = 0):
         self.received: list[dict] = []  # accepted items, in arrival order
         self.posts = 0
-        self.mode = "ok"  # ok | down503
+        self.mode = "ok"  # ok | down503 | max10 (422 too_many_items over 10 items)
         self.reject_payload_ids: set = set()  # payload["id"] values to reject (schema_invalid)
         self.transient_once: set = set()  # payload["id"] values to answer spool_full once
         self.kafka_refused_ids: set = set()  # payload["id"] values Kafka refuses for good
@@ -60,6 +60,9 @@ class FakeGateway:
                     if gw.mode == "down503":
                         return self._send(503, {"error": {"code": "unavailable", "message": "down"}})
                     items = json.loads(body)
+                    if gw.mode == "max10" and len(items) > 10:
+                        return self._send(422, {"error": {"code": "too_many_items",
+                                                          "message": "more than 10 items in one request; split the batch"}})
                     results = []
                     for i, it in enumerate(items):
                         pid = it["payload"].get("id")
@@ -243,6 +246,18 @@ class PublisherTest(unittest.TestCase):
         self.assertTrue(p.flush(10))
         self.assertEqual(seen, ["weft-publish"])
         self.assertEqual(self.gw.ids(), ["lazy"])
+        p.close()
+
+    def test_batches_over_the_gateways_max_items_are_split_not_rejected(self):
+        # The gateway answers 422 too_many_items to a batch over its --max-items.
+        self.gw = FakeGateway()
+        self.gw.mode = "max10"
+        p = self.publisher(self.gw.url, batch_size=50)
+        for i in range(50):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(10), p.stats)
+        self.assertEqual(self.gw.ids(), list(range(50)), "all delivered, in order")
+        self.assertEqual(p.stats.get("rejected", 0), 0, [r.code for r in p.rejections])
         p.close()
 
     def test_rejected_items_are_surfaced_once_and_not_retried(self):

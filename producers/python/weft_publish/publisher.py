@@ -86,6 +86,15 @@ class _Transient(Exception):
     """A batch could not be delivered now; retry later."""
 
 
+def _error_code(body: bytes) -> str | None:
+    """The `code` of a whole-request refusal, `{"error": {"code", "message"}}`."""
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return err.get("code") if isinstance(err, dict) else None
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, datetime.datetime):
         if o.tzinfo is None:
@@ -534,7 +543,9 @@ class Publisher:
         """POST `lines`; returns the lines still to retry (empty when all were resolved).
         Raises `_Transient` when the whole batch must be retried."""
         status, body = self._post(b"[" + b",".join(lines) + b"]")
-        if status == 413 and len(lines) > 1:
+        if len(lines) > 1 and (status == 413 or (status == 422 and _error_code(body) == "too_many_items")):
+            # Too big for the gateway (over its body size, or its --max-items): halves may
+            # pass, and the events in them are fine.
             half = len(lines) // 2
             return self._deliver(lines[:half]) + self._deliver(lines[half:])
         if status in (401, 408, 429) or status >= 500:
