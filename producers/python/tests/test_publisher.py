@@ -20,7 +20,15 @@ import threading
 import time
 import unittest
 
-from weft_publish import Backpressure, BufferFull, BufferLocked, DiskBuffer, Publisher, SenderFailed
+from weft_publish import (
+    Backpressure,
+    BufferFull,
+    BufferLocked,
+    DiskBuffer,
+    Publisher,
+    PublishError,
+    SenderFailed,
+)
 
 
 def wait_until(cond, timeout=10.0):
@@ -38,7 +46,7 @@ class FakeGateway:
     def __init__(self, port: int = 0):
         self.received: list[dict] = []  # accepted items, in arrival order
         self.posts = 0
-        self.mode = "ok"  # ok | down503
+        self.mode = "ok"  # ok | down503 | max10 (422 too_many_items over 10 items)
         self.reject_payload_ids: set = set()  # payload["id"] values to reject (schema_invalid)
         self.transient_once: set = set()  # payload["id"] values to answer spool_full once
         self.kafka_refused_ids: set = set()  # payload["id"] values Kafka refuses for good
@@ -60,6 +68,9 @@ class FakeGateway:
                     if gw.mode == "down503":
                         return self._send(503, {"error": {"code": "unavailable", "message": "down"}})
                     items = json.loads(body)
+                    if gw.mode == "max10" and len(items) > 10:
+                        return self._send(422, {"error": {"code": "too_many_items",
+                                                          "message": "more than 10 items in one request; split the batch"}})
                     results = []
                     for i, it in enumerate(items):
                         pid = it["payload"].get("id")
@@ -101,6 +112,42 @@ class FakeGateway:
     def ids(self):
         with self.lock:
             return [it["payload"]["id"] for it in self.received]
+
+
+class StallingGateway:
+    """Accepts connections and reads the requests, but answers none for 60 s (a gateway
+    holding a POST while Kafka is down, or a stalled one)."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.requests = 0
+        self.conns: list[socket.socket] = []
+        self.release = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
+
+    def _hold(self, conn):
+        try:
+            if conn.recv(65536):
+                self.requests += 1
+        except OSError:
+            pass
+        self.release.wait(60)
+
+    def stop(self):
+        self.release.set()
+        self.listener.close()
+        for c in self.conns:
+            c.close()
 
 
 def free_port() -> int:
@@ -243,6 +290,18 @@ class PublisherTest(unittest.TestCase):
         self.assertTrue(p.flush(10))
         self.assertEqual(seen, ["weft-publish"])
         self.assertEqual(self.gw.ids(), ["lazy"])
+        p.close()
+
+    def test_batches_over_the_gateways_max_items_are_split_not_rejected(self):
+        # The gateway answers 422 too_many_items to a batch over its --max-items.
+        self.gw = FakeGateway()
+        self.gw.mode = "max10"
+        p = self.publisher(self.gw.url, batch_size=50)
+        for i in range(50):
+            p.publish("trace_event", {"id": i})
+        self.assertTrue(p.flush(10), p.stats)
+        self.assertEqual(self.gw.ids(), list(range(50)), "all delivered, in order")
+        self.assertEqual(p.stats.get("rejected", 0), 0, [r.code for r in p.rejections])
         p.close()
 
     def test_rejected_items_are_surfaced_once_and_not_retried(self):
@@ -466,6 +525,51 @@ class PublisherTest(unittest.TestCase):
         self.assertTrue(q.flush(10), q.stats)
         self.assertEqual(self.gw.ids(), list(range(25)))
         q.close()
+
+    def test_close_saves_a_batch_the_gateway_holds_and_the_queue_behind_it(self):
+        stall = StallingGateway()
+        self.addCleanup(stall.stop)
+        p = self.publisher(stall.url)  # HTTP timeout 30 s: the POST outlasts close()
+        p.publish("trace_event", {"id": 0})
+        self.assertTrue(wait_until(lambda: stall.requests == 1 and p.stats["queued"] == 0), p.stats)
+        for i in range(1, 26):
+            p.publish("trace_event", {"id": i})
+        started = time.monotonic()
+        p.close(timeout=0.3)
+        self.assertEqual(p.stats["queued"], 0, p.stats)
+        self.assertEqual(p.stats.get("spilled", 0), 26, "the held batch and the queue are on disk")
+        self.assertFalse(p._thread.is_alive())
+        self.assertLess(time.monotonic() - started, 3.0, "close() does not wait for the held POST")
+        self.gw = FakeGateway()
+        q = self.publisher(self.gw.url)
+        self.assertTrue(q.flush(10), q.stats)
+        self.assertEqual(self.gw.ids(), list(range(26)), "the next publisher sends them, in order")
+        q.close()
+
+    def test_close_says_so_when_the_sender_cannot_save_in_time(self):
+        self.gw = FakeGateway()
+        p = self.publisher(self.gw.url)
+        p.close_grace = 0.3
+        stuck = threading.Event()
+        self.addCleanup(stuck.set)
+
+        def blocking():  # a payload callable that hangs the sender thread
+            stuck.wait(30)
+            return {"id": 0}
+
+        p.publish("trace_event", blocking)
+        self.assertTrue(wait_until(lambda: p.stats.get("enqueued", 0) == 1), p.stats)
+        for i in range(1, 4):
+            p.publish("trace_event", {"id": i})
+        with self.assertRaisesRegex(PublishError, "at least 3 events not saved"):
+            p.close(timeout=0.1)
+        with self.assertRaisesRegex(PublishError, "closed"):
+            p.publish("trace_event", {"id": 4})
+        stuck.set()  # unstuck before exit: it saves them all after all
+        p._thread.join(5)
+        self.assertFalse(p._thread.is_alive())
+        self.assertEqual(p.stats.get("spilled", 0), 4, p.stats)
+        self.assertEqual(self.gw.ids(), [], "nothing is sent once close() gave up")
 
 
 if __name__ == "__main__":

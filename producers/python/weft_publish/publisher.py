@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import random
+import socket
 import threading
 import time
 import urllib.parse
@@ -84,6 +85,15 @@ class Rejection:
 
 class _Transient(Exception):
     """A batch could not be delivered now; retry later."""
+
+
+def _error_code(body: bytes) -> str | None:
+    """The `code` of a whole-request refusal, `{"error": {"code", "message"}}`."""
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return err.get("code") if isinstance(err, dict) else None
 
 
 def _json_default(o: Any) -> Any:
@@ -168,6 +178,9 @@ class Publisher:
         on_rejected: called (on the sender thread) with each `Rejection`.
     """
 
+    #: Seconds close() waits, after its `timeout`, for the sender to save what is left.
+    close_grace = 5.0
+
     def __init__(
         self,
         url: str,
@@ -206,7 +219,9 @@ class Publisher:
         self._stop = threading.Event()
         self._cv = threading.Condition()
         self._busy = True
-        self._closed = False
+        self._closed = False  # read and set under self._cv (see publish and close)
+        self._close_deadline = 0.0  # monotonic; set by close()
+        self._held: list[bytes] = []  # taken from memory, not yet durable nor delivered
         self._conn: http.client.HTTPConnection | None = None
         self._disk_error: str | None = None  # the last spill's OSError, if it failed so
         self._disk_retry_at = 0.0  # after a disk error, no spill before this (monotonic)
@@ -237,11 +252,14 @@ class Publisher:
         """
         if self._failure is not None:
             raise SenderFailed(self._failure)
-        if self._closed:
-            raise PublishError("publisher is closed")
-        if len(self._q) >= self._max_queue:
-            raise self._pushback()
-        self._q.append((kind, request_id, tenant, payload))
+        # Under the lock close() takes to set `_closed`: an event appended once the sender
+        # has drained the queue for the last time would be lost.
+        with self._cv:
+            if self._closed:
+                raise PublishError("publisher is closed")
+            if len(self._q) >= self._max_queue:
+                raise self._pushback()
+            self._q.append((kind, request_id, tenant, payload))
         self._wake.set()
 
     def publish_many(self, events: list[tuple[str, Any, str | None]]) -> None:
@@ -250,11 +268,12 @@ class Publisher:
         half-published. Raises `Backpressure` (enqueuing nothing) when they do not fit."""
         if self._failure is not None:
             raise SenderFailed(self._failure)
-        if self._closed:
-            raise PublishError("publisher is closed")
-        if len(self._q) + len(events) > self._max_queue:
-            raise self._pushback()
-        self._q.extend((kind, rid, None, payload) for kind, payload, rid in events)
+        with self._cv:
+            if self._closed:
+                raise PublishError("publisher is closed")
+            if len(self._q) + len(events) > self._max_queue:
+                raise self._pushback()
+            self._q.extend((kind, rid, None, payload) for kind, payload, rid in events)
         self._wake.set()
 
     def _pushback(self) -> Backpressure:
@@ -294,16 +313,54 @@ class Publisher:
     def close(self, timeout: float = 10.0) -> None:
         """Stop accepting events, try to deliver for up to `timeout`, then move whatever is
         left to the on-disk buffer (replayed by the next Publisher on the same folder).
-        Raises `SenderFailed` if the sender thread has died (then nothing was saved)."""
-        if not self._closed:
-            self._closed = True
-            self._close_deadline = time.monotonic() + timeout
+        A request still unanswered at `timeout` (a gateway holding it while Kafka is down,
+        or a stalled one) is cut off, and its events go to the buffer too.
+        Raises `SenderFailed` if the sender thread has died (then nothing was saved), and
+        `PublishError`, naming how many events were not saved, if the sender has not
+        saved them `close_grace` (5) s after `timeout` (e.g. it is still connecting, or
+        the disk hangs); it saves them should it get unstuck before the process exits."""
+        with self._cv:
+            first, self._closed = not self._closed, True
+            if first:
+                self._close_deadline = time.monotonic() + timeout
+        if first:
             self._stop.set()
             self._wake.set()
-            self._thread.join(timeout + 5.0)
+            self._thread.join(timeout)
+            # Past the deadline the sender stops delivering, unless it is waiting for an
+            # answer: cut that connection, so the request fails like any outage and its
+            # batch is spilled with the rest.
+            give_up = time.monotonic() + self.close_grace
+            while self._thread.is_alive() and time.monotonic() < give_up:
+                self._abort_request()
+                self._thread.join(0.05)
             _LIVE.discard(self)
+            if self._thread.is_alive() and self._failure is None:
+                unsaved = len(self._q) + len(self._held)
+                raise PublishError(
+                    f"weft publisher closed with at least {unsaved} events not saved: its "
+                    f"sender did not stop within {timeout} + {self.close_grace} s (last "
+                    f"error: {self.last_error}); they are lost if the process exits before "
+                    f"it writes them to {self._disk.directory}"
+                )
         if self._failure is not None:
             raise SenderFailed(self._failure)
+
+    def _abort_request(self) -> None:
+        """close()'s thread: make the request the sender is waiting on fail now."""
+        conn = self._conn
+        sock = getattr(conn, "sock", None)
+        if sock is None:
+            return
+        try:
+            # socket.socket's own shutdown, also for TLS: SSLSocket.shutdown would drop its
+            # SSL object under the sender's feet.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:
+            pass  # closed meanwhile: the sender is done with it
+
+    def _close_deadline_passed(self) -> bool:
+        return self._stop.is_set() and time.monotonic() >= self._close_deadline
 
     # -- sender thread -------------------------------------------------------------------
     def _encode(self, item: tuple[str, str | None, str | None, Any]) -> bytes | None:
@@ -408,20 +465,19 @@ class Publisher:
             self._set_busy(False)
 
     def _send(self) -> None:
-        held: list[bytes] = []  # taken from memory, not yet durable nor delivered
         inflight: tuple[list[bytes], Position] | None = None  # from disk, not yet committed
         attempt = 0
         next_try = 0.0
         while True:
             stopping = self._stop.is_set()
-            if stopping and time.monotonic() >= getattr(self, "_close_deadline", 0.0):
+            if self._close_deadline_passed():
                 break
             self._set_busy(True)
             # OSError: the on-disk buffer could not be read, cleaned or its cursor written;
-            # retried like an unreachable gateway (events taken from memory stay in `held`).
+            # retried like an unreachable gateway (events taken from memory stay in `_held`).
             try:
                 degraded = (
-                    bool(held)
+                    bool(self._held)
                     or inflight is not None
                     or time.monotonic() < next_try  # backing off: the disk is not touched
                     or not self._disk.is_empty()
@@ -435,23 +491,23 @@ class Publisher:
                         self._wake.wait(0.5)
                         self._wake.clear()
                         continue
-                    held = lines
+                    self._held = lines
                 else:
                     # Keep callers flowing while the gateway is away: move memory to disk.
-                    if held and self._spill(held):
-                        held = []
-                    while not held and self._q:
+                    if self._held and self._spill(self._held):
+                        self._held = []
+                    while not self._held and self._q:
                         more = self._take(wait=False)
                         if more and not self._spill(more):
-                            held = more
+                            self._held = more
                             break
                 now = time.monotonic()
                 if now < next_try:
                     time.sleep(min(next_try - now, 0.05))
                     continue
-                if held:
-                    held = self._deliver(held)
-                    if held:
+                if self._held:
+                    self._held = self._deliver(self._held)
+                    if self._held:
                         raise _Transient("some items were refused for now")
                 else:
                     if inflight is None:
@@ -480,15 +536,16 @@ class Publisher:
                     log.warning("weft_publish: delivery failed (attempt %d), buffering: %s", attempt, self.last_error)
                 delay = min(self._backoff_max, self._backoff_initial * (2 ** min(attempt - 1, 16)))
                 next_try = time.monotonic() + delay * (0.5 + random.random() / 2)
-                if held and self._spill(held):
-                    held = []
+                if self._held and self._spill(self._held):
+                    self._held = []
         # Closing: nothing in memory may be lost; what could not be delivered goes to disk.
         self._disk_retry_at = 0.0
-        leftovers = held + [line for line in (self._encode(i) for i in self._drain_queue()) if line]
-        if leftovers and not self._spill(leftovers):
+        self._held = self._held + [line for line in (self._encode(i) for i in self._drain_queue()) if line]
+        if self._held and not self._spill(self._held):
             code, why = ("buffer_failed_at_close", self._disk_error) if self._disk_error else ("buffer_full_at_close", self.last_error)
-            for line in leftovers:
+            for line in self._held:
                 self._reject("unknown", None, code, why or "buffer full", line.decode(errors="replace")[:500])
+        self._held = []
         self._disk.close()
         if self._conn is not None:
             self._conn.close()
@@ -512,6 +569,9 @@ class Publisher:
         # A kept-alive connection the server has since closed fails on first use: that one
         # failure is retried at once on a fresh connection before counting as an outage.
         for fresh in ((False, True) if self._conn is not None else (True,)):
+            if self._close_deadline_passed():
+                # close() has cut the request off (or is about to): no new one.
+                raise _Transient("publisher closing: no time left to deliver")
             try:
                 conn = self._connection()
                 conn.request(
@@ -534,7 +594,9 @@ class Publisher:
         """POST `lines`; returns the lines still to retry (empty when all were resolved).
         Raises `_Transient` when the whole batch must be retried."""
         status, body = self._post(b"[" + b",".join(lines) + b"]")
-        if status == 413 and len(lines) > 1:
+        if len(lines) > 1 and (status == 413 or (status == 422 and _error_code(body) == "too_many_items")):
+            # Too big for the gateway (over its body size, or its --max-items): halves may
+            # pass, and the events in them are fine.
             half = len(lines) // 2
             return self._deliver(lines[:half]) + self._deliver(lines[half:])
         if status in (401, 408, 429) or status >= 500:
