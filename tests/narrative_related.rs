@@ -90,3 +90,62 @@ async fn related_narratives_are_found_from_both_ends_of_a_link() {
     assert_eq!(first.related, ["req-b"], "bounded read");
     assert_eq!(ingest.terminate().code(), Some(0));
 }
+
+/// A member cited by more events of other requests than a read follows: `related` names the
+/// narratives of the first `RELATED_IDS_AT_MOST` of them and says it was cut. It used to read
+/// every link into the member and ask for every citing event's narrative (a token cited by a
+/// million requests: a million rows and hundreds of queries for one HTTP request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cited_by_more_requests_than_a_read_follows_names_some_and_says_so() {
+    let p = Pipeline::new("it_related_cut");
+    let citing = query::RELATED_IDS_AT_MOST + 20;
+    let mut lines = vec![envelope(
+        "handle",
+        "req-hub",
+        json!({"handle_id": "h-hub", "capability_id": "org.test.cap",
+               "artifact_type": "application/json", "created_at": "2026-03-08T06:00:01Z"}),
+    )];
+    lines.extend((0..citing).map(|i| {
+        envelope(
+            "trace_event",
+            &format!("req-{i:05}"),
+            json!({"event_id": format!("te-{i:05}"), "event_type": "capability_executed",
+                   "timestamp": "2026-03-08T06:00:09Z", "handle_id": "h-hub"}),
+        )
+    }));
+    let file = p.path("events.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let ingest = p.ingest(None);
+    p.publish(&file);
+    let all = citing as u64 + 1;
+    p.wait_for_facts(all, Duration::from_secs(120)).await;
+    p.wait_for_count(
+        "SELECT count() FROM weft_narrative_nodes",
+        all,
+        Duration::from_secs(60),
+    )
+    .await;
+
+    let store = p.store();
+    for max in [u64::MAX, 1] {
+        let hub = query::lookup_at_most(&store, "default", "req-hub", max)
+            .await
+            .unwrap()
+            .expect("req-hub");
+        assert!(hub.related_cut, "read of at most {max} members");
+        let want: Vec<String> = (0..query::RELATED_IDS_AT_MOST)
+            .map(|i| format!("req-{i:05}"))
+            .collect();
+        assert_eq!(hub.related, want, "read of at most {max} members");
+        assert!(hub.to_text().contains("related (and more): req-00000, "));
+    }
+    let one = query::lookup(&store, "default", "req-00007")
+        .await
+        .unwrap()
+        .expect("req-00007");
+    assert_eq!(
+        (one.related, one.related_cut),
+        (vec!["req-hub".to_owned()], false)
+    );
+    assert_eq!(ingest.terminate().code(), Some(0));
+}

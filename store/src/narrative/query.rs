@@ -62,8 +62,13 @@ pub struct Narrative {
     pub members_total: u64,
     /// Links whose both ends are members.
     pub links: Vec<LinkView>,
-    /// Other narratives that a member links to, or that link to a member.
+    /// Other narratives that a member links to, or that link to a member: those of the first
+    /// [`RELATED_IDS_AT_MOST`] such ids (sorted), when `related_cut` says there are more.
     pub related: Vec<String>,
+    /// More ids outside link to or from the members than a read follows (a token cited by a
+    /// million other requests, say): `related` is then a part of them.
+    #[serde(default)]
+    pub related_cut: bool,
 }
 
 /// The payload fields a text rendering shows for each entry, in this order.
@@ -120,7 +125,8 @@ impl Narrative {
             );
         }
         if !self.related.is_empty() {
-            let _ = writeln!(out, "  related: {}", self.related.join(", "));
+            let more = if self.related_cut { " (and more)" } else { "" };
+            let _ = writeln!(out, "  related{more}: {}", self.related.join(", "));
         }
         out
     }
@@ -135,6 +141,18 @@ struct MemberRow {
     payload: String,
     total: u64,
 }
+
+/// The most ids outside a narrative, linked to or from its members, whose narratives a read
+/// names in [`Narrative::related`]: the read's work stays bounded however many events cite
+/// one of its members.
+pub const RELATED_IDS_AT_MOST: usize = 1_000;
+
+/// The most links into a narrative's members from outside that one query returns.
+const INCOMING_AT_MOST: u64 = 10_000;
+
+/// The most ids one `IN` list names: each may select a granule of its own (8,192 rows), so
+/// that 512 of them stay under the HTTP APIs' 5M-row read limit whatever the table's size.
+const IDS_PER_QUERY: usize = 512;
 
 /// The most members a narrative read by the HTTP APIs holds (`GET /v1/narratives/{id}`, the
 /// audit timeline); a bundle of a larger narrative is refused.
@@ -237,9 +255,16 @@ pub async fn lookup_at_most(
     let (entries, link_set, mut outside) = entries_and_links(&members, &member_set);
     let incoming = match incoming {
         Some(rows) => rows,
-        None => fetch_by_ids(store, INCOMING_BY_IDS, tenant, &member_set).await?,
+        None => incoming_by_ids(store, tenant, &member_set).await?,
     };
+    let mut related_cut = incoming.len() as u64 >= INCOMING_AT_MOST;
     outside.extend(linked_from_outside(incoming, &member_set));
+    let mut outside: Vec<(String, String)> = outside.into_iter().collect();
+    if outside.len() > RELATED_IDS_AT_MOST {
+        outside.sort_unstable();
+        outside.truncate(RELATED_IDS_AT_MOST);
+        related_cut = true;
+    }
     let related = related(store, tenant, &nid, &outside).await?;
     Ok(Some(Narrative {
         narrative_id: nid,
@@ -248,6 +273,7 @@ pub async fn lookup_at_most(
         members_total,
         links: link_set.into_iter().collect(),
         related,
+        related_cut,
     }))
 }
 
@@ -320,7 +346,9 @@ async fn members(
     if whole {
         let (m, l) = tokio::try_join!(
             read(SMALL).param("max", max).fetch_all::<MemberRow>(),
-            read(INCOMING_BY_NARRATIVE).fetch_all::<InLink>()
+            read(INCOMING_BY_NARRATIVE)
+                .param("max", INCOMING_AT_MOST)
+                .fetch_all::<InLink>()
         )
         .map_err(store.err())?;
         Ok((m, Some(l)))
@@ -373,38 +401,58 @@ fn entries_and_links(
     (entries, link_set, outside)
 }
 
-/// The rows `sql` (bound `{t:String}` and `{ids:Array(String)}`) gives for the distinct ids
-/// of `nodes`, asked in lists that each fit one query parameter: a narrative of thousands of
-/// members would otherwise pass ClickHouse's limit on one.
-async fn fetch_by_ids<T: clickhouse::RowOwned + clickhouse::RowRead>(
-    store: &Store,
-    sql: &str,
-    tenant: &str,
-    nodes: &HashSet<(String, String)>,
-) -> Result<Vec<T>, StoreError> {
-    let ids: BTreeSet<&str> = nodes.iter().map(|(_, id)| id.as_str()).collect();
+/// The distinct ids of `nodes` in lists that each fit one query parameter (a narrative of
+/// thousands of members would otherwise pass ClickHouse's limit on one) and name at most
+/// [`IDS_PER_QUERY`] ids.
+fn id_lists<'a>(nodes: impl Iterator<Item = &'a (String, String)>) -> Vec<Vec<String>> {
+    let ids: BTreeSet<&str> = nodes.map(|(_, id)| id.as_str()).collect();
     let ids = ids.into_iter().map(str::to_owned).collect();
-    let mut rows = Vec::new();
-    for chunk in crate::ids::chunks_by_bytes(ids, crate::ids::MAX_PARAM_BYTES) {
-        let q = store
-            .client()
-            .query(sql)
+    crate::ids::chunks_by_bytes(ids, crate::ids::MAX_PARAM_BYTES)
+        .into_iter()
+        .flat_map(|c| {
+            c.chunks(IDS_PER_QUERY)
+                .map(<[String]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The links into the kept members of a bounded read, by their ids, until
+/// [`INCOMING_AT_MOST`] are found.
+async fn incoming_by_ids(
+    store: &Store,
+    tenant: &str,
+    members: &HashSet<(String, String)>,
+) -> Result<Vec<InLink>, StoreError> {
+    let mut rows: Vec<InLink> = Vec::new();
+    for ids in id_lists(members.iter()) {
+        let left = INCOMING_AT_MOST - rows.len() as u64;
+        let q = (store.client().query(INCOMING_BY_IDS))
             .param("t", tenant)
-            .param("ids", &chunk);
-        rows.extend(q.fetch_all::<T>().await.map_err(store.err())?);
+            .param("ids", &ids)
+            .param("max", left);
+        rows.extend(q.fetch_all::<InLink>().await.map_err(store.err())?);
+        if rows.len() as u64 >= INCOMING_AT_MOST {
+            break;
+        }
     }
     Ok(rows)
 }
 
-/// The links into a narrative's members: asked by narrative id alongside a whole read, by the
-/// kept members' ids after a bounded one. (`GLOBAL IN`: on the cluster layout the two tables
-/// are sharded by different keys; on one server it is a plain `IN`.)
+/// The links into a narrative's members from outside it, at most `{max}`: asked by narrative
+/// id alongside a whole read, by the kept members' ids after a bounded one (whose links
+/// between kept members are dropped in Rust). (`GLOBAL IN`: on the cluster layout the two
+/// tables are sharded by different keys; on one server it is a plain `IN`.)
 const INCOMING_BY_NARRATIVE: &str =
     "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
      WHERE tenant = {t:String} AND to_id GLOBAL IN ( \
-       SELECT id FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String})";
+       SELECT id FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String}) \
+       AND (from_kind, from_id) GLOBAL NOT IN ( \
+       SELECT kind, id FROM weft_narratives WHERE tenant = {t:String} AND narrative_id = {n:String} \
+       GROUP BY kind, id, content_hash HAVING argMax(is_deleted, version) = 0) \
+     LIMIT {max:UInt64}";
 const INCOMING_BY_IDS: &str = "SELECT DISTINCT from_kind, from_id, to_kind, to_id FROM weft_links \
-     WHERE tenant = {t:String} AND to_id IN {ids:Array(String)}";
+     WHERE tenant = {t:String} AND to_id IN {ids:Array(String)} LIMIT {max:UInt64}";
 
 /// The events outside the narrative that link into it, from `incoming` (links into its ids).
 fn linked_from_outside(
@@ -425,19 +473,18 @@ async fn related(
     store: &Store,
     tenant: &str,
     nid: &str,
-    outside: &HashSet<(String, String)>,
+    outside: &[(String, String)],
 ) -> Result<Vec<String>, StoreError> {
-    if outside.is_empty() {
-        return Ok(Vec::new());
+    const NODES_BY_IDS: &str = "SELECT kind, id, argMax(narrative_id, version) AS narrative_id \
+        FROM weft_narrative_nodes WHERE tenant = {t:String} AND id IN {ids:Array(String)} \
+        GROUP BY kind, id";
+    let mut found: Vec<NodeNarrative> = Vec::new();
+    for ids in id_lists(outside.iter()) {
+        let q = (store.client().query(NODES_BY_IDS))
+            .param("t", tenant)
+            .param("ids", &ids);
+        found.extend(q.fetch_all::<NodeNarrative>().await.map_err(store.err())?);
     }
-    let found: Vec<NodeNarrative> = fetch_by_ids(
-        store,
-        "SELECT kind, id, argMax(narrative_id, version) AS narrative_id FROM weft_narrative_nodes \
-         WHERE tenant = {t:String} AND id IN {ids:Array(String)} GROUP BY kind, id",
-        tenant,
-        outside,
-    )
-    .await?;
     let by_key: HashMap<(String, String), String> = found
         .into_iter()
         .map(|n| ((n.kind, n.id), n.narrative_id))
