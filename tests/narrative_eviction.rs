@@ -584,6 +584,36 @@ async fn an_identity_stored_again_with_a_smaller_request_takes_it_with_all_ancho
     assert_eq!(Harness::rebuilt_from(h.fed.iter().rev()), h.rebuilt());
 }
 
+/// Recoloring a hub loads the uncolored components around it, not the events with a request
+/// id that cite it: those keep their own narrative whatever the hub's color. It used to load
+/// every one (a decision cited by a million requests: a million nodes in one pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recoloring_a_hub_loads_only_what_can_move() {
+    const CITING: usize = 200;
+    let mut h = Harness::warm("it_evict_hub", 30).await;
+    let mut first = vec![
+        handle_in("h-hub", None, Some("req-m")),
+        frame("f-hub", &["h-hub"]),
+    ];
+    first.extend((0..CITING).map(|i| trace(&format!("te-cite-{i}"), &format!("req-x{i}"), "h-hub")));
+    h.feed(&first, 50).await;
+    h.assert_placed(&[("frame", "f-hub", "req-m")]).await;
+    let churn = h.feed(&filler("hub", 300), 20).await;
+    assert!(churn.evicted > 500, "{churn:?}");
+    h.projector = Projector::load(h.store.clone(), 30).await.unwrap();
+    common::facts::wait_for_id_filters(&h.projector).await;
+    let again = h.feed(&[handle_again("h-hub", "req-a")], 1).await;
+    assert!(
+        again.loaded < 20,
+        "the hub, its frame and their neighbors, not the {CITING} citing events: {again:?}"
+    );
+    h.assert_placed(&[("handle", "h-hub", "req-a"), ("frame", "f-hub", "req-a")])
+        .await;
+    h.assert_placed(&[("trace_event", "te-cite-7", "req-x7")]).await;
+    h.assert_exact().await;
+    assert_eq!(Harness::rebuilt_from(h.fed.iter().rev()), h.rebuilt());
+}
+
 /// A pass that recolors an identity, killed after any of its writes (see
 /// `tests/narrative_crash_points.rs`) and replayed by a restarted projector, ends as the
 /// rebuild says.

@@ -36,12 +36,33 @@ pub fn tenant_hash_sql(tenant: &str) -> String {
 /// (`http_max_field_value_size`), leaving room for the array's quoting and escaping.
 pub const MAX_PARAM_BYTES: usize = 64 << 10;
 
+/// What one value takes in a query parameter (its text, quotes and separator).
+pub trait ParamBytes {
+    /// Bytes of the value in an `Array(...)` parameter.
+    fn param_bytes(&self) -> usize;
+}
+
+impl ParamBytes for String {
+    fn param_bytes(&self) -> usize {
+        self.len() + 4
+    }
+}
+
+impl ParamBytes for (String, String) {
+    fn param_bytes(&self) -> usize {
+        self.0.len() + self.1.len() + 8
+    }
+}
+
 /// Split `ids` into runs whose total length stays under `max_bytes` (one id per run at least).
-pub fn chunks_by_bytes(ids: Vec<String>, max_bytes: usize) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = Vec::new();
+pub fn chunks_by_bytes<T: ParamBytes>(
+    ids: impl IntoIterator<Item = T>,
+    max_bytes: usize,
+) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
     let mut size = 0;
     for id in ids {
-        let n = id.len() + 4;
+        let n = id.param_bytes();
         match out.last_mut() {
             Some(last) if size + n <= max_bytes => {
                 size += n;
@@ -77,7 +98,7 @@ mod tests {
             chunks_by_bytes(long.clone(), 100),
             vec![vec![long[0].clone()], vec!["y".to_owned()]]
         );
-        assert!(chunks_by_bytes(Vec::new(), 100).is_empty());
+        assert!(chunks_by_bytes(Vec::<String>::new(), 100).is_empty());
     }
 
     #[test]

@@ -12,8 +12,8 @@ use weft_store::{Store, StoreError};
 
 use super::graph::{Change, Graph};
 
-/// Per tenant: the narratives nodes leave, and where each (kind, id) goes.
-type Moves = (HashSet<String>, HashMap<(String, String), Arc<str>>);
+/// Per tenant: the (narrative left, id) pairs, and where each (kind, id) goes.
+type Moves = (HashSet<(String, String)>, HashMap<(String, String), Arc<str>>);
 
 /// For every node that left a narrative: a tombstone there, and its rows copied to the
 /// new one, pushed to `out` with `version`. Returns how many nodes moved.
@@ -33,17 +33,15 @@ pub(super) async fn move_rows(
         let Some(old) = &c.old else { continue };
         let key = graph.key(c.node);
         let e = by_tenant.entry(key.tenant.clone()).or_default();
-        e.0.insert(old.to_string());
+        e.0.insert((old.to_string(), key.id.to_string()));
         e.1.insert(
             (key.kind.as_str().to_owned(), key.id.to_string()),
             c.new.clone(),
         );
     }
     let mut moved = 0;
-    for (tenant, (olds, targets)) in by_tenant {
-        let ids: HashSet<&String> = targets.keys().map(|(_, id)| id).collect();
-        let ids = ids.into_iter().cloned().collect();
-        for r in moving_rows(store, &tenant, olds, ids).await? {
+    for (tenant, (pairs, targets)) in by_tenant {
+        for r in moving_rows(store, &tenant, pairs).await? {
             if r.is_deleted == 1 {
                 continue;
             }
@@ -71,42 +69,44 @@ pub(super) async fn move_rows(
     Ok(moved)
 }
 
-/// The newest version of every member row of `tenant` in one of the narratives `olds` whose
-/// id is one of `ids`. `weft_narratives` is ordered by (tenant, narrative_id, kind, id, ...),
-/// so the two lists together narrow the granules read to the movers'.
-#[instrument(skip_all, fields(%tenant, narratives = olds.len(), ids = ids.len()))]
+/// The newest version of every member row of `tenant` in a narrative it leaves, for each
+/// (narrative, id) of `pairs`. `weft_narratives` is ordered by (tenant, narrative_id, kind,
+/// id, ...): each query names its pairs' narratives and ids as lists too, so ClickHouse
+/// reads the granules that hold them. One query per chunk of pairs: asking every chunk of
+/// narratives with every chunk of ids, as before, grew with the square of a large move.
+#[instrument(skip_all, fields(%tenant, pairs = pairs.len()))]
 async fn moving_rows(
     store: &Store,
     tenant: &str,
-    olds: HashSet<String>,
-    ids: Vec<String>,
+    pairs: HashSet<(String, String)>,
 ) -> Result<Vec<NarrativeRow>, StoreError> {
     let mut rows: Vec<NarrativeRow> = Vec::new();
     // A large pass can move thousands of members; ClickHouse caps one query parameter
-    // (http_max_field_value_size, 128 KiB by default), so ask in chunks of each list.
-    let id_chunks = chunks_by_bytes(ids, MAX_PARAM_BYTES);
-    for olds in chunks_by_bytes(olds.into_iter().collect(), MAX_PARAM_BYTES) {
-        for ids in &id_chunks {
-            let mut part: Vec<NarrativeRow> = store
-                .client()
-                .query(
-                    "SELECT tenant, narrative_id, kind, id, content_hash, \
-                            argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
-                            argMax(payload, version) AS payload, max(version) AS version, \
-                            argMax(is_deleted, version) AS is_deleted \
-                     FROM weft_narratives \
-                     WHERE tenant = {t:String} AND narrative_id IN {olds:Array(String)} \
-                       AND id IN {ids:Array(String)} \
-                     GROUP BY tenant, narrative_id, kind, id, content_hash",
-                )
-                .param("t", tenant)
-                .param("olds", &olds)
-                .param("ids", ids)
-                .fetch_all()
-                .await
-                .map_err(store.err())?;
-            rows.append(&mut part);
-        }
+    // (http_max_field_value_size, 128 KiB by default), so ask in chunks.
+    for chunk in chunks_by_bytes(pairs, MAX_PARAM_BYTES) {
+        let olds: HashSet<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
+        let ids: HashSet<&str> = chunk.iter().map(|(_, id)| id.as_str()).collect();
+        let mut part: Vec<NarrativeRow> = store
+            .client()
+            .query(
+                "SELECT tenant, narrative_id, kind, id, content_hash, \
+                        argMax(ts, version) AS ts, argMax(request_id, version) AS request_id, \
+                        argMax(payload, version) AS payload, max(version) AS version, \
+                        argMax(is_deleted, version) AS is_deleted \
+                 FROM weft_narratives \
+                 WHERE tenant = {t:String} AND narrative_id IN {olds:Array(String)} \
+                   AND id IN {ids:Array(String)} \
+                   AND (narrative_id, id) IN {pairs:Array(Tuple(String, String))} \
+                 GROUP BY tenant, narrative_id, kind, id, content_hash",
+            )
+            .param("t", tenant)
+            .param("olds", olds.into_iter().collect::<Vec<_>>())
+            .param("ids", ids.into_iter().collect::<Vec<_>>())
+            .param("pairs", &chunk)
+            .fetch_all()
+            .await
+            .map_err(store.err())?;
+        rows.append(&mut part);
     }
     Ok(rows)
 }

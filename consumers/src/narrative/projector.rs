@@ -13,7 +13,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 
-use tracing::{info, instrument};
+use tracing::{info, instrument, warn};
 use weft_schemas::links::{Link, NodeKind};
 
 use super::direct::direct_facts;
@@ -149,10 +149,16 @@ impl Projector {
         check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
         // The projector is the only writer of these tables: an insert running now is a dead
         // predecessor's, and reading before it lands would place its members wrongly. (With
-        // several shards it may be another shard's too; waiting for it costs a moment.)
-        store
+        // several shards it may be another shard's too; waiting for it costs a moment.) Not
+        // given up on: a member row landing after the restore below would be live in a
+        // narrative no node row names. A dead client's insert ends when ClickHouse sees the
+        // connection gone, so the wait ends too.
+        while !store
             .wait_for_running_inserts(NARRATIVE_TABLES, std::time::Duration::from_secs(60))
-            .await?;
+            .await?
+        {
+            warn!("narrative inserts started before this process still run after 60 s; waiting on");
+        }
         let c = store.client();
         let progress: Vec<ProgressRow> = c
             .query(
@@ -488,7 +494,10 @@ impl Projector {
                 around.extend(loader::around(&self.store, &mut self.graph, own).await?);
             }
         }
-        around.retain(|k| self.graph.needs_load(k));
+        // Only what may move: an event without a request id (its own id is in the open set),
+        // or a phantom or flow such an event names (in it as a link target). An event with a
+        // request id keeps its own narrative, however many of them cite the node.
+        around.retain(|k| self.graph.needs_load(k) && self.open.may_contain(k));
         if !around.is_empty() {
             loaded += loader::load(&self.store, &mut self.graph, around)
                 .await?

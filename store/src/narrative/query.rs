@@ -406,7 +406,7 @@ fn entries_and_links(
 /// [`IDS_PER_QUERY`] ids.
 fn id_lists<'a>(nodes: impl Iterator<Item = &'a (String, String)>) -> Vec<Vec<String>> {
     let ids: BTreeSet<&str> = nodes.map(|(_, id)| id.as_str()).collect();
-    let ids = ids.into_iter().map(str::to_owned).collect();
+    let ids = ids.into_iter().map(str::to_owned);
     crate::ids::chunks_by_bytes(ids, crate::ids::MAX_PARAM_BYTES)
         .into_iter()
         .flat_map(|c| {
