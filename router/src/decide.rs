@@ -3,6 +3,8 @@
 //! (SquareCB over the contextual model, or a policy over the aggregates), and build the
 //! ExecutionRoutingDecision that is both published and answered.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use weft_schemas::contracts::{ExecutionCandidate, ExecutionRoutingDecision};
@@ -402,7 +404,7 @@ pub fn build(
 
 /// What a decision is remembered by (for its feedback): the context key, the context
 /// features, and every admissible candidate's features.
-#[derive(Debug, Clone)]
+#[derive(Debug, Default)]
 pub struct Remembered {
     /// The context key.
     pub context_key: String,
@@ -410,6 +412,8 @@ pub struct Remembered {
     pub ctx: Vec<Feature>,
     /// (candidate id, its features) of the choice and the fallbacks.
     pub cands: Vec<(String, Vec<Feature>)>,
+    /// Its choice is no longer counted in flight ([`Remembered::settle`]).
+    pub settled: AtomicBool,
 }
 
 impl Remembered {
@@ -432,7 +436,18 @@ impl Remembered {
             context_key: key,
             ctx,
             cands,
+            settled: AtomicBool::new(false),
         }
+    }
+
+    /// The decision's choice, the first time its feedback comes (`None` after): a decision
+    /// is in flight once, so however often its feedback is posted, it frees one slot of the
+    /// risk budget, never one held by another decision.
+    pub fn settle(&self) -> Option<&str> {
+        if self.settled.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        self.cands.first().map(|(id, _)| id.as_str())
     }
 
     /// About the bytes it holds on the heap and inline (for [`crate::service`]'s bound on
@@ -484,6 +499,7 @@ impl Remembered {
             context_key: String::new(),
             ctx,
             cands,
+            settled: AtomicBool::new(false),
         })
     }
 }

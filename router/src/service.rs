@@ -391,11 +391,10 @@ impl Service {
                 quality: outcome.quality,
             },
         );
-        if let Some(r) = &remembered {
-            // The decision's choice is no longer in flight, whichever candidate ran.
-            if let Some((chosen, _)) = r.cands.first() {
-                self.live.settled(tenant, chosen);
-            }
+        // The decision's choice is no longer in flight, whichever candidate ran; a repeated
+        // feedback settles nothing more.
+        if let Some(chosen) = remembered.as_ref().and_then(|r| r.settle()) {
+            self.live.settled(tenant, chosen);
         }
         let example = remembered.and_then(|r| r.example(&candidate));
         if let Some(example) = example {

@@ -36,6 +36,7 @@ fn remembered_decisions_stay_within_the_byte_cap() {
                     )
                 })
                 .collect(),
+            ..Remembered::default()
         })
     };
     let one = Recent::size("d-0000", &big());
@@ -70,6 +71,7 @@ fn a_busy_tenant_evicts_its_own_decisions_not_a_quiet_ones() {
             context_key: String::new(),
             ctx: vec![],
             cands: vec![],
+            ..Remembered::default()
         })
     };
     let mut recent = Recent::default();
