@@ -248,6 +248,33 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
             422,
             "over_limit",
         ),
+        // What the decision's schema refuses is the caller's mistake, never a 500.
+        (
+            "an empty candidate_id",
+            json!({"candidates": [{"candidate_id": "", "candidate_type": "tool"}]}),
+            400,
+            "bad_request",
+        ),
+        (
+            "compiled_flow on a tool",
+            json!({"candidates": [{"candidate_id": "t", "candidate_type": "tool",
+                                   "compiled_flow": {"flow_id": "f"}}]}),
+            400,
+            "bad_request",
+        ),
+        (
+            "2 KiB request_id",
+            json!({"context": {"request_id": "y".repeat(2048)}, "candidates": many(2)}),
+            422,
+            "over_limit",
+        ),
+        (
+            "a compiled_flow the schema refuses (empty flow_id)",
+            json!({"candidates": [{"candidate_id": "f", "candidate_type": "flow",
+                                   "compiled_flow": {"flow_id": ""}}]}),
+            400,
+            "schema_invalid",
+        ),
     ];
     for (what, body, status, code) in cases {
         let started = std::time::Instant::now();

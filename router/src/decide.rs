@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use weft_schemas::contracts::{ExecutionCandidate, ExecutionRoutingDecision};
+use weft_schemas::contracts::{CandidateType, ExecutionCandidate, ExecutionRoutingDecision};
+use weft_schemas::identity::MAX_ID_BYTES;
 
 use crate::error::RouterError;
 use crate::features::{self, Example, Feature};
@@ -88,13 +89,25 @@ pub fn check(
         "candidates",
     )?;
     let mut ids = std::collections::HashSet::with_capacity(req.candidates.len());
-    for c in &req.candidates {
+    for (i, c) in req.candidates.iter().enumerate() {
         at_most(
             "candidate_id",
             c.candidate_id.len(),
             limits::ID_BYTES,
             "bytes",
         )?;
+        // What the decision's schema (ExecutionCandidate) refuses is refused here, as the
+        // caller's mistake, before a decision is made of it.
+        if c.candidate_id.is_empty() {
+            return Err(RouterError::BadRequest(format!(
+                "candidates[{i}].candidate_id is empty"
+            )));
+        }
+        if matches!(c.compiled_flow, Some(Some(_))) && c.candidate_type != CandidateType::Flow {
+            return Err(RouterError::BadRequest(format!(
+                "candidates[{i}].compiled_flow is only valid when candidate_type is `flow`"
+            )));
+        }
         if !ids.insert(c.candidate_id.as_str()) {
             return Err(RouterError::DuplicateCandidate(c.candidate_id.clone()));
         }
@@ -112,6 +125,10 @@ pub fn check(
             "context.intent",
             format!("the context key is over {} bytes", limits::ID_BYTES),
         ));
+    }
+    // The decision is published keyed by it: held to the id limit of every event.
+    if let Some(r) = req.context.get("request_id").and_then(Value::as_str) {
+        at_most("context.request_id", r.len(), MAX_ID_BYTES, "bytes")?;
     }
     if let Some(t) = req.context.get("tenant").and_then(Value::as_str) {
         if t != tenant {

@@ -26,8 +26,8 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys, Unauthorized};
-use weft_producers::Publisher;
-use weft_schemas::{Envelope, Kind};
+use weft_producers::{PublishError, Publisher};
+use weft_schemas::{Envelope, EnvelopeError, Kind};
 
 use crate::decide::{self, limits, Context, Remembered, RouteRequest};
 use crate::error::RouterError;
@@ -294,8 +294,11 @@ impl Service {
         };
         let receipt = self.publisher.publish(env).map_err(|e| {
             self.metrics.publish_errors.inc();
-            RouterError::Publish(e.code(), e.to_string(), StatusCode::INTERNAL_SERVER_ERROR)
-                .into_response()
+            let status = decision_publish_status(&e);
+            if status.is_server_error() {
+                tracing::warn!(code = e.code(), error = %e, "a decision could not be published");
+            }
+            RouterError::Publish(e.code(), e.to_string(), status).into_response()
         })?;
         // Receipts resolve after the handler returns; their failures are counted here.
         let errors = self.metrics.publish_errors.clone();
@@ -468,6 +471,20 @@ impl Service {
                 RouterError::BadRequest(e)
             })?;
         Ok((tenant, v))
+    }
+}
+
+/// The answer to a decision the publisher refused: 503 (with `Retry-After`) when the
+/// caller may retry it as is, a 4xx when the decision made of the request is not a valid
+/// event ([`decide::check`] refuses what it can foresee), else 500.
+fn decision_publish_status(e: &PublishError) -> StatusCode {
+    match e {
+        _ if e.is_retriable() => StatusCode::SERVICE_UNAVAILABLE,
+        PublishError::Invalid(EnvelopeError::IdTooLong { .. }) | PublishError::TooLarge { .. } => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        PublishError::Invalid(_) | PublishError::Nonconforming { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
