@@ -315,6 +315,29 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
         (422, Some("over_limit")),
         "{v}"
     );
+    // A constraint weft cannot apply is refused, naming it, rather than ignored (the
+    // request would run unconstrained); extension keys pass.
+    for constraints in [
+        json!({"max_latency_ms": "1000"}),
+        json!({"max_latncy_ms": 1000}),
+        json!({"max_cost": -1}),
+        json!({"min_quality": null}),
+    ] {
+        let body = json!({"candidates": many(2), "constraints": constraints});
+        let (got, v) = post(&base, "/v1/route", KEY_A, &body).await;
+        assert_eq!(
+            (got, v["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{constraints}: {v}"
+        );
+        let key = constraints.as_object().unwrap().keys().next().unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("constraints.{key}")), "{message}");
+    }
+    let body = json!({"candidates": many(2),
+                      "constraints": {"max_latency_ms": 1000, "x_acme_region": "eu"}});
+    let (got, v) = post(&base, "/v1/route", KEY_A, &body).await;
+    assert_eq!(got, 200, "{v}");
     // Within the limits the router still answers.
     let (got, v) = post(&base, "/v1/route", KEY_A, &json!({"candidates": many(64)})).await;
     assert_eq!(got, 200, "{v}");

@@ -135,6 +135,7 @@ pub fn check(
             return Err(RouterError::TenantForbidden);
         }
     }
+    Constraints::check(req.constraints.as_ref()).map_err(RouterError::BadRequest)?;
     match req.policy.as_deref() {
         None => Ok(default),
         Some(p) => PolicyName::parse(p).ok_or_else(|| RouterError::UnknownPolicy(p.into())),
