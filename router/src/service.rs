@@ -1,5 +1,5 @@
 //! The HTTP service behind `weft router`: `POST /v1/route`, `POST /v1/feedback`,
-//! `GET /healthz`, `GET /metrics`.
+//! `GET /v1/model`, `GET /healthz`, `GET /metrics`.
 //!
 //! A decision reads only in-memory state: the aggregates [`Snapshot`] and the contextual
 //! model ([`Live`]), both refreshed from ClickHouse by a background task every
@@ -64,7 +64,15 @@ pub struct ServiceConfig {
     pub max_cells: u64,
     /// Source label of snapshots read from ClickHouse.
     pub source: String,
+    /// The most `/v1/*` requests handled at once; one more is answered 503 `busy` at once
+    /// ([`weft_http::limit_in_hand`]).
+    pub max_concurrent_requests: usize,
 }
+
+/// The default [`ServiceConfig::max_concurrent_requests`]: 512 route bodies of at most
+/// 256 KiB hold 128 MiB, as the gateway's 16 of 8 MiB; far more than a decision's
+/// microseconds need to serve thousands a second.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
@@ -562,12 +570,21 @@ async fn metrics(State(s): State<Arc<Service>>) -> Response {
     weft_http::metrics_response(s.metrics_text())
 }
 
-/// The axum app.
+/// The axum app: at most [`ServiceConfig::max_concurrent_requests`] `/v1/*` requests in
+/// hand (one more: 503 `busy`, before its body is read); `/healthz` and `/metrics` are not
+/// counted, so a busy router can still be watched.
 pub fn app(s: Arc<Service>) -> AxumRouter {
+    let in_hand = Arc::new(tokio::sync::Semaphore::new(
+        s.cfg.max_concurrent_requests.max(1),
+    ));
     AxumRouter::new()
         .route("/v1/route", post(route))
         .route("/v1/feedback", post(feedback))
         .route("/v1/model", get(model))
+        .route_layer(axum::middleware::from_fn_with_state(
+            in_hand,
+            weft_http::limit_in_hand,
+        ))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(s)
