@@ -52,6 +52,10 @@ fn feedback(decision_id: &Value, candidate: &str, success: bool) -> Value {
 }
 
 fn start(p: &Pipeline) -> (common::pipeline::Proc, String) {
+    start_with(p, &[])
+}
+
+fn start_with(p: &Pipeline, extra: &[&str]) -> (common::pipeline::Proc, String) {
     let addr = format!("127.0.0.1:{}", common::pipeline::free_port());
     let child = p
         .weft()
@@ -59,6 +63,7 @@ fn start(p: &Pipeline) -> (common::pipeline::Proc, String) {
         .args(["router", "--listen", &addr, "--refresh-ms", "0"])
         .args(["--no-create-topics", "--spool-dir"])
         .arg(p.path("router-spool"))
+        .args(extra)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -248,6 +253,33 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
             422,
             "over_limit",
         ),
+        // What the decision's schema refuses is the caller's mistake, never a 500.
+        (
+            "an empty candidate_id",
+            json!({"candidates": [{"candidate_id": "", "candidate_type": "tool"}]}),
+            400,
+            "bad_request",
+        ),
+        (
+            "compiled_flow on a tool",
+            json!({"candidates": [{"candidate_id": "t", "candidate_type": "tool",
+                                   "compiled_flow": {"flow_id": "f"}}]}),
+            400,
+            "bad_request",
+        ),
+        (
+            "2 KiB request_id",
+            json!({"context": {"request_id": "y".repeat(2048)}, "candidates": many(2)}),
+            422,
+            "over_limit",
+        ),
+        (
+            "a compiled_flow the schema refuses (empty flow_id)",
+            json!({"candidates": [{"candidate_id": "f", "candidate_type": "flow",
+                                   "compiled_flow": {"flow_id": ""}}]}),
+            400,
+            "schema_invalid",
+        ),
     ];
     for (what, body, status, code) in cases {
         let started = std::time::Instant::now();
@@ -288,6 +320,29 @@ async fn oversize_input_is_refused_with_a_clear_4xx() {
         (422, Some("over_limit")),
         "{v}"
     );
+    // A constraint weft cannot apply is refused, naming it, rather than ignored (the
+    // request would run unconstrained); extension keys pass.
+    for constraints in [
+        json!({"max_latency_ms": "1000"}),
+        json!({"max_latncy_ms": 1000}),
+        json!({"max_cost": -1}),
+        json!({"min_quality": null}),
+    ] {
+        let body = json!({"candidates": many(2), "constraints": constraints});
+        let (got, v) = post(&base, "/v1/route", KEY_A, &body).await;
+        assert_eq!(
+            (got, v["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{constraints}: {v}"
+        );
+        let key = constraints.as_object().unwrap().keys().next().unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("constraints.{key}")), "{message}");
+    }
+    let body = json!({"candidates": many(2),
+                      "constraints": {"max_latency_ms": 1000, "x_acme_region": "eu"}});
+    let (got, v) = post(&base, "/v1/route", KEY_A, &body).await;
+    assert_eq!(got, 200, "{v}");
     // Within the limits the router still answers.
     let (got, v) = post(&base, "/v1/route", KEY_A, &json!({"candidates": many(64)})).await;
     assert_eq!(got, 200, "{v}");
@@ -327,4 +382,52 @@ async fn a_duplicate_key_is_refused() {
         assert!((400..500).contains(&status), "{path}: {status} {text}");
         assert!(text.contains("duplicate key"), "{path}: {text}");
     }
+}
+
+/// Past `--max-concurrent-requests`, a `/v1` request is answered 503 `busy` with
+/// `Retry-After` before its body is read, so slow or many requests cannot take the router's
+/// memory; `/metrics` is still served, and the slot comes back when the held request ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_concurrency_limit_is_refused_busy() {
+    use tokio::io::AsyncWriteExt;
+    let p = Pipeline::new("router_busy");
+    let (_router, base) = start_with(&p, &["--max-concurrent-requests", "1"]);
+    // A request whose head declares a body that never comes holds the only slot.
+    let addr = base.trim_start_matches("http://");
+    let mut held = tokio::net::TcpStream::connect(addr).await.unwrap();
+    held.write_all(
+        format!(
+            "POST /v1/route HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY_A}\r\n\
+             content-type: application/json\r\ncontent-length: 100000\r\n\r\n{{"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let refused = common::wait_for_async(Duration::from_secs(30), || async {
+        let r = client
+            .post(format!("{base}/v1/route"))
+            .bearer_auth(KEY_A)
+            .json(&request("busy"))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16() == 503).then_some(r)
+    })
+    .await
+    .expect("never refused while the slot is held");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "busy", "{v}");
+    let (status, _) = get(&base, "/metrics", KEY_A).await;
+    assert_eq!(status, 200, "/metrics is not counted");
+    // The slot comes back when the held request ends.
+    drop(held);
+    let served = common::wait_for_async(Duration::from_secs(30), || async {
+        let (status, _) = post(&base, "/v1/route", KEY_A, &request("busy")).await;
+        (status == 200).then_some(())
+    })
+    .await;
+    assert!(served.is_some(), "the slot was not freed");
 }

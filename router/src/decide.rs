@@ -3,9 +3,12 @@
 //! (SquareCB over the contextual model, or a policy over the aggregates), and build the
 //! ExecutionRoutingDecision that is both published and answered.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use weft_schemas::contracts::{ExecutionCandidate, ExecutionRoutingDecision};
+use weft_schemas::contracts::{CandidateType, ExecutionCandidate, ExecutionRoutingDecision};
+use weft_schemas::identity::MAX_ID_BYTES;
 
 use crate::error::RouterError;
 use crate::features::{self, Example, Feature};
@@ -86,13 +89,25 @@ pub fn check(
         "candidates",
     )?;
     let mut ids = std::collections::HashSet::with_capacity(req.candidates.len());
-    for c in &req.candidates {
+    for (i, c) in req.candidates.iter().enumerate() {
         at_most(
             "candidate_id",
             c.candidate_id.len(),
             limits::ID_BYTES,
             "bytes",
         )?;
+        // What the decision's schema (ExecutionCandidate) refuses is refused here, as the
+        // caller's mistake, before a decision is made of it.
+        if c.candidate_id.is_empty() {
+            return Err(RouterError::BadRequest(format!(
+                "candidates[{i}].candidate_id is empty"
+            )));
+        }
+        if matches!(c.compiled_flow, Some(Some(_))) && c.candidate_type != CandidateType::Flow {
+            return Err(RouterError::BadRequest(format!(
+                "candidates[{i}].compiled_flow is only valid when candidate_type is `flow`"
+            )));
+        }
         if !ids.insert(c.candidate_id.as_str()) {
             return Err(RouterError::DuplicateCandidate(c.candidate_id.clone()));
         }
@@ -111,11 +126,16 @@ pub fn check(
             format!("the context key is over {} bytes", limits::ID_BYTES),
         ));
     }
+    // The decision is published keyed by it: held to the id limit of every event.
+    if let Some(r) = req.context.get("request_id").and_then(Value::as_str) {
+        at_most("context.request_id", r.len(), MAX_ID_BYTES, "bytes")?;
+    }
     if let Some(t) = req.context.get("tenant").and_then(Value::as_str) {
         if t != tenant {
             return Err(RouterError::TenantForbidden);
         }
     }
+    Constraints::check(req.constraints.as_ref()).map_err(RouterError::BadRequest)?;
     match req.policy.as_deref() {
         None => Ok(default),
         Some(p) => PolicyName::parse(p).ok_or_else(|| RouterError::UnknownPolicy(p.into())),
@@ -402,7 +422,7 @@ pub fn build(
 
 /// What a decision is remembered by (for its feedback): the context key, the context
 /// features, and every admissible candidate's features.
-#[derive(Debug, Clone)]
+#[derive(Debug, Default)]
 pub struct Remembered {
     /// The context key.
     pub context_key: String,
@@ -410,6 +430,8 @@ pub struct Remembered {
     pub ctx: Vec<Feature>,
     /// (candidate id, its features) of the choice and the fallbacks.
     pub cands: Vec<(String, Vec<Feature>)>,
+    /// Its choice is no longer counted in flight ([`Remembered::settle`]).
+    pub settled: AtomicBool,
 }
 
 impl Remembered {
@@ -432,7 +454,18 @@ impl Remembered {
             context_key: key,
             ctx,
             cands,
+            settled: AtomicBool::new(false),
         }
+    }
+
+    /// The decision's choice, the first time its feedback comes (`None` after): a decision
+    /// is in flight once, so however often its feedback is posted, it frees one slot of the
+    /// risk budget, never one held by another decision.
+    pub fn settle(&self) -> Option<&str> {
+        if self.settled.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        self.cands.first().map(|(id, _)| id.as_str())
     }
 
     /// About the bytes it holds on the heap and inline (for [`crate::service`]'s bound on
@@ -484,6 +517,7 @@ impl Remembered {
             context_key: String::new(),
             ctx,
             cands,
+            settled: AtomicBool::new(false),
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The router's error type: every refused request and every failed stage, each with the
 //! HTTP status and the stable `error.code` it is answered with.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use weft_http::{ApiError, Unauthorized};
 
@@ -88,6 +88,13 @@ impl RouterError {
 impl IntoResponse for RouterError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_code();
-        ApiError::new(status, code, self.to_string()).into_response()
+        let mut r = ApiError::new(status, code, self.to_string()).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // The publisher's spool is full or failing, or it is closing: worth a retry, not
+            // at once (the gateway's answer to the same).
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        r
     }
 }

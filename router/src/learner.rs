@@ -196,6 +196,38 @@ pub struct TenantModel {
 }
 
 impl TenantModel {
+    /// Check that the sizes agree, as [`TenantModel::learn`] and the predictions index them:
+    /// at most [`MAX_SLOTS`] weights, `P` of `weights²` entries, every slot index below the
+    /// weights, `slot_use` no longer than the weights. A model read from a file that breaks
+    /// this would panic in the first request that uses it.
+    pub fn check(&self) -> Result<(), String> {
+        let d = self.w.len();
+        if d > MAX_SLOTS {
+            return Err(format!(
+                "{d} weights, more than the {MAX_SLOTS} slots a model holds"
+            ));
+        }
+        if self.p.len() != d * d {
+            return Err(format!(
+                "p has {} entries; {d} weights need {d}x{d} = {}",
+                self.p.len(),
+                d * d
+            ));
+        }
+        if let Some((f, s)) = self.slots.iter().find(|(_, s)| **s as usize >= d) {
+            return Err(format!(
+                "feature {f} has slot {s}, but there are {d} weights"
+            ));
+        }
+        if self.slot_use.len() > d {
+            return Err(format!(
+                "slot_use has {} entries, more than the {d} weights",
+                self.slot_use.len()
+            ));
+        }
+        Ok(())
+    }
+
     /// The predicted utility of an example.
     pub fn predict(&self, x: &Example) -> f64 {
         let y: f64 = x

@@ -134,7 +134,8 @@ impl Snapshot {
             .or_default()
     }
 
-    /// Parse and check a snapshot file's text.
+    /// Parse and check a snapshot file's text (its format, its version, and that each
+    /// contextual model's sizes agree: [`crate::learner::TenantModel::check`]).
     pub fn from_json(text: &str) -> Result<Self, String> {
         let s: Snapshot = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if s.format != SNAPSHOT_FORMAT {
@@ -148,6 +149,10 @@ impl Snapshot {
                 "snapshot version {} is not supported (this weft reads {SNAPSHOT_VERSION})",
                 s.version
             ));
+        }
+        for (tenant, m) in &s.contextual {
+            m.check()
+                .map_err(|e| format!("contextual model of tenant `{tenant}`: {e}"))?;
         }
         Ok(s)
     }
@@ -189,5 +194,50 @@ mod tests {
         assert!(Snapshot::from_json(&bad)
             .unwrap_err()
             .contains("version 99"));
+    }
+
+    #[test]
+    fn a_contextual_model_whose_sizes_disagree_is_refused_at_load() {
+        use crate::learner::TenantModel;
+        let consistent = TenantModel {
+            slots: [(7, 0), (9, 1)].into_iter().collect(),
+            w: vec![0.5, -0.5],
+            p: vec![1.0, 0.0, 0.0, 1.0],
+            slot_use: vec![(1, 1)],
+            ..TenantModel::default()
+        };
+        let with = |m: TenantModel| {
+            let mut s = Snapshot::empty("test");
+            s.contextual.insert("acme".into(), m);
+            Snapshot::from_json(&serde_json::to_string(&s).unwrap())
+        };
+        assert!(with(consistent.clone()).is_ok());
+        let broken = [
+            (
+                TenantModel {
+                    p: vec![1.0; 3],
+                    ..consistent.clone()
+                },
+                "p has 3 entries",
+            ),
+            (
+                TenantModel {
+                    slots: [(7, 0), (9, 2)].into_iter().collect(),
+                    ..consistent.clone()
+                },
+                "slot 2",
+            ),
+            (
+                TenantModel {
+                    slot_use: vec![(1, 1); 3],
+                    ..consistent.clone()
+                },
+                "slot_use has 3 entries",
+            ),
+        ];
+        for (m, why) in broken {
+            let e = with(m).unwrap_err();
+            assert!(e.contains("tenant `acme`") && e.contains(why), "{e}");
+        }
     }
 }

@@ -233,7 +233,35 @@ pub struct Constraints {
 }
 
 impl Constraints {
-    /// Read the request's `constraints` object; missing or non-numeric entries mean no limit.
+    /// The constraint keys weft applies; beside them a request may only carry extension keys
+    /// (`x_<org>_<field>`), which are logged with the decision and not applied.
+    pub const KEYS: [&'static str; 3] = ["max_latency_ms", "max_cost", "min_quality"];
+
+    /// Check the request's `constraints` object: each key one of [`Constraints::KEYS`]
+    /// with a finite, non-negative number, or an extension key. A misspelled key or a
+    /// value such as `"1000"` would otherwise leave the request unconstrained; the error
+    /// names the field.
+    pub fn check(m: Option<&Map<String, Value>>) -> Result<(), String> {
+        for (k, v) in m.into_iter().flatten() {
+            if Self::KEYS.contains(&k.as_str()) {
+                if !v.as_f64().is_some_and(|x| x.is_finite() && x >= 0.0) {
+                    return Err(format!(
+                        "constraints.{k} must be a finite number at least 0, not {v}"
+                    ));
+                }
+            } else if !weft_schemas::extensions::is_extension_key(k) {
+                return Err(format!(
+                    "constraints.{k} is not a constraint weft knows ({}; extensions: \
+                     x_<org>_<field>)",
+                    Self::KEYS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the request's `constraints` object (checked by [`Constraints::check`]); missing
+    /// entries mean no limit.
     pub fn from_map(m: Option<&Map<String, Value>>) -> Self {
         let get = |k: &str| m.and_then(|m| m.get(k)).and_then(Value::as_f64);
         Constraints {

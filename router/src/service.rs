@@ -1,5 +1,5 @@
 //! The HTTP service behind `weft router`: `POST /v1/route`, `POST /v1/feedback`,
-//! `GET /healthz`, `GET /metrics`.
+//! `GET /v1/model`, `GET /healthz`, `GET /metrics`.
 //!
 //! A decision reads only in-memory state: the aggregates [`Snapshot`] and the contextual
 //! model ([`Live`]), both refreshed from ClickHouse by a background task every
@@ -26,8 +26,8 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys, Unauthorized};
-use weft_producers::Publisher;
-use weft_schemas::{Envelope, Kind};
+use weft_producers::{PublishError, Publisher};
+use weft_schemas::{Envelope, EnvelopeError, Kind};
 
 use crate::decide::{self, limits, Context, Remembered, RouteRequest};
 use crate::error::RouterError;
@@ -64,7 +64,15 @@ pub struct ServiceConfig {
     pub max_cells: u64,
     /// Source label of snapshots read from ClickHouse.
     pub source: String,
+    /// The most `/v1/*` requests handled at once; one more is answered 503 `busy` at once
+    /// ([`weft_http::limit_in_hand`]).
+    pub max_concurrent_requests: usize,
 }
+
+/// The default [`ServiceConfig::max_concurrent_requests`]: 512 route bodies of at most
+/// 256 KiB hold 128 MiB, as the gateway's 16 of 8 MiB; far more than a decision's
+/// microseconds need to serve thousands a second.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
 
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
@@ -294,8 +302,11 @@ impl Service {
         };
         let receipt = self.publisher.publish(env).map_err(|e| {
             self.metrics.publish_errors.inc();
-            RouterError::Publish(e.code(), e.to_string(), StatusCode::INTERNAL_SERVER_ERROR)
-                .into_response()
+            let status = decision_publish_status(&e);
+            if status.is_server_error() {
+                tracing::warn!(code = e.code(), error = %e, "a decision could not be published");
+            }
+            RouterError::Publish(e.code(), e.to_string(), status).into_response()
         })?;
         // Receipts resolve after the handler returns; their failures are counted here.
         let errors = self.metrics.publish_errors.clone();
@@ -391,11 +402,10 @@ impl Service {
                 quality: outcome.quality,
             },
         );
-        if let Some(r) = &remembered {
-            // The decision's choice is no longer in flight, whichever candidate ran.
-            if let Some((chosen, _)) = r.cands.first() {
-                self.live.settled(tenant, chosen);
-            }
+        // The decision's choice is no longer in flight, whichever candidate ran; a repeated
+        // feedback settles nothing more.
+        if let Some(chosen) = remembered.as_ref().and_then(|r| r.settle()) {
+            self.live.settled(tenant, chosen);
         }
         let example = remembered.and_then(|r| r.example(&candidate));
         if let Some(example) = example {
@@ -469,6 +479,20 @@ impl Service {
                 RouterError::BadRequest(e)
             })?;
         Ok((tenant, v))
+    }
+}
+
+/// The answer to a decision the publisher refused: 503 (with `Retry-After`) when the
+/// caller may retry it as is, a 4xx when the decision made of the request is not a valid
+/// event ([`decide::check`] refuses what it can foresee), else 500.
+fn decision_publish_status(e: &PublishError) -> StatusCode {
+    match e {
+        _ if e.is_retriable() => StatusCode::SERVICE_UNAVAILABLE,
+        PublishError::Invalid(EnvelopeError::IdTooLong { .. }) | PublishError::TooLarge { .. } => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        PublishError::Invalid(_) | PublishError::Nonconforming { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -546,12 +570,21 @@ async fn metrics(State(s): State<Arc<Service>>) -> Response {
     weft_http::metrics_response(s.metrics_text())
 }
 
-/// The axum app.
+/// The axum app: at most [`ServiceConfig::max_concurrent_requests`] `/v1/*` requests in
+/// hand (one more: 503 `busy`, before its body is read); `/healthz` and `/metrics` are not
+/// counted, so a busy router can still be watched.
 pub fn app(s: Arc<Service>) -> AxumRouter {
+    let in_hand = Arc::new(tokio::sync::Semaphore::new(
+        s.cfg.max_concurrent_requests.max(1),
+    ));
     AxumRouter::new()
         .route("/v1/route", post(route))
         .route("/v1/feedback", post(feedback))
         .route("/v1/model", get(model))
+        .route_layer(axum::middleware::from_fn_with_state(
+            in_hand,
+            weft_http::limit_in_hand,
+        ))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .with_state(s)

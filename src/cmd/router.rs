@@ -83,6 +83,13 @@ pub struct RouterArgs {
     #[arg(long, value_name = "MS", default_value_t = 50)]
     pub publish_linger_ms: u64,
 
+    /// The most /v1 requests handled at once; one more is answered at once, 503 `busy` with
+    /// `Retry-After: 1`, before its body is read. With the 256 KiB body limit this bounds the
+    /// memory requests in hand can hold.
+    #[arg(long, value_name = "N", env = "WEFT_ROUTER_MAX_CONCURRENT_REQUESTS",
+          default_value_t = service::DEFAULT_MAX_CONCURRENT_REQUESTS)]
+    pub max_concurrent_requests: usize,
+
     #[command(flatten)]
     pub fit: FitArgs,
 
@@ -277,6 +284,7 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
         half_life_s: args.fit.half_life_s,
         max_cells: args.fit.max_cells,
         source: format!("clickhouse:{}", settings.clickhouse.database),
+        max_concurrent_requests: args.max_concurrent_requests,
     };
     let mut pub_settings = settings.for_router();
     pub_settings.publisher.linger_ms = args.publish_linger_ms;

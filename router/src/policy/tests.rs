@@ -178,3 +178,26 @@ fn constraints_use_declared_then_observed_figures() {
     };
     assert_eq!(c.violation(&e), Some("exceeds_max_cost"));
 }
+
+#[test]
+fn constraints_weft_cannot_apply_are_refused_naming_the_field() {
+    let check = |v: Value| Constraints::check(v.as_object());
+    assert!(check(serde_json::json!({})).is_ok());
+    assert!(check(serde_json::json!({
+        "max_latency_ms": 1000, "max_cost": 0, "min_quality": 0.5, "x_acme_region": "eu"
+    }))
+    .is_ok());
+    for (bad, field) in [
+        (
+            serde_json::json!({"max_latency_ms": "1000"}),
+            "max_latency_ms",
+        ),
+        (serde_json::json!({"max_cost": -0.5}), "max_cost"),
+        (serde_json::json!({"min_quality": null}), "min_quality"),
+        (serde_json::json!({"max_latncy_ms": 1000}), "max_latncy_ms"),
+        (serde_json::json!({"policy": "fast"}), "policy"),
+    ] {
+        let e = check(bad.clone()).unwrap_err();
+        assert!(e.contains(&format!("constraints.{field}")), "{bad}: {e}");
+    }
+}

@@ -36,6 +36,7 @@ fn remembered_decisions_stay_within_the_byte_cap() {
                     )
                 })
                 .collect(),
+            ..Remembered::default()
         })
     };
     let one = Recent::size("d-0000", &big());
@@ -70,6 +71,7 @@ fn a_busy_tenant_evicts_its_own_decisions_not_a_quiet_ones() {
             context_key: String::new(),
             ctx: vec![],
             cands: vec![],
+            ..Remembered::default()
         })
     };
     let mut recent = Recent::default();
@@ -96,5 +98,36 @@ fn a_busy_tenant_evicts_its_own_decisions_not_a_quiet_ones() {
     assert!(
         recent.get("busy", "b-99").is_some(),
         "the other tenant keeps its newest"
+    );
+}
+
+#[tokio::test]
+async fn a_decision_the_publisher_refuses_is_answered_4xx_or_503_with_retry_after() {
+    let invalid = PublishError::Invalid(EnvelopeError::BadTenant);
+    assert_eq!(decision_publish_status(&invalid), StatusCode::BAD_REQUEST);
+    let long = PublishError::Invalid(EnvelopeError::IdTooLong {
+        field: "request_id",
+        len: 2000,
+    });
+    assert_eq!(
+        decision_publish_status(&long),
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    let full = PublishError::SpoolFull { used: 1, max: 1 };
+    assert_eq!(
+        decision_publish_status(&full),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let r = RouterError::Publish(
+        full.code(),
+        full.to_string(),
+        decision_publish_status(&full),
+    )
+    .into_response();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()[header::RETRY_AFTER], "5");
+    assert_eq!(
+        decision_publish_status(&PublishError::Spool("disk".into())),
+        StatusCode::SERVICE_UNAVAILABLE
     );
 }
