@@ -595,7 +595,8 @@ async fn recoloring_a_hub_loads_only_what_can_move() {
         handle_in("h-hub", None, Some("req-m")),
         frame("f-hub", &["h-hub"]),
     ];
-    first.extend((0..CITING).map(|i| trace(&format!("te-cite-{i}"), &format!("req-x{i}"), "h-hub")));
+    first
+        .extend((0..CITING).map(|i| trace(&format!("te-cite-{i}"), &format!("req-x{i}"), "h-hub")));
     h.feed(&first, 50).await;
     h.assert_placed(&[("frame", "f-hub", "req-m")]).await;
     let churn = h.feed(&filler("hub", 300), 20).await;
@@ -609,7 +610,8 @@ async fn recoloring_a_hub_loads_only_what_can_move() {
     );
     h.assert_placed(&[("handle", "h-hub", "req-a"), ("frame", "f-hub", "req-a")])
         .await;
-    h.assert_placed(&[("trace_event", "te-cite-7", "req-x7")]).await;
+    h.assert_placed(&[("trace_event", "te-cite-7", "req-x7")])
+        .await;
     h.assert_exact().await;
     assert_eq!(Harness::rebuilt_from(h.fed.iter().rev()), h.rebuilt());
 }

@@ -13,7 +13,10 @@ use weft_store::{Store, StoreError};
 use super::graph::{Change, Graph};
 
 /// Per tenant: the (narrative left, id) pairs, and where each (kind, id) goes.
-type Moves = (HashSet<(String, String)>, HashMap<(String, String), Arc<str>>);
+type Moves = (
+    HashSet<(String, String)>,
+    HashMap<(String, String), Arc<str>>,
+);
 
 /// For every node that left a narrative: a tombstone there, and its rows copied to the
 /// new one, pushed to `out` with `version`. Returns how many nodes moved.
