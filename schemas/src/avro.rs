@@ -83,6 +83,30 @@ pub enum AvroError {
         /// How many.
         trailing: usize,
     },
+    /// The datum ends before its schema does: a cut record. (apache-avro reads a union's
+    /// branch or a string cut off at the end as a null, which would silently drop the
+    /// optional fields and extensions of the cut.)
+    #[error("the avro datum ends before its {kind} schema does (a truncated record)")]
+    Truncated {
+        /// The kind being decoded.
+        kind: Kind,
+    },
+}
+
+/// A reader over a datum's bytes that notes whether the decoder asked for bytes past the
+/// end: a whole datum never does.
+struct Exact<'a> {
+    rest: &'a [u8],
+    short: bool,
+}
+
+impl std::io::Read for Exact<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.len() > self.rest.len() {
+            self.short = true;
+        }
+        self.rest.read(buf)
+    }
 }
 
 /// One kind's parsed schema and its single-object header.
@@ -188,15 +212,22 @@ impl AvroSchemas {
     }
 
     /// Decode a bare Avro datum back to the JSON payload.
-    pub fn decode_datum(&self, kind: Kind, mut bytes: &[u8]) -> Result<Value, AvroError> {
+    pub fn decode_datum(&self, kind: Kind, bytes: &[u8]) -> Result<Value, AvroError> {
         let ks = self.get(kind);
+        let mut r = Exact {
+            rest: bytes,
+            short: false,
+        };
         let value = apache_avro::reader::datum::GenericDatumReader::builder(&ks.schema)
             .build()
-            .and_then(|r| r.read_value(&mut bytes))
+            .and_then(|d| d.read_value(&mut r))
             .map_err(|e| AvroError::Avro(Box::new(e)))?;
-        if !bytes.is_empty() {
+        if r.short {
+            return Err(AvroError::Truncated { kind });
+        }
+        if !r.rest.is_empty() {
             return Err(AvroError::Trailing {
-                trailing: bytes.len(),
+                trailing: r.rest.len(),
             });
         }
         record_to_json(kind, record_of(&ks.schema, kind)?, value)
@@ -483,6 +514,16 @@ mod tests {
                 s.decode_datum(Kind::ExecutionFeedback, &nan),
                 Err(AvroError::NonFinite { .. })
             ));
+        }
+        // Every cut of a datum is refused: apache-avro reads a union's branch or a string cut
+        // off at the end as a null, so the cut used to decode to a shorter, valid payload.
+        for n in 0..clean.len() {
+            assert!(
+                s.decode_datum(Kind::ExecutionFeedback, &clean[..n])
+                    .is_err(),
+                "cut at {n} of {}",
+                clean.len()
+            );
         }
         let mut trailing = clean.clone();
         trailing.extend_from_slice(b"GARBAGE");
