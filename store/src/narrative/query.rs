@@ -253,11 +253,13 @@ pub async fn lookup_at_most(
         || (members_total > members.len() as u64 && anchored_beyond(store, tenant, &nid).await?);
     let request_id = anchored.then(|| nid.clone());
     let (entries, link_set, mut outside) = entries_and_links(&members, &member_set);
-    let incoming = match incoming {
-        Some(rows) => rows,
+    let (incoming, mut related_cut) = match incoming {
+        Some(rows) => {
+            let cut = rows.len() as u64 >= INCOMING_AT_MOST;
+            (rows, cut)
+        }
         None => incoming_by_ids(store, tenant, &member_set).await?,
     };
-    let mut related_cut = incoming.len() as u64 >= INCOMING_AT_MOST;
     outside.extend(linked_from_outside(incoming, &member_set));
     let mut outside: Vec<(String, String)> = outside.into_iter().collect();
     if outside.len() > RELATED_IDS_AT_MOST {
@@ -417,26 +419,32 @@ fn id_lists<'a>(nodes: impl Iterator<Item = &'a (String, String)>) -> Vec<Vec<St
         .collect()
 }
 
-/// The links into the kept members of a bounded read, by their ids, until
-/// [`INCOMING_AT_MOST`] are found.
+/// The links into the kept members of a bounded read from outside them, by their ids, until
+/// [`INCOMING_AT_MOST`] are found; and whether some may have been left (a query or the whole
+/// reaching that many).
 async fn incoming_by_ids(
     store: &Store,
     tenant: &str,
     members: &HashSet<(String, String)>,
-) -> Result<Vec<InLink>, StoreError> {
+) -> Result<(Vec<InLink>, bool), StoreError> {
     let mut rows: Vec<InLink> = Vec::new();
+    let mut cut = false;
     for ids in id_lists(members.iter()) {
-        let left = INCOMING_AT_MOST - rows.len() as u64;
         let q = (store.client().query(INCOMING_BY_IDS))
             .param("t", tenant)
             .param("ids", &ids)
-            .param("max", left);
-        rows.extend(q.fetch_all::<InLink>().await.map_err(store.err())?);
+            .param("max", INCOMING_AT_MOST);
+        let got = q.fetch_all::<InLink>().await.map_err(store.err())?;
+        cut |= got.len() as u64 >= INCOMING_AT_MOST;
+        let from_outside =
+            |l: &InLink| !members.contains(&(l.from_kind.clone(), l.from_id.clone()));
+        rows.extend(got.into_iter().filter(from_outside));
         if rows.len() as u64 >= INCOMING_AT_MOST {
+            cut = true;
             break;
         }
     }
-    Ok(rows)
+    Ok((rows, cut))
 }
 
 /// The links into a narrative's members from outside it, at most `{max}`: asked by narrative
