@@ -548,12 +548,7 @@ async fn every_panel_query_runs_on_simulated_data() {
         to_ms: (now_micros() + 10 * 60 * 1_000_000) / 1000,
         interval_ms: 60_000,
     };
-    let clean: BTreeSet<&str> = truth
-        .requests
-        .iter()
-        .filter(|r| r.scenario == weft_sim::Scenario::Clean)
-        .map(|r| r.request_id.as_str())
-        .collect();
+    let clean = clean_requests(&truth);
     let http = reqwest::Client::new();
     let expect = expectations();
     let mut checked = 0;
@@ -662,21 +657,27 @@ fn check_eval(artifact: &Value, cols: &[String], rows: &[Vec<Value>], failures: 
     }
 }
 
-/// A kernel retry: an allow decision of a clean flow that spends a single-use token once (and
-/// so breaks no invariant), written to `out` again with another reason, which ingest stores as an id
-/// conflict. Returns the decision's id. The violations panel counted that second version as a
-/// second use of the token (an I-06 finding `weft audit check` does not make).
+/// The request ids of the simulated flows with no variation injected.
+fn clean_requests(truth: &weft_sim::GroundTruth) -> BTreeSet<&str> {
+    truth
+        .requests
+        .iter()
+        .filter(|r| r.scenario == weft_sim::Scenario::Clean)
+        .map(|r| r.request_id.as_str())
+        .collect()
+}
+
+/// A kernel retry: an allow decision of a clean flow that spends a single-use token once
+/// (and so breaks no invariant), written to `out` again with another reason, which ingest
+/// stores as an id conflict. Returns the decision's id. The violations panel counted that
+/// second version as a second use of the token (an I-06 finding `weft audit check` does
+/// not make).
 fn retried_decision(
     truth: &weft_sim::GroundTruth,
     events: &std::path::Path,
     out: &std::path::Path,
 ) -> String {
-    let clean: BTreeSet<&str> = truth
-        .requests
-        .iter()
-        .filter(|r| r.scenario == weft_sim::Scenario::Clean)
-        .map(|r| r.request_id.as_str())
-        .collect();
+    let clean = clean_requests(truth);
     let lines: Vec<Value> = std::fs::read_to_string(events)
         .unwrap()
         .lines()
