@@ -115,7 +115,7 @@ async fn tampering_is_detected_and_named() {
 
     let ids: Vec<String> = p
         .client()
-        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 5")
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 6")
         .fetch_all()
         .await
         .unwrap();
@@ -143,6 +143,23 @@ async fn tampering_is_detected_and_named() {
     assert_eq!(code, Some(1));
     assert!(named(&r, "deleted", deleted), "{r}");
     assert!(named(&r, "altered", altered), "{r}");
+    // ... also when its link is backdated first (a link's time is not in its hash): without
+    // retention applied, nothing is "pruned". It was taken for a fact pruned before 1970.
+    let backdated = &ids[5];
+    c.query("ALTER TABLE weft_audit_chain UPDATE ts = toDateTime64('1960-01-01 00:00:00', 6, 'UTC') WHERE id = ?")
+        .bind(backdated)
+        .execute()
+        .await
+        .unwrap();
+    c.query("DELETE FROM weft_events WHERE id = ?")
+        .bind(backdated)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify(&p, &ring);
+    assert_eq!(code, Some(1));
+    assert!(named(&r, "deleted", backdated), "{r}");
+    assert_eq!(r["pruned"], 0, "{r}");
 
     // 3. Inserted at a sealed position (a forged copy of a real row under a new id).
     c.query("INSERT INTO weft_events SELECT * REPLACE ('forged-event' AS id) FROM (SELECT * FROM weft_events WHERE id = ?)")

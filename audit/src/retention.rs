@@ -6,6 +6,7 @@
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
+use tracing::error;
 
 use crate::{ch_err, AuditError, Store};
 use weft_store::{FloorRow, INGEST_FLOOR};
@@ -87,9 +88,10 @@ async fn write(store: &Store, tenant: &str, r: &Retention, version: u64) -> Resu
 }
 
 /// Write `r`, read at version `read`, as the tenant's latest settings; the settings as they
-/// then stand. Every write is a whole row, so a legal hold placed between the read and this
-/// write would be lost under it: when one was, it is written again on top (a hold is never
-/// lifted by a write that did not mean to lift it).
+/// then stand. Every write is a whole row, so a legal hold placed, or a prune recorded,
+/// between the read and this write would be lost under it: when one was, it is written
+/// again on top (a hold is never lifted, nor `pruned_before` lowered, by a write that did
+/// not mean to; a lowered `pruned_before` makes verify report pruned facts as deleted).
 async fn put(
     store: &Store,
     tenant: &str,
@@ -99,15 +101,11 @@ async fn put(
     let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
     let version = now.max(read + 1);
     write(store, tenant, r, version).await?;
-    if r.legal_hold == 1 {
-        return Ok(r.clone());
-    }
-    let held: u64 = store
+    let (held, pruned): (u8, i64) = store
         .client()
         .query(
-            "SELECT count() FROM weft_audit_retention \
-             WHERE tenant = {t:String} AND version > {read:UInt64} AND version != {ours:UInt64} \
-               AND legal_hold = 1",
+            "SELECT max(legal_hold), max(pruned_before) FROM weft_audit_retention \
+             WHERE tenant = {t:String} AND version > {read:UInt64} AND version != {ours:UInt64}",
         )
         .param("t", tenant)
         .param("read", read)
@@ -115,11 +113,12 @@ async fn put(
         .fetch_one()
         .await
         .map_err(ch_err(store))?;
-    if held == 0 {
+    if held <= r.legal_hold && pruned <= r.pruned_before {
         return Ok(r.clone());
     }
     let kept = Retention {
-        legal_hold: 1,
+        legal_hold: r.legal_hold.max(held),
+        pruned_before: r.pruned_before.max(pruned),
         ..r.clone()
     };
     let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
@@ -281,19 +280,25 @@ impl Plan {
         }
         let mut deleted = 0;
         if self.facts > 0 {
-            // Re-checked right before deleting: a hold placed meanwhile wins.
-            unchanged().await?;
             weft_store::insert::<FloorRow>(store, INGEST_FLOOR, &self.floor).await?;
             deleted = self
                 .covered(store, "SELECT count() FROM weft_events")
                 .fetch_one()
                 .await
                 .map_err(ch_err(store))?;
+            // Re-checked right before deleting, nothing in between: a hold placed meanwhile
+            // wins.
+            unchanged().await?;
             self.covered(store, "DELETE FROM weft_events")
                 .with_setting("mutations_sync", "2")
                 .execute()
                 .await
                 .map_err(ch_err(store))?;
+            if get(store, tenant).await?.legal_hold == 1 {
+                error!(%tenant, cutoff = self.cutoff, deleted,
+                    "a legal hold was placed while retention deleted this tenant's facts older \
+                     than the cutoff: they are deleted");
+            }
         }
         Ok(Applied {
             cutoff: self.cutoff,

@@ -67,11 +67,19 @@ impl Key {
 
     /// Read a key file (`{"kid", "seed_b64url"}`).
     pub fn from_json(text: &str) -> Result<Self, AuditError> {
-        let f: KeyFile =
-            serde_json::from_str(text).map_err(|e| AuditError::Key(format!("key file: {e}")))?;
+        // The errors name where, never what: serde_json's and base64's messages quote the
+        // text they could not read, which here is the secret.
+        let f: KeyFile = serde_json::from_str(text).map_err(|e| {
+            AuditError::Key(format!(
+                "key file is not {{\"kid\", \"seed_b64url\"}} ({:?} error at line {}, column {})",
+                e.classify(),
+                e.line(),
+                e.column()
+            ))
+        })?;
         let seed = B64
             .decode(f.seed_b64url.trim())
-            .map_err(|e| AuditError::Key(format!("seed_b64url: {e}")))?;
+            .map_err(|_| AuditError::Key("seed_b64url is not unpadded base64url".into()))?;
         let seed: [u8; 32] = seed
             .try_into()
             .map_err(|_| AuditError::Key("seed_b64url must decode to 32 bytes".into()))?;
@@ -153,5 +161,28 @@ impl Keyring {
             .ok_or_else(|| AuditError::Invalid("signature is not 64 bytes of base64url".into()))?;
         vk.verify(&jcs(doc)?, &Signature::from_bytes(&sig))
             .map_err(|_| AuditError::Invalid(format!("signature by {kid} does not verify")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key file that does not parse is named by where it fails, never by its text: serde
+    /// and base64 quote what they could not read, and a startup error reaches logs.
+    #[test]
+    fn a_bad_key_file_error_does_not_quote_the_secret() {
+        for text in [
+            r#""SECRETSEED""#,
+            r#"{"kid": "k", "seed_b64url": SECRETSEED}"#,
+            r#"{"kid": "k", "seed_b64url": "SECRET*SEED"}"#,
+        ] {
+            let Err(e) = Key::from_json(text) else {
+                panic!("accepted: {text}");
+            };
+            assert!(!e.to_string().contains("SECRET"), "{e}");
+        }
+        let good = Key::generate("k").unwrap().to_json();
+        assert!(Key::from_json(&good).is_ok());
     }
 }

@@ -17,10 +17,23 @@ mod args;
 
 pub use args::*;
 
+/// A signing key file, refused when others may read it (it is the seal's secret).
 fn read_key(path: &std::path::Path) -> anyhow::Result<Key> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("reading key {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "key {} may be read by others (mode {:o}): `chmod 600` it (weft audit keygen writes 0600)",
+            path.display(),
+            mode & 0o777
+        );
+    }
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading key {}", path.display()))?;
-    Ok(Key::from_json(&text)?)
+    Key::from_json(&text).with_context(|| format!("key {}", path.display()))
 }
 
 async fn logged(store: &Store, tenant: &str, action: &str, q: serde_json::Value, n: u64) {
@@ -512,6 +525,21 @@ fn print_text(text: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The seal's secret is refused when others may read its file; 0600 (what keygen
+    /// writes) and 0400 are taken.
+    #[test]
+    fn a_key_file_others_may_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("seal.key");
+        std::fs::write(&file, Key::generate("k").unwrap().to_json()).unwrap();
+        for (mode, ok) in [(0o644, false), (0o640, false), (0o600, true), (0o400, true)] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            let got = read_key(&file);
+            assert_eq!(got.is_ok(), ok, "mode {mode:o}: {:?}", got.err());
+        }
+    }
 
     #[test]
     fn a_checkpoint_export_is_an_array_or_the_api_pages_one_after_another() {

@@ -176,7 +176,6 @@ pub async fn verify(
         tenant,
         keyring,
         opt,
-        pruned_before: crate::retention::get(store, tenant).await?.pruned_before,
     };
     let mut read = 0;
     for p in partitions(store, tenant).await? {
@@ -203,7 +202,6 @@ struct Run<'a> {
     tenant: &'a str,
     keyring: Option<&'a Keyring>,
     opt: VerifyOptions,
-    pruned_before: i64,
 }
 
 fn problem(p: &Part, what: &str, offset: u64, kind: &str, id: &str, detail: String) -> Problem {
@@ -346,7 +344,13 @@ impl Run<'_> {
             // A part merged away (or a fact deleted) since they were counted.
             rows = Span { parts: &[], ..span }.rows(store, ROWS_SQL).await?;
         }
-        let (heads, sealed) = self.walk(p, &chain, &rows, prev, rep)?;
+        // Read after the facts: retention records how far it prunes before it deletes, so a
+        // fact missing from the rows above is covered by the value read now (read before, a
+        // retention run meanwhile made its deletions look like tampering).
+        let pruned_before = crate::retention::get(self.store, tenant)
+            .await?
+            .pruned_before;
+        let (heads, sealed) = self.walk(p, &chain, &rows, prev, pruned_before, rep)?;
         // The partition's last sealed offset, also when the window ends before it.
         let last_sealed = match self.opt.range {
             None => chain.last().map(|l| l.offset),
@@ -408,13 +412,17 @@ impl Run<'_> {
     }
 
     /// Recompute the links from `prev` and compare each with its stored fact: returns the
-    /// head after each offset and the facts the chain covers.
+    /// head after each offset and the facts the chain covers. A sealed fact no longer stored
+    /// is `pruned` only when retention has pruned the tenant (`pruned_before` above 0) past
+    /// its link's time; a link's time is not part of its hash, so a tenant without retention
+    /// counts any such fact as `deleted`, whatever time its link claims.
     fn walk(
         &self,
         p: &Part,
         chain: &[Link],
         rows: &[ChainRow],
         mut prev: [u8; 32],
+        pruned_before: i64,
         rep: &mut VerifyReport,
     ) -> Result<Walked, AuditError> {
         let mut by_offset: BTreeMap<u64, Vec<&ChainRow>> = BTreeMap::new();
@@ -430,7 +438,7 @@ impl Run<'_> {
                 .get(&o)
                 .and_then(|v| v.iter().find(|r| r.kind == k && r.id == i))
             {
-                None if l.ts < self.pruned_before => rep.pruned += 1,
+                None if pruned_before > 0 && l.ts < pruned_before => rep.pruned += 1,
                 None => {
                     let d = format!("{k}:{i} sealed at offset {o} is no longer stored");
                     rep.problems.push(problem(p, "deleted", o, k, i, d));
