@@ -430,6 +430,9 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
         trace("te-exec-late", "capability_executed", 400),
         frame("frame-escaped", r"raw\u005foutput"),
         frame("frame-clean", "x_acme_note"),
+        // One frame stored under two request ids (ingest keeps both, for the narratives).
+        frame("frame-copied", "x_acme_note"),
+        frame("frame-copied", "x_acme_note").replace("r-edge", "r-edge-2"),
     ];
     let file = p.path("edges.jsonl");
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
@@ -472,6 +475,41 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
         subjects("I-01"),
         BTreeSet::from(["frame-escaped".to_owned()]),
         "{report:#}"
+    );
+    // A search paged one hit at a time gives both copies of the frame: they share time,
+    // kind, id and content, the cursor's whole key until the request id and the offset
+    // joined it (the second copy was skipped).
+    let out = run(
+        &p,
+        &[
+            "search",
+            "--kind",
+            "frame",
+            "--limit",
+            "1",
+            "--all",
+            "--format",
+            "jsonl",
+            "--from",
+            "2026-10-01T00:00:00Z",
+            "--to",
+            "2027-01-01T00:00:00Z",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let copies: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|h| h["id"] == "frame-copied")
+        .map(|h| h["request_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        copies,
+        BTreeSet::from(["r-edge".to_owned(), "r-edge-2".to_owned()])
     );
 }
 

@@ -1,7 +1,8 @@
 //! Event search: by principal, capability, event type, decision, outcome, token, kind and
 //! time range, for one tenant, with keyset pagination.
 //!
-//! Results are ordered by `(ts, kind, id, content_hash)`; the cursor is the last row's key,
+//! Results are ordered by `(ts, kind, id, content_hash, request_id, offset)`; the cursor is
+//! the last row's key,
 //! so a page is one range read whatever the depth (no OFFSET), and pages stay stable while
 //! new events arrive later in time. Empty filters match everything. The row, its query and
 //! the CSV header are `weft_store::search`.
@@ -59,23 +60,28 @@ impl Filter {
 /// One page of results and the cursor of the next page (`None` at the end).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Page {
-    /// Matching events in (ts, kind, id, content_hash) order.
+    /// Matching events in (ts, kind, id, content_hash, request_id, offset) order.
     pub hits: Vec<Hit>,
     /// Pass back as `cursor` to get the next page; `None` on the last page.
     pub next_cursor: Option<String>,
 }
 
-/// The key of the last row of a page, hex-encoded JSON `[ts, kind, id, content_hash]`.
+/// The key of the last row of a page, hex-encoded JSON
+/// `[ts, kind, id, content_hash, request_id, offset]`.
 fn encode_cursor(h: &Hit) -> String {
-    hex::encode(serde_json::json!([h.ts, h.kind, h.id, h.content_hash]).to_string())
+    let key = serde_json::json!([h.ts, h.kind, h.id, h.content_hash, h.request_id, h.offset]);
+    hex::encode(key.to_string())
 }
 
 /// The longest cursor [`encode_cursor`] can write: hex (2 characters a byte) of JSON whose
-/// id is at most `MAX_ID_BYTES` bytes, each escaped to at most 6 (`\u001f`), with room for
-/// the time, the kind and the hash.
-pub const MAX_CURSOR_BYTES: usize = 2 * (6 * weft_schemas::identity::MAX_ID_BYTES + 256);
+/// id and request id are at most `MAX_ID_BYTES` bytes each, each byte escaped to at most 6
+/// (`\u001f`), with room for the time, the kind, the hash and the offset.
+pub const MAX_CURSOR_BYTES: usize = 2 * (12 * weft_schemas::identity::MAX_ID_BYTES + 256);
 
-fn decode_cursor(c: &str) -> Result<(i64, String, String, String), AuditError> {
+/// A cursor's key: the last hit's (ts, kind, id, content_hash, request_id, offset).
+type Key = (i64, String, String, String, String, u64);
+
+fn decode_cursor(c: &str) -> Result<Key, AuditError> {
     let bad = || AuditError::BadRequest("malformed cursor".into());
     if c.len() > MAX_CURSOR_BYTES {
         return Err(bad());
@@ -105,9 +111,9 @@ pub async fn page(
             )));
         }
     }
-    let (has, (cts, ckind, cid, chash)) = match cursor.filter(|c| !c.is_empty()) {
+    let (has, (cts, ckind, cid, chash, creq, coff)) = match cursor.filter(|c| !c.is_empty()) {
         Some(c) => (1u8, decode_cursor(c)?),
-        None => (0u8, (0, String::new(), String::new(), String::new())),
+        None => (0u8, Key::default()),
     };
     let mut rows = store
         .client()
@@ -128,6 +134,8 @@ pub async fn page(
         .param("ckind", &ckind)
         .param("cid", &cid)
         .param("chash", &chash)
+        .param("creq", &creq)
+        .param("coff", coff)
         .param("limit", limit)
         .fetch::<Hit>()
         .map_err(ch_err(store))?;
@@ -214,17 +222,27 @@ mod tests {
             request_id: String::new(),
             conflict: 0,
             payload: "{}".into(),
+            offset: 9,
         };
         let c = encode_cursor(&h);
         assert_eq!(
             decode_cursor(&c).unwrap(),
-            (42, "frame".into(), "a\"b'c ✓".into(), "00ff".into())
+            (
+                42,
+                "frame".into(),
+                "a\"b'c ✓".into(),
+                "00ff".into(),
+                String::new(),
+                9
+            )
         );
         assert!(decode_cursor("zz").is_err());
         assert!(decode_cursor(&hex::encode("[1,2]")).is_err());
         // The longest id, all of it escaped, still makes a cursor the next page takes.
         let longest = Hit {
             id: "\u{1f}".repeat(weft_schemas::identity::MAX_ID_BYTES),
+            request_id: "\u{1f}".repeat(weft_schemas::identity::MAX_ID_BYTES),
+            offset: u64::MAX,
             content_hash: "0".repeat(64),
             kind: "execution_routing_decision".into(),
             ts: i64::MIN,

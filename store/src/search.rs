@@ -1,6 +1,8 @@
 //! Event search over `weft_events` (the audit's `weft audit search`): the row a hit is, its
-//! query and its CSV header. Results are ordered by `(ts, kind, id, content_hash)`, the
-//! keyset the audit's cursor resumes after.
+//! query and its CSV header. Results are ordered by `(ts, kind, id, content_hash,
+//! request_id, offset)`, the keyset the audit's cursor resumes after: the copies of one
+//! event stored under several request ids share the first four, and the last two tell every
+//! stored row apart (copies of a record meet in one partition).
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
@@ -27,6 +29,8 @@ pub struct Hit {
     pub conflict: u8,
     /// The producer's payload JSON text, as stored.
     pub payload: String,
+    /// The Kafka offset the fact was read at (the keyset's last part).
+    pub offset: u64,
 }
 
 impl Hit {
@@ -48,10 +52,10 @@ impl Hit {
 
 /// One page of hits of one tenant. Parameters: `{t}`, `{from}`/`{to}` (micros), one per
 /// filter (empty matches any), the cursor (`{has_cursor}`, `{cts}`, `{ckind}`, `{cid}`,
-/// `{chash}`) and `{limit}`.
+/// `{chash}`, `{creq}`, `{coff}`) and `{limit}`.
 pub const SQL: &str = "
 SELECT toUnixTimestamp64Micro(ts) AS ts, kind, id, lower(hex(content_hash)) AS content_hash,
-       request_id, conflict, payload
+       request_id, conflict, payload, offset
 FROM weft_events
 WHERE tenant = {t:String}
   AND ts >= fromUnixTimestamp64Micro({from:Int64}, 'UTC') AND ts < fromUnixTimestamp64Micro({to:Int64}, 'UTC')
@@ -63,9 +67,10 @@ WHERE tenant = {t:String}
   AND ({outcome:String} = '' OR outcome = {outcome:String})
   AND ({token:String} = '' OR token_id = {token:String})
   AND ({request:String} = '' OR request_id = {request:String})
-  AND ({has_cursor:UInt8} = 0 OR (toUnixTimestamp64Micro(ts), kind, id, lower(hex(content_hash)))
-       > ({cts:Int64}, {ckind:String}, {cid:String}, {chash:String}))
-ORDER BY ts, kind, id, content_hash
+  AND ({has_cursor:UInt8} = 0
+       OR (toUnixTimestamp64Micro(ts), kind, id, lower(hex(content_hash)), request_id, offset)
+          > ({cts:Int64}, {ckind:String}, {cid:String}, {chash:String}, {creq:String}, {coff:UInt64}))
+ORDER BY ts, kind, id, content_hash, request_id, offset
 LIMIT {limit:UInt64}
 ";
 
@@ -113,6 +118,7 @@ pub(crate) mod tests {
             request_id: "r".into(),
             conflict: 0,
             payload: r#"{"decision_id":"pd-1","principal":"p","capability_id":"c"}"#.into(),
+            offset: 7,
         };
         let typed = h.typed(|_, t| serde_json::to_value(t).unwrap());
         assert_eq!(typed["decision_id"], "pd-1");
