@@ -396,6 +396,24 @@ async fn audit_finds_exactly_the_injected_violations() {
     // Every read above was logged.
     let logged = p.scalar("SELECT count() FROM weft_audit_log WHERE action IN ('check', 'timeline', 'search', 'bundle')").await;
     assert!(logged >= 8, "only {logged} audit reads logged");
+
+    // ... and so is a search whose reader closed the pipe (`| head`): the write error used
+    // to end it before its row was written.
+    let searches = "SELECT count() FROM weft_audit_log WHERE action = 'search'";
+    let before = p.scalar(searches).await;
+    let mut child = p
+        .weft()
+        .args(["audit", "search", "--all", "--format", "jsonl"])
+        .args(range)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first line
+    assert!(
+        child.wait().unwrap().success(),
+        "a closed pipe ends a search, no error"
+    );
+    assert_eq!(p.scalar(searches).await, before + 1);
 }
 
 /// Two findings the checks' cheap first passes used to drop:

@@ -183,55 +183,74 @@ async fn run_search(store: &Store, s: SearchArgs) -> anyhow::Result<ExitCode> {
     };
     let mut cursor = s.cursor.clone();
     let mut total = 0u64;
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    match s.format {
-        SearchFormat::Csv => writeln!(out, "{}", search::CSV_HEADER)?,
-        SearchFormat::Table => writeln!(
-            out,
-            "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
-            "ts", "kind", "id", "event_type", "capability", "verdict", "outcome"
-        )?,
-        SearchFormat::Jsonl => {}
-    }
-    loop {
-        let page = search::page(store, tenant, range, &filter, cursor.as_deref(), s.limit).await?;
-        total += page.hits.len() as u64;
-        for h in &page.hits {
-            match s.format {
-                SearchFormat::Csv => writeln!(out, "{}", search::csv_line(h))?,
-                SearchFormat::Jsonl => writeln!(out, "{}", search::json_line(h))?,
-                SearchFormat::Table => h.typed(|_, t| {
-                    writeln!(
-                        out,
-                        "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
-                        weft_schemas::time::micros_to_rfc3339(h.ts),
-                        h.kind,
-                        h.id,
-                        t.event_type,
-                        t.capability_id,
-                        t.decision,
-                        t.outcome
-                    )
-                })?,
+    // The read is logged however it ends: a page that fails after others were printed, or
+    // a reader that closes the pipe (`| head`, the reader's end of the output, no error).
+    let res: anyhow::Result<()> = async {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        match s.format {
+            SearchFormat::Csv => writeln!(out, "{}", search::CSV_HEADER)?,
+            SearchFormat::Table => writeln!(
+                out,
+                "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
+                "ts", "kind", "id", "event_type", "capability", "verdict", "outcome"
+            )?,
+            SearchFormat::Jsonl => {}
+        }
+        loop {
+            let page =
+                search::page(store, tenant, range, &filter, cursor.as_deref(), s.limit).await?;
+            total += page.hits.len() as u64;
+            for h in &page.hits {
+                match s.format {
+                    SearchFormat::Csv => writeln!(out, "{}", search::csv_line(h))?,
+                    SearchFormat::Jsonl => writeln!(out, "{}", search::json_line(h))?,
+                    SearchFormat::Table => h.typed(|_, t| {
+                        writeln!(
+                            out,
+                            "{:<27} {:<26} {:<36} {:<28} {:<30} {:<6} {:<8}",
+                            weft_schemas::time::micros_to_rfc3339(h.ts),
+                            h.kind,
+                            h.id,
+                            t.event_type,
+                            t.capability_id,
+                            t.decision,
+                            t.outcome
+                        )
+                    })?,
+                }
+            }
+            cursor = page.next_cursor;
+            if !s.all || cursor.is_none() {
+                break;
             }
         }
-        cursor = page.next_cursor;
-        if !s.all || cursor.is_none() {
-            break;
+        out.flush()?;
+        Ok(())
+    }
+    .await;
+    let res = match res {
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            cursor = None;
+            Ok(())
         }
-    }
-    out.flush()?;
-    if let Some(c) = &cursor {
-        eprintln!("next cursor: {c}");
-    }
+        r => r,
+    };
+    let error = res.as_ref().err().map(|e| format!("{e:#}"));
     logged(
         store,
         tenant,
         "search",
-        json!({"range": range, "filter": filter, "cursor": s.cursor}),
+        json!({"range": range, "filter": filter, "cursor": s.cursor, "error": error}),
         total,
     )
     .await;
+    res?;
+    if let Some(c) = &cursor {
+        eprintln!("next cursor: {c}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
