@@ -32,6 +32,19 @@ fn ok_json(out: Output, what: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
+/// The lines of a successful `--format jsonl` run, parsed.
+fn jsonl(out: Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 type Key = (String, String, String);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,16 +255,7 @@ async fn audit_finds_exactly_the_injected_violations() {
         "jsonl",
     ];
     args.extend(range);
-    let out = run(&p, &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = jsonl(run(&p, &args));
     let ids: BTreeSet<String> = lines
         .iter()
         .map(|l| l["id"].as_str().unwrap().to_owned())
@@ -514,14 +518,8 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
             "2027-01-01T00:00:00Z",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let copies: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let copies: BTreeSet<String> = jsonl(out)
+        .into_iter()
         .filter(|h| h["id"] == "frame-copied")
         .map(|h| h["request_id"].as_str().unwrap().to_owned())
         .collect();
@@ -567,21 +565,12 @@ async fn a_search_page_of_large_events_ends_early_with_its_cursor() {
             args.push("--all");
         }
         let out = run(&p, &args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<Value>(l).unwrap()["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let ids: Vec<String> = jsonl(out)
+            .iter()
+            .map(|h| h["id"].as_str().unwrap().to_owned())
             .collect();
-        (ids, String::from_utf8_lossy(&out.stderr).into_owned())
+        (ids, stderr)
     };
     let (first, stderr) = search(false);
     assert!(
