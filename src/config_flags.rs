@@ -17,8 +17,16 @@ use clap::{ArgAction, ArgMatches, Command};
 /// The sections read this way: the commands whose settings are their flags.
 pub const SECTIONS: [&str; 3] = ["router", "eval", "audit"];
 
+/// The first parse of `argv`, which finds the config file and the subcommand: a required
+/// flag may be missing from it (the file may give it), so only `--help`, `--version` and
+/// what cannot be parsed at all end it. The final parse, with the file's values, reports the
+/// rest.
+pub fn first_parse(cmd: &Command, argv: &[OsString]) -> Result<ArgMatches, clap::Error> {
+    cmd.clone().ignore_errors(true).try_get_matches_from(argv)
+}
+
 /// The command line with the file's values for the flags it leaves at their defaults added.
-/// `cmd` is the whole CLI, `argv` the process arguments, `matches` their first parse.
+/// `cmd` is the whole CLI, `argv` the process arguments, `matches` their [`first_parse`].
 pub fn with_file_values(
     cmd: &Command,
     argv: Vec<OsString>,
@@ -44,21 +52,20 @@ pub fn with_file_values(
         return Ok(argv);
     };
     check_keys(top, section, name)?;
-    // The deepest subcommand run, and the tables that apply to it, outermost first.
+    // The deepest subcommand run, and the tables that apply to it, outermost first: every
+    // enclosing table applies (`[audit] tenant` reaches `weft audit check`), the nested
+    // ones only as far as the file has them.
     let (mut run, mut m) = (top, sub_matches);
     let mut tables = vec![section];
+    let mut nested = Some(section);
     while let Some((sub, sm)) = m.subcommand() {
         let Some(next) = run.find_subcommand(sub) else {
             break;
         };
-        let t = tables
-            .last()
+        nested = nested
             .and_then(|t| t.get(sub))
             .and_then(toml::Value::as_table);
-        match t {
-            Some(t) => tables.push(t),
-            None => tables.clear(),
-        }
+        tables.extend(nested);
         (run, m) = (next, sm);
     }
     let mut extra = Vec::new();
@@ -250,6 +257,12 @@ mod tests {
             #[arg(long, default_value = "127.0.0.1:8383")]
             listen: String,
         },
+        Timeline {
+            #[arg(long)]
+            request: String,
+            #[arg(long, default_value = "default")]
+            tenant: String,
+        },
     }
 
     fn parse(file: &str, args: &[&str]) -> anyhow::Result<Cli> {
@@ -259,7 +272,7 @@ mod tests {
         let mut argv: Vec<OsString> = vec!["weft".into(), "--config".into(), path.into()];
         argv.extend(args.iter().map(OsString::from));
         let cmd = <Cli as clap::CommandFactory>::command();
-        let m = cmd.clone().try_get_matches_from(&argv)?;
+        let m = first_parse(&cmd, &argv)?;
         let argv = with_file_values(&cmd, argv, &m)?;
         Ok(Cli::try_parse_from(argv)?)
     }
@@ -296,6 +309,30 @@ mod tests {
             panic!("not audit serve");
         };
         assert_eq!((tenant.as_str(), listen.as_str()), ("acme", "127.0.0.1:2"));
+    }
+
+    /// `[audit] tenant` reaches every audit subcommand with a `--tenant`, with or without a
+    /// table of its own; a required flag may come from the file alone.
+    #[test]
+    fn the_section_reaches_subcommands_without_a_table_and_fills_required_flags() {
+        let file = "[audit]\ntenant = \"acme\"\n[audit.timeline]\nrequest = \"req-1\"\n";
+        let Cmd::Audit(AuditArgs {
+            action: AuditAction::Serve { tenant, .. },
+        }) = parse(file, &["audit", "serve"]).unwrap().cmd
+        else {
+            panic!("not audit serve");
+        };
+        assert_eq!(tenant, "acme");
+        let Cmd::Audit(AuditArgs {
+            action: AuditAction::Timeline { request, tenant },
+        }) = parse(file, &["audit", "timeline"]).unwrap().cmd
+        else {
+            panic!("not audit timeline");
+        };
+        assert_eq!((request.as_str(), tenant.as_str()), ("req-1", "acme"));
+        // Missing from both, it is still the final parse's error.
+        let err = parse("[audit]\ntenant = \"acme\"\n", &["audit", "timeline"]).unwrap_err();
+        assert!(err.to_string().contains("--request"), "{err}");
     }
 
     #[test]

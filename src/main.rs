@@ -92,7 +92,7 @@ fn main() -> ExitCode {
 fn parse_cli() -> Cli {
     let cmd = Cli::command();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let matches = cmd.clone().get_matches_from(argv.clone());
+    let matches = config_flags::first_parse(&cmd, &argv).unwrap_or_else(|e| e.exit());
     match config_flags::with_file_values(&cmd, argv, &matches) {
         Ok(argv) => Cli::parse_from(argv),
         Err(e) => {
