@@ -16,6 +16,7 @@
 //! content and request id is dropped ([`copy_hash`]); with different content, or the same
 //! content under another request id, it is stored and flagged `conflict = 1`.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -188,9 +189,13 @@ impl DedupCache {
             Some(_) => Seen::Conflict,
         };
         if seen != Seen::Duplicate {
-            let mut hashes = self.previous.get(&key).cloned().unwrap_or_default();
-            let entry = self.current.entry(key).or_default();
-            entry.append(&mut hashes);
+            // The identity's contents from the previous generation move up with it once, when
+            // it first enters this one (copying them at every sighting grew the entry
+            // geometrically for an identity reused with new contents).
+            let entry = match self.current.entry(key) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(v) => v.insert(self.previous.get(&key).cloned().unwrap_or_default()),
+            };
             if !entry.contains(&h) {
                 entry.push(h);
             }
@@ -394,6 +399,28 @@ pub(crate) mod tests {
             max_entries,
             filter_items: 10_000,
         }
+    }
+
+    /// An identity reused with a new content at every sighting, across generations, holds
+    /// each content hash once.
+    #[test]
+    fn a_reused_identity_holds_each_content_once_across_generations() {
+        let mut c = DedupCache::new(limits(Duration::from_secs(3600), 1));
+        let k = identity_key("t", "frame", "f1");
+        for h in 0..200u64 {
+            let want = if h == 0 { Seen::New } else { Seen::Conflict };
+            assert_eq!(c.observe(k, 1, h), want);
+            assert_eq!(c.observe(k, 1, h), Seen::Duplicate);
+            if h % 50 == 49 {
+                c.decided(); // a new generation: the identity is now only in the previous one
+            }
+        }
+        assert_eq!(c.known(k).map(Vec::len), Some(200));
+        assert_eq!(
+            c.observe(k, 1, 0),
+            Seen::Duplicate,
+            "the first content is still known"
+        );
     }
 
     #[test]
