@@ -82,6 +82,14 @@ pub enum IngestError {
     /// The status server address `listen` does not parse.
     #[error("invalid listen address `{0}`")]
     Listen(String),
+    /// The loop gave up on a failure it cannot retry, logged where it happened (a flush task
+    /// that panicked, ClickHouse rejecting the dedup check). Nothing of the batch in hand is
+    /// stored as progress.
+    #[error(
+        "ingest stopped on a failure it does not retry (the error is logged above); a restart \
+         resumes from the offsets ClickHouse holds"
+    )]
+    Halted,
     /// The broker moved a partition's position backwards, below what weft has stored: the
     /// topic was deleted and recreated, or truncated. Going on would skip its new records as
     /// "already stored", so ingest stops and says so.
@@ -323,6 +331,13 @@ impl Ingestor {
         self.totals
     }
 
+    /// How the loop ends when a step gives up: cleanly when the process was asked to stop,
+    /// else as [`IngestError::Halted`], so that the exit status says so and a supervisor that
+    /// restarts on failure restarts it.
+    fn ended(&self) -> Result<IngestTotals, IngestError> {
+        ended(*self.stop.borrow(), self.totals)
+    }
+
     /// Run until `shutdown` becomes true, then flush what is buffered and return.
     pub async fn run(mut self) -> Result<IngestTotals, IngestError> {
         let mut shutdown = self.stop.clone();
@@ -344,7 +359,7 @@ impl Ingestor {
         // gap before it as skipped), so they are taken first. They were all queued before
         // the split returned; no record of a split partition reaches that queue afterwards.
         if lanes.is_some() && self.drain_own_queue(&consumer, &mut since_check).await? {
-            return Ok(self.totals);
+            return self.ended();
         }
         loop {
             tokio::select! {
@@ -369,9 +384,9 @@ impl Ingestor {
                     // fetched before the split, they wait in the consumer's own queue.
                     let skipped = lanes.as_ref().is_some_and(align::Lanes::take_skip);
                     if skipped && self.drain_own_queue(&consumer, &mut since_check).await? {
-                        return Ok(self.totals);
+                        return self.ended();
                     }
-                    if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
+                    if self.on_record(msg, &mut since_check).await? { return self.ended(); }
                 }
                 // With per-partition queues the consumer's own queue still serves events
                 // (errors, statistics), and rdkafka wants it polled; asked only while no
@@ -379,16 +394,16 @@ impl Ingestor {
                 // again the consumer's CPU in `weft bench ingest`). What it held of the
                 // split partitions was taken before the loop.
                 msg = consumer.recv(), if lanes.is_some() => {
-                    if self.on_record(msg, &mut since_check).await? { return Ok(self.totals); }
+                    if self.on_record(msg, &mut since_check).await? { return self.ended(); }
                 }
                 _ = tick.tick() => {
                     self.after_rebalance().await?;
                     // A flush that landed while the stream went quiet: take its resume points
                     // now, not at the next flush, so lag and totals do not wait for traffic.
                     let landed = matches!(&self.flusher, FlusherSlot::Busy(t) if t.is_finished());
-                    if landed && self.settle_flush().await.is_err() { return Ok(self.totals); }
+                    if landed && self.settle_flush().await.is_err() { return self.ended(); }
                     let due = self.parts.values().any(|p| p.oldest.is_some_and(|t| t.elapsed() >= flush_every));
-                    if due && self.flush().await.is_err() { return Ok(self.totals); }
+                    if due && self.flush().await.is_err() { return self.ended(); }
                 }
             }
         }
@@ -411,6 +426,16 @@ fn now_micros() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
         .unwrap_or(0)
+}
+
+/// [`Ingestor::ended`], for a loop that gave up: asked to stop (`stopping`) it is a clean
+/// end, otherwise a failure.
+fn ended(stopping: bool, totals: IngestTotals) -> Result<IngestTotals, IngestError> {
+    if stopping {
+        Ok(totals)
+    } else {
+        Err(IngestError::Halted)
+    }
 }
 
 /// Retry a ClickHouse operation while ClickHouse is unreachable (start-up reads must not give
@@ -442,5 +467,19 @@ where
                 tokio::time::sleep(backoff(attempt, cfg.max_backoff_ms)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loop that gives up without being asked to stop ends in an error, so `weft ingest`
+    /// exits non-zero (it printed its totals and exited 0, like a clean shutdown).
+    #[test]
+    fn giving_up_unasked_is_an_error() {
+        let totals = IngestTotals::default();
+        assert!(matches!(ended(false, totals), Err(IngestError::Halted)));
+        assert!(ended(true, totals).is_ok());
     }
 }
