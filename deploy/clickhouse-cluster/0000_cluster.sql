@@ -13,7 +13,9 @@
 --
 -- The weft user's profile must set distributed_foreground_insert = 1: an insert into a
 -- Distributed table then returns only once the shard has it, which the exactly-once resume
--- point (max offset per partition) relies on.
+-- point (max offset per partition) relies on. With several replicas per shard, also
+-- insert_quorum = 'auto' and select_sequential_consistency = 1, so that a restart never reads
+-- the resume point from a replica that lacks the last insert (docs/OPERATIONS.md).
 
 -- The migration record, replicated to EVERY node of every shard (one Keeper path for all),
 -- so `weft migrate` sees the same applied versions whichever node it talks to.
