@@ -15,6 +15,8 @@
 //! Finally `weft narrative ID --format json` is run as a process, to time it end to end.
 
 use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -26,7 +28,7 @@ use weft_schemas::wire::{self, ContentType, SchemaIds};
 use weft_schemas::Topics;
 use weft_sim::{SimConfig, Simulation};
 use weft_store::narrative::query;
-use weft_store::{ClickHouseConfig, EventRow, Store};
+use weft_store::{ClickHouseConfig, Compression, EventRow, Store};
 
 use crate::ch::{count, exec, settle_merges};
 
@@ -43,7 +45,9 @@ const TABLES: [&str; 4] = [
 /// Builds a template of simulated flows through the real decoder and narrative projector,
 /// copies it inside ClickHouse (ids rewritten per copy) up to --events, waits for merges to
 /// settle, then times --lookups calls of the narrative query (half by request id, half by a
-/// member's id) and --cli-runs runs of `weft narrative ID --format json` as a process.
+/// member's id) and --cli-runs runs of `weft narrative ID --format json` as a process
+/// (with this run's ClickHouse settings; only the runs that find their narrative are timed,
+/// the others are counted: not found, failed).
 ///
 ///   weft bench lookup --events 10000000 --lookups 2000
 ///   weft bench lookup --database weft_bench_lookup_keep --keep   # load once, rerun later
@@ -145,8 +149,13 @@ pub struct LookupReport {
     pub all: Latency,
     pub by_request_id: Latency,
     pub by_member_id: Latency,
+    /// The `--cli-runs` that found their narrative (exit 0); only they are timed.
     pub cli: Option<Latency>,
+    /// Runs that found no narrative (exit 1 with `weft narrative`'s not-found message).
+    pub cli_not_found: usize,
+    /// Runs that failed otherwise, and the first one's status and stderr.
     pub cli_failures: usize,
+    pub cli_first_failure: Option<String>,
     pub target_p99_ms: f64,
 }
 
@@ -158,7 +167,11 @@ pub async fn run(args: BenchLookupArgs, clickhouse: ClickHouseConfig) -> anyhow:
         .clone()
         .unwrap_or_else(|| format!("weft_bench_lookup_{}", crate::ch::run_id()));
     let store = crate::ch::fresh_database(&clickhouse, &database).await?;
-    let result = measure(&args, &store, &database, &clickhouse.url).await;
+    let ch = ClickHouseConfig {
+        database: database.clone(),
+        ..clickhouse
+    };
+    let result = measure(&args, &store, &ch).await;
     if fresh && !args.keep {
         exec(&store, &format!("DROP DATABASE IF EXISTS `{database}`")).await?;
     }
@@ -166,12 +179,13 @@ pub async fn run(args: BenchLookupArgs, clickhouse: ClickHouseConfig) -> anyhow:
     print_report(&report, args.json)
 }
 
+/// `ch`: the run's ClickHouse settings, its database the one measured.
 async fn measure(
     args: &BenchLookupArgs,
     store: &Store,
-    database: &str,
-    url: &str,
+    ch: &ClickHouseConfig,
 ) -> anyhow::Result<LookupReport> {
+    let (database, url) = (ch.database.as_str(), ch.url.as_str());
     let have = count(store, "SELECT count() FROM weft_events").await?;
     let reused = have >= args.events.saturating_mul(99) / 100;
     let (mut template_events, mut copies, mut load_s) = (0, 0, None);
@@ -275,31 +289,20 @@ async fn measure(
     let found = order.len() - not_found;
 
     // End to end: a new `weft narrative` process per lookup.
-    let (cli, cli_failures) = if args.cli_runs > 0 {
+    let cli = if args.cli_runs > 0 {
         eprintln!(
             "timing {} runs of `weft narrative ID --format json` ...",
             args.cli_runs
         );
         let exe = std::env::current_exe().context("locating the weft binary")?;
-        let mut d = Vec::new();
-        let mut failures = 0;
-        for (_, id) in order.iter().cycle().take(args.cli_runs) {
-            let t = Instant::now();
-            let status = std::process::Command::new(&exe)
-                .args(["--clickhouse-url", url, "--clickhouse-database", database])
-                .args(["narrative", id.as_str(), "--format", "json"])
-                .env_remove("RUST_LOG")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()?;
-            d.push(t.elapsed());
-            if !status.success() {
-                failures += 1;
-            }
-        }
-        (Some(Latency::of(d)), failures)
+        let ids = order
+            .iter()
+            .cycle()
+            .take(args.cli_runs)
+            .map(|(_, id)| id.as_str());
+        Some(cli_runs(&exe, ch, ids)?)
     } else {
-        (None, 0)
+        None
     };
     Ok(LookupReport {
         database: database.into(),
@@ -317,10 +320,92 @@ async fn measure(
         all: Latency::of(all),
         by_request_id: Latency::of(req_d),
         by_member_id: Latency::of(mem_d),
-        cli,
-        cli_failures,
+        cli_not_found: cli.as_ref().map_or(0, |c| c.not_found),
+        cli_failures: cli.as_ref().map_or(0, |c| c.failures),
+        cli_first_failure: cli.as_ref().and_then(|c| c.first_failure.clone()),
+        cli: cli.map(|c| Latency::of(c.found)),
         target_p99_ms: 50.0,
     })
+}
+
+/// What the `weft narrative` processes did.
+#[derive(Debug, Default)]
+struct CliRuns {
+    /// The time of each run that found its narrative (exit 0).
+    found: Vec<Duration>,
+    /// Runs that found none: exit 1 with [`query::NOT_FOUND`] on stderr.
+    not_found: usize,
+    /// Any other end (another status, a signal, exit 1 with an error).
+    failures: usize,
+    /// The first failure's status and stderr.
+    first_failure: Option<String>,
+}
+
+/// The environment a `weft narrative` child gets: this run's ClickHouse settings, whatever
+/// flags, variables or config file gave them to this process (the password by environment,
+/// never on a command line). `None`: remove the variable.
+fn child_env(ch: &ClickHouseConfig) -> [(&'static str, Option<String>); 6] {
+    let compression = match ch.compression {
+        Compression::Auto => "auto",
+        Compression::Lz4 => "lz4",
+        Compression::None => "none",
+    };
+    [
+        // Every setting the child reads is below; a config file would only add doubt.
+        ("WEFT_CONFIG", None),
+        ("WEFT_CLICKHOUSE_URL", Some(ch.url.clone())),
+        ("WEFT_CLICKHOUSE_DATABASE", Some(ch.database.clone())),
+        ("WEFT_CLICKHOUSE_USER", Some(ch.user.clone())),
+        // An empty variable counts as unset, and the default password is the empty one.
+        (
+            "WEFT_CLICKHOUSE_PASSWORD",
+            (!ch.password.is_empty()).then(|| ch.password.clone()),
+        ),
+        ("WEFT_CLICKHOUSE_COMPRESSION", Some(compression.into())),
+    ]
+}
+
+/// Run `exe narrative ID --format json` once per id, against `ch`, and time the runs that
+/// find their narrative.
+fn cli_runs<'a>(
+    exe: &Path,
+    ch: &ClickHouseConfig,
+    ids: impl Iterator<Item = &'a str>,
+) -> anyhow::Result<CliRuns> {
+    let mut runs = CliRuns::default();
+    for id in ids {
+        let mut cmd = Command::new(exe);
+        cmd.args(["narrative", id, "--format", "json"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in child_env(ch) {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        let t = Instant::now();
+        let out = cmd
+            .output()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let elapsed = t.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => runs.found.push(elapsed),
+            // Its own line, whatever logs come before it.
+            Some(1) if stderr.lines().any(|l| l.starts_with(query::NOT_FOUND)) => {
+                runs.not_found += 1
+            }
+            _ => {
+                runs.failures += 1;
+                runs.first_failure
+                    .get_or_insert_with(|| format!("{}: {}", out.status, stderr.trim()));
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// A small stable hash, to interleave the two id lists without a random generator.
@@ -599,10 +684,13 @@ fn print_report(r: &LookupReport, json: bool) -> anyhow::Result<()> {
             "MISSED"
         },
         r.all.p99_ms,
-        if r.cli_failures > 0 {
-            format!("; {} CLI runs failed", r.cli_failures)
-        } else {
-            String::new()
+        match (r.cli_not_found, r.cli_failures) {
+            (0, 0) => String::new(),
+            (n, 0) => format!("; {n} CLI runs found no narrative (not timed)"),
+            (n, f) => format!(
+                "; {n} CLI runs found no narrative, {f} failed (neither timed); first failure: {}",
+                r.cli_first_failure.as_deref().unwrap_or("")
+            ),
         }
     )?;
     crate::print_report(&out, r, json)
@@ -619,6 +707,61 @@ mod tests {
         assert_eq!(l.p99_ms, 99.0);
         assert_eq!(l.max_ms, 100.0);
         assert_eq!(l.n, 100);
+    }
+
+    fn settings() -> ClickHouseConfig {
+        ClickHouseConfig {
+            url: "http://ch.invalid:8123".into(),
+            database: "bench_db".into(),
+            user: "bench_user".into(),
+            password: "bench-secret".into(),
+            compression: Compression::Lz4,
+        }
+    }
+
+    #[test]
+    fn cli_runs_that_fail_are_counted_not_timed() {
+        let r = cli_runs(
+            Path::new("/bin/false"),
+            &settings(),
+            ["a", "b", "c"].into_iter(),
+        )
+        .unwrap();
+        assert!(r.found.is_empty(), "failed runs were timed: {:?}", r.found);
+        assert_eq!((r.not_found, r.failures), (0, 3));
+        assert!(r.first_failure.is_some());
+        assert_eq!(Latency::of(r.found).n, 0);
+    }
+
+    #[test]
+    fn cli_runs_get_this_runs_clickhouse_and_tell_not_found_from_found() {
+        let dir = std::env::temp_dir().join(format!("weft-bench-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("weft");
+        // Exit 0 only with every setting of `settings()` and no config file; `missing` is
+        // not found, as `weft narrative` says it.
+        let script = format!(
+            "#!/bin/sh\n\
+             [ \"$WEFT_CLICKHOUSE_URL\" = http://ch.invalid:8123 ] && \
+             [ \"$WEFT_CLICKHOUSE_DATABASE\" = bench_db ] && \
+             [ \"$WEFT_CLICKHOUSE_USER\" = bench_user ] && \
+             [ \"$WEFT_CLICKHOUSE_PASSWORD\" = bench-secret ] && \
+             [ \"$WEFT_CLICKHOUSE_COMPRESSION\" = lz4 ] && \
+             [ -z \"${{WEFT_CONFIG+set}}\" ] && [ \"$1\" = narrative ] || exit 3\n\
+             if [ \"$2\" = missing ]; then echo \"{} \\`missing\\` (tenant default)\" >&2; exit 1; fi\n",
+            query::NOT_FOUND
+        );
+        std::fs::write(&exe, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let r = cli_runs(&exe, &settings(), ["a", "missing", "b"].into_iter()).unwrap();
+        assert_eq!(
+            (r.found.len(), r.not_found, r.failures),
+            (2, 1, 0),
+            "{:?}",
+            r.first_failure
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -29,8 +29,12 @@ pub struct BenchRouteArgs {
     #[arg(long, env = "WEFT_BENCH_ROUTER_KEY", hide_env_values = true)]
     pub key: String,
 
-    /// Requests in total.
-    #[arg(long, default_value_t = 20_000)]
+    /// Requests in total (at least 1).
+    #[arg(
+        long,
+        default_value_t = 20_000,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
     pub requests: usize,
 
     /// Concurrent keep-alive connections.
@@ -91,8 +95,12 @@ struct RouteRequest {
     bodies: Vec<Vec<u8>>,
 }
 
+/// The header in which the router says how long its decision took (µs).
+const DECISION_US: &str = "x-weft-decision-us";
+
 /// `n` requests one after the other on one keep-alive connection: (client round trip,
-/// server-side decision time) in microseconds, each.
+/// server-side decision time) in microseconds, each. An answer without a readable
+/// decision time is an error: it is not a router's, and no time is made up for it.
 async fn bench_conn(req: RouteRequest, n: usize, first: usize) -> anyhow::Result<Vec<(u64, u64)>> {
     let client = one_connection()?;
     let mut out = Vec::with_capacity(n);
@@ -110,10 +118,9 @@ async fn bench_conn(req: RouteRequest, n: usize, first: usize) -> anyhow::Result
         let status = resp.status();
         let server_us = resp
             .headers()
-            .get("x-weft-decision-us")
+            .get(DECISION_US)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let body = resp.bytes().await.context("reading the router's answer")?;
         anyhow::ensure!(
             status == reqwest::StatusCode::OK,
@@ -121,6 +128,13 @@ async fn bench_conn(req: RouteRequest, n: usize, first: usize) -> anyhow::Result
             status.as_u16(),
             String::from_utf8_lossy(&body)
         );
+        let server_us = server_us.with_context(|| {
+            format!(
+                "{} answered 200 without a whole number of microseconds in {DECISION_US} \
+                 (is it a weft router?)",
+                req.url
+            )
+        })?;
         out.push((t.elapsed().as_micros() as u64, server_us));
     }
     Ok(out)
@@ -263,4 +277,59 @@ pub async fn run(a: BenchRouteArgs) -> anyhow::Result<()> {
         pct(client, 0.99)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchRouteArgs,
+    }
+
+    #[test]
+    fn zero_requests_are_refused() {
+        let parse = |n: &str| Cli::try_parse_from(["t", "--key", "k", "--requests", n]);
+        let err = parse("0").unwrap_err();
+        assert!(err.to_string().contains("--requests"), "{err}");
+        assert_eq!(parse("1").unwrap().bench.requests, 1);
+    }
+
+    /// A server on loopback answering every route request 200 with `header`, if any.
+    async fn server(header: Option<&'static str>) -> RouteRequest {
+        let app = axum::Router::new().route(
+            "/v1/route",
+            axum::routing::post(move || async move {
+                let mut resp = axum::response::Response::new(axum::body::Body::from("{}"));
+                if let Some(v) = header {
+                    resp.headers_mut()
+                        .insert(DECISION_US, axum::http::HeaderValue::from_static(v));
+                }
+                resp
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        RouteRequest {
+            url: format!("http://{addr}/v1/route"),
+            key: "k".into(),
+            bodies: vec![b"{}".to_vec()],
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_the_decision_time_is_an_error_not_zero() {
+        let err = bench_conn(server(None).await, 2, 0).await.unwrap_err();
+        assert!(err.to_string().contains(DECISION_US), "{err:#}");
+        let err = bench_conn(server(Some("soon")).await, 2, 0)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains(DECISION_US), "{err:#}");
+        let times = bench_conn(server(Some("17")).await, 2, 0).await.unwrap();
+        assert_eq!(times.iter().map(|t| t.1).collect::<Vec<_>>(), [17, 17]);
+    }
 }

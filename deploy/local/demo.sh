@@ -52,11 +52,21 @@ say "waiting until all $want events of this run are stored and in their narrativ
 t0=$EPOCHREALTIME
 got=0
 for _ in $(seq 1 900); do
-  got=$(ch "SELECT count() FROM (SELECT narrative_id, kind, id, argMax(is_deleted, version) AS gone
-            FROM weft_narratives WHERE narrative_id LIKE 'req-$SEED-%' GROUP BY narrative_id, kind, id) WHERE gone = 0" || echo 0)
-  [ "${got:-0}" -ge "$want" ] && break
+  # A failed query counts as none stored yet; the last error is kept for the message below.
+  if got=$(ch "SELECT count() FROM (SELECT narrative_id, kind, id, argMax(is_deleted, version) AS gone
+            FROM weft_narratives WHERE narrative_id LIKE 'req-$SEED-%' GROUP BY narrative_id, kind, id) WHERE gone = 0" 2>"$RUN/wait.err"); then
+    [ "$got" -ge "$want" ] && break
+  else
+    got=0
+  fi
   sleep 0.2
 done
+if [ "$got" -lt "$want" ]; then
+  echo "demo: FAILED: only $got of $want events of this run are in their narratives after 180 s" >&2
+  if [ -s "$RUN/wait.err" ]; then echo "demo: last ClickHouse error: $(cat "$RUN/wait.err")" >&2; fi
+  echo "demo: logs: $RUN/ingest.log (weft ingest), $WEFT_RUN_DIR/*.log (the stack)" >&2
+  exit 1
+fi
 printf '%s of %s events in %s narratives, %.1f s after publishing\n' "$got" "$want" "$FLOWS" \
   "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{print b-a}')"
 
@@ -104,13 +114,26 @@ python3 deploy/local/demo/route_loop.py --key "$ROUTER_KEY" --cycles 400 --seed 
 
 say "offline evaluation of the greedy policy on the logged decisions (IPS, SNIPS, DR)"
 # The decisions and feedback travel through Kafka and ingest first: wait until they are stored.
+n=0
 for _ in $(seq 1 300); do
-  n=$(ch "SELECT count() FROM weft_events WHERE kind = 'execution_feedback' AND decision_id IN
-          (SELECT id FROM weft_events WHERE kind = 'execution_routing_decision' AND request_id LIKE 'demo-route-$SEED-%')" || echo 0)
-  [ "${n:-0}" -ge 400 ] && break
+  if n=$(ch "SELECT count() FROM weft_events WHERE kind = 'execution_feedback' AND decision_id IN
+          (SELECT id FROM weft_events WHERE kind = 'execution_routing_decision' AND request_id LIKE 'demo-route-$SEED-%')" 2>"$RUN/wait.err"); then
+    [ "$n" -ge 400 ] && break
+  else
+    n=0
+  fi
   sleep 0.2
 done
-$WEFT eval --tenant default --since-s 3600 --policy greedy --bootstrap 200 --out "$RUN/eval.json" || true
+if [ "$n" -lt 400 ]; then
+  echo "demo: FAILED: only $n of 400 feedback events of the loop are stored after 60 s" >&2
+  if [ -s "$RUN/wait.err" ]; then echo "demo: last ClickHouse error: $(cat "$RUN/wait.err")" >&2; fi
+  echo "demo: logs: $RUN/router.log (weft router), $RUN/ingest.log (weft ingest)" >&2
+  exit 1
+fi
+# No --gate, so eval exits non-zero only on an error, which ends the demo; the artifact of
+# an earlier run is removed first so it is never shown as this run's.
+rm -f "$RUN/eval.json"
+$WEFT eval --tenant default --since-s 3600 --policy greedy --bootstrap 200 --out "$RUN/eval.json"
 python3 - "$RUN/eval.json" <<'PY'
 import json, sys
 a = json.load(open(sys.argv[1]))

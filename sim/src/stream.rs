@@ -257,9 +257,14 @@ fn pump(
 /// Write `sim` out as `output` says, publishing every envelope too when `connect` is given
 /// (it is called once the output files are open, so plain generation never needs a
 /// publisher's configuration). Returns how the published envelopes fared (`None` without
-/// `connect`, or when the reader closed the output early, which ends the run quietly).
+/// `connect`).
+///
+/// A reader that closes the output early (`| head`) ends the run quietly, there: the
+/// envelopes published so far are still made durable and counted, and the publisher closed,
+/// as at the end of a whole run; the ground truth, which would describe envelopes never sent,
+/// is not written.
 pub fn run<C>(
-    mut sim: Simulation,
+    sim: Simulation,
     output: &Output,
     connect: Option<C>,
 ) -> Result<Option<Published>, StreamError>
@@ -272,6 +277,20 @@ where
         (None, false) => Some(create(Path::new("-"))?),
         (None, true) => None,
     };
+    stream(sim, output, &pace, out, connect)
+}
+
+/// [`run`], with the output already open.
+fn stream<C>(
+    mut sim: Simulation,
+    output: &Output,
+    pace: &Pace,
+    out: Option<Box<dyn Write>>,
+    connect: Option<C>,
+) -> Result<Option<Published>, StreamError>
+where
+    C: FnOnce() -> Result<Publishing, ConnectError>,
+{
     let publishing = match connect {
         Some(c) => Some(c().map_err(StreamError::Connect)?),
         None => None,
@@ -284,10 +303,20 @@ where
     };
     let started = Instant::now();
     let mut n = 0u64;
-    match pump(&mut sim, &pace, &mut sink, &mut n) {
+    match pump(&mut sim, pace, &mut sink, &mut n) {
         Err(e) if e.is_broken_pipe() => {
             tracing::info!(written = n, "output closed by the reader; stopping");
-            return Ok(None);
+            let Some(mut p) = sink.publishing.take() else {
+                return Ok(None);
+            };
+            p.finish();
+            if let Some(path) = &output.truth {
+                tracing::warn!(
+                    truth = %path.display(),
+                    "the stream was cut short: no ground truth written"
+                );
+            }
+            return Ok(Some(p.counts));
         }
         other => other.map_err(|e| StreamError::Envelopes(Box::new(e)))?,
     }
@@ -345,6 +374,93 @@ mod tests {
         assert!(
             !StreamError::Io(io::Error::from(io::ErrorKind::PermissionDenied)).is_broken_pipe()
         );
+    }
+
+    /// Takes `budget` bytes, then answers every write as a closed pipe; counts the whole
+    /// lines it took.
+    struct ClosesAfter {
+        budget: usize,
+        lines: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Write for ClosesAfter {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.budget == 0 {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            let n = buf.len().min(self.budget);
+            self.budget -= n;
+            let nl = buf[..n].iter().filter(|b| **b == b'\n').count();
+            self.lines
+                .fetch_add(nl, std::sync::atomic::Ordering::SeqCst);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_reader_closing_early_still_gets_the_published_envelopes_made_durable_and_counted() {
+        let dir = std::env::temp_dir().join(format!("weft-sim-pipe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let truth = dir.join("t.json");
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let publisher = runtime
+            .block_on(Publisher::connect(weft_producers::PublisherConfig {
+                // Nothing listens on the discard port: every event ends in the spool.
+                brokers: "127.0.0.1:9".into(),
+                spool_dir: dir.join("spool"),
+                message_timeout_ms: 300,
+                ..weft_producers::PublisherConfig::default()
+            }))
+            .unwrap();
+        let handle = publisher.clone();
+        let connect =
+            move || -> Result<Publishing, ConnectError> { Ok(Publishing::new(runtime, publisher)) };
+        let lines = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let out: Box<dyn Write> = Box::new(ClosesAfter {
+            budget: 8_000,
+            lines: lines.clone(),
+        });
+        let cfg = SimConfig {
+            flows: 30,
+            record_truth: true,
+            ..SimConfig::default()
+        };
+        let output = Output {
+            truth: Some(truth.clone()),
+            ..Output::default()
+        };
+        let published = stream(
+            Simulation::new(cfg).unwrap(),
+            &output,
+            &Pace::new(0.0).unwrap(),
+            Some(out),
+            Some(connect),
+        )
+        .unwrap()
+        .expect("what was published is counted");
+        let written = lines.load(std::sync::atomic::Ordering::SeqCst) as u64;
+        assert!(written > 0, "the writer took some whole lines");
+        // Every envelope written was published, and its receipt awaited: each is counted.
+        assert_eq!(
+            published.kafka + published.spooled,
+            written,
+            "{published:?}"
+        );
+        assert_eq!(published.rejected, 0, "{published:?}");
+        assert_eq!(handle.spool_pending(), published.spooled);
+        // The publisher was closed, not just dropped.
+        let env: Envelope = serde_json::from_str(
+            r#"{"kind":"trace_event","request_id":"r","payload":{"event_id":"e","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z"}}"#,
+        )
+        .unwrap();
+        assert!(matches!(handle.publish(env), Err(PublishError::Closed)));
+        assert!(!truth.exists(), "no ground truth for a stream cut short");
+        drop(handle);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

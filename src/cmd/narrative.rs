@@ -33,7 +33,7 @@ pub enum Format {
 pub async fn run(a: NarrativeArgs, settings: Settings) -> anyhow::Result<bool> {
     let store = Store::new(settings.clickhouse)?;
     let Some(n) = query::lookup(&store, &a.tenant, &a.id).await? else {
-        eprintln!("no narrative contains `{}` (tenant {})", a.id, a.tenant);
+        eprintln!("{} `{}` (tenant {})", query::NOT_FOUND, a.id, a.tenant);
         return Ok(false);
     };
     match a.format {

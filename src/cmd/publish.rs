@@ -221,6 +221,13 @@ fn parse_line(args: &PublishArgs, line: &str) -> Result<Envelope, String> {
     }
 }
 
+/// How long `--republish-refused` waits for each record: the message timeout the publisher
+/// was built with (the flag's, over the file's), and 5 s for the broker's answer.
+fn republish_timeout(flags: &PublisherArgs, settings: &Settings) -> Duration {
+    let resolved = flags.resolve(settings).message_timeout_ms;
+    Duration::from_millis(resolved.saturating_add(5_000))
+}
+
 pub async fn run(args: PublishArgs, mut settings: Settings) -> anyhow::Result<bool> {
     settings.publisher.refuse_nonconforming_keys |= args.refuse_nonconforming_keys;
     let publisher = args.publisher.connect(&settings).await?;
@@ -273,7 +280,7 @@ pub async fn run(args: PublishArgs, mut settings: Settings) -> anyhow::Result<bo
     let mut republished_all = true;
     if args.republish_refused {
         let p = publisher.clone();
-        let timeout = Duration::from_millis(settings.publisher.message_timeout_ms + 5_000);
+        let timeout = republish_timeout(&args.publisher, &settings);
         let r = tokio::task::spawn_blocking(move || p.republish_refused(timeout)).await??;
         for (line, why) in &r.unreadable {
             eprintln!("{}:{line}: unreadable, kept: {why}", r.path.display());
@@ -321,4 +328,36 @@ pub async fn run(args: PublishArgs, mut settings: Settings) -> anyhow::Result<bo
         eprintln!("the spool did not drain within {}s", args.drain_timeout);
     }
     Ok(tally.rejected.is_empty() && drained && republished_all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn republish_waits_the_message_timeout_of_the_flag_not_of_the_file() {
+        let mut settings = Settings::default();
+        settings.publisher.message_timeout_ms = 1_000;
+        let flag = PublisherArgs {
+            spool_dir: None,
+            topic_prefix: None,
+            content_type: None,
+            fsync: None,
+            message_timeout_ms: Some(60_000),
+            partitions: None,
+            no_create_topics: false,
+        };
+        assert_eq!(
+            republish_timeout(&flag, &settings),
+            Duration::from_millis(65_000)
+        );
+        let no_flag = PublisherArgs {
+            message_timeout_ms: None,
+            ..flag
+        };
+        assert_eq!(
+            republish_timeout(&no_flag, &settings),
+            Duration::from_millis(6_000)
+        );
+    }
 }

@@ -81,6 +81,8 @@ pub struct SimulateArgs {
     /// is generated, and return once all are durable. Held-back envelopes are published
     /// last, or written to --held-back-out instead when it is given. Combine with --rate
     /// for steady traffic. Reads the [kafka] and [publisher] config like `weft publish`.
+    /// When the reader of --out closes it early (`| head`), the run stops there: what was
+    /// published is still made durable and counted, and no ground truth is written.
     #[arg(help_heading = OUTPUT, long)]
     pub publish: bool,
 

@@ -219,6 +219,11 @@ async fn resolve_counted(
     Ok(nodes.into_iter().next().map(|n| (n.narrative_id, None)))
 }
 
+/// How `weft narrative ID` starts the line it prints on stderr when no narrative contains ID
+/// (exit status 1, which other failures share): `weft bench lookup --cli-runs` tells the two
+/// apart by it.
+pub const NOT_FOUND: &str = "no narrative contains";
+
 /// Read one narrative of `tenant` by any id in it, whole. `None` when the id is unknown there.
 pub async fn lookup(
     store: &Store,
