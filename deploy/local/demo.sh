@@ -115,7 +115,7 @@ python3 deploy/local/demo/route_loop.py --key "$ROUTER_KEY" --cycles 400 --seed 
 say "offline evaluation of the greedy policy on the logged decisions (IPS, SNIPS, DR)"
 # The decisions and feedback travel through Kafka and ingest first: wait until they are stored.
 n=0
-for _ in $(seq 1 300); do
+for _ in $(seq 1 900); do
   if n=$(ch "SELECT count() FROM weft_events WHERE kind = 'execution_feedback' AND decision_id IN
           (SELECT id FROM weft_events WHERE kind = 'execution_routing_decision' AND request_id LIKE 'demo-route-$SEED-%')" 2>"$RUN/wait.err"); then
     [ "$n" -ge 400 ] && break
@@ -125,7 +125,7 @@ for _ in $(seq 1 300); do
   sleep 0.2
 done
 if [ "$n" -lt 400 ]; then
-  echo "demo: FAILED: only $n of 400 feedback events of the loop are stored after 60 s" >&2
+  echo "demo: FAILED: only $n of 400 feedback events of the loop are stored after 180 s" >&2
   if [ -s "$RUN/wait.err" ]; then echo "demo: last ClickHouse error: $(cat "$RUN/wait.err")" >&2; fi
   echo "demo: logs: $RUN/router.log (weft router), $RUN/ingest.log (weft ingest)" >&2
   exit 1
