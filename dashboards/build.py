@@ -397,6 +397,14 @@ WHERE e.decision_id = '' OR pd.decision != 'allow'
         SELECT decision_id FROM weft_events
         WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_authorized')
 UNION ALL
+SELECT 'I-02', kind, id, any(request_id), min(ts), 'PolicyDecision named by no TraceEvent'
+FROM weft_events
+WHERE {T} AND kind = 'policy_decision' AND $__timeFilter(ts)
+  AND id NOT IN (
+        SELECT decision_id FROM weft_events
+        WHERE {T} AND kind = 'trace_event' AND decision_id != '')
+GROUP BY kind, id
+UNION ALL
 SELECT 'I-06', 'capability_token', u.token_id, any(u.request_id), min(u.ts),
        arrayStringConcat(arraySort(groupUniqArray(u.problem)), ', ')
 FROM
@@ -515,7 +523,8 @@ LIMIT 100
     ),
     ch_panel(
         "Invariant violations by rule",
-        "I-01 raw output on a Frame; I-02 execution without allow + capability_authorized; "
+        "I-01 raw output on a Frame; I-02 execution without allow + capability_authorized, "
+        "or a PolicyDecision no TraceEvent names; "
         "I-06 token expired, out of scope or single-use reused; orphan references; id conflicts.",
         "table",
         f"SELECT rule, count() AS violations FROM\n(\n{VIOLATIONS.strip()}\n)\nGROUP BY rule\nORDER BY rule",
@@ -534,7 +543,8 @@ LIMIT 100
     ch_panel(
         "Invariant violations",
         "One row per finding: the subject is the Frame (I-01), the execution (I-02, orphan), "
-        "the token (I-06) or the conflicting identity.",
+        "the PolicyDecision no TraceEvent names (I-02), the token (I-06) or the conflicting "
+        "identity.",
         "table",
         f"SELECT rule, subject_kind, subject_id, request_id, ts, detail FROM\n(\n{VIOLATIONS.strip()}\n)\nORDER BY ts DESC, rule, subject_id\nLIMIT 1000",
         ["rule", "subject_kind", "subject_id", "request_id", "ts", "detail"],

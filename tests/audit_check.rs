@@ -93,6 +93,17 @@ async fn audit_finds_exactly_the_injected_violations() {
             "no {inv:?} injected"
         );
     }
+    // Both halves of I-02: executions, and PolicyDecisions no TraceEvent names.
+    let untraced = |v: &weft_sim::InjectedViolation| {
+        v.invariant == Invariant::I02 && v.subject.kind == weft_schemas::Kind::PolicyDecision
+    };
+    assert!(
+        truth.violations().any(|(_, v)| untraced(v)),
+        "no untraced decision injected"
+    );
+    assert!(truth
+        .violations()
+        .any(|(_, v)| v.invariant == Invariant::I02 && !untraced(v)));
     let _ingest = p.ingest(None);
     p.publish(&p.path("events.jsonl"));
     p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(180))
@@ -157,6 +168,12 @@ async fn audit_finds_exactly_the_injected_violations() {
     args.extend(range);
     let report = ok_json(run(&p, &args), "audit check (grace)");
     assert_eq!(report["counts"].get("orphan"), None, "{}", report["counts"]);
+    // ... nor the trace events naming a decision: only the executions' I-02 findings remain.
+    let i02_execs = truth
+        .violations()
+        .filter(|(_, v)| v.invariant == Invariant::I02 && !untraced(v))
+        .count();
+    assert_eq!(report["counts"]["I-02"], i02_execs, "{}", report["counts"]);
     assert_eq!(
         report["counts"]["I-01"],
         truth.totals.violations[&Invariant::I01]
@@ -527,6 +544,90 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
         copies,
         BTreeSet::from(["r-edge".to_owned(), "r-edge-2".to_owned()])
     );
+}
+
+/// I-02 `decision_untraced` (weaver-spec `policy_decisions_are_traced`): a PolicyDecision whose
+/// id no TraceEvent carries is reported, with the decision as its proof, once it was ingested
+/// more than `--grace-secs` ago; a decision named only by a `capability_denied`, or by a
+/// trace event just outside the range (inside the lookaround), is traced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_no_trace_event_names_is_untraced_once_past_grace() {
+    let p = Pipeline::new("it_audit_untraced");
+    let decision = |id: &str, verdict: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-untraced","payload":{{"decision_id":"{id}","decision":"{verdict}","capability_id":"org.weaver.web_search","principal":"p","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let trace = |id: &str, ty: &str, pd: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-untraced","payload":{{"event_id":"{id}","event_type":"{ty}","timestamp":"{ts}","capability_id":"org.weaver.web_search","principal":"p","decision_id":"{pd}","outcome":"failure"}}}}"#
+        )
+    };
+    let lines = [
+        decision("pd-untraced", "allow", "2026-11-01T00:00:00.100Z"),
+        decision("pd-denied", "deny", "2026-11-01T00:00:00.200Z"),
+        trace(
+            "te-denied",
+            "capability_denied",
+            "pd-denied",
+            "2026-11-01T00:00:00.300Z",
+        ),
+        // Named only by a trace event after the range's end, within the lookaround.
+        decision("pd-late-trace", "deny", "2026-11-01T00:00:00.400Z"),
+        trace(
+            "te-late",
+            "capability_denied",
+            "pd-late-trace",
+            "2026-11-01T06:00:00.000Z",
+        ),
+    ];
+    let file = p.path("untraced.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let check = |grace: &str| {
+        ok_json(
+            run(
+                &p,
+                &[
+                    "check",
+                    "--format",
+                    "json",
+                    "--grace-secs",
+                    grace,
+                    "--from",
+                    "2026-11-01T00:00:00Z",
+                    "--to",
+                    "2026-11-01T01:00:00Z",
+                ],
+            ),
+            "audit check",
+        )
+    };
+    let report = check("0");
+    let i02: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["invariant"] == "I-02")
+        .collect();
+    assert_eq!(i02.len(), 1, "{report:#}");
+    assert_eq!(i02[0]["rule"], "decision_untraced");
+    assert_eq!(
+        i02[0]["subject"],
+        serde_json::json!({"kind": "policy_decision", "id": "pd-untraced"})
+    );
+    assert_eq!(
+        i02[0]["events"],
+        serde_json::json!([{"kind": "policy_decision", "id": "pd-untraced"}])
+    );
+    assert_eq!(report["counts"]["I-02"], 1, "{report:#}");
+    assert!(report["timings_ms"].get("I-02 untraced").is_some());
+    // Ingested less than an hour ago: its trace events may still be in flight.
+    let report = check("3600");
+    assert_eq!(report["counts"].get("I-02"), None, "{report:#}");
 }
 
 /// A search page stops at `PAGE_MAX_BYTES` of payload (16 MiB) and hands out a cursor,

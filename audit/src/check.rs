@@ -1,11 +1,11 @@
 //! Invariant checks over a time range: `weft audit check`.
 //!
-//! Each check is one set-based ClickHouse query (joins and aggregates over the typed columns
-//! of `weft_events`), never a row-by-row walk in Rust: only the offending rows leave the
-//! server, and Rust only groups them into [`Finding`]s. All checks are scoped to one tenant;
-//! the events a check starts from (executions, policy decisions, frames, trace events) must
-//! fall in the range, and the events they point at are looked up within the range widened
-//! by [`CheckOptions::lookaround_secs`] on both sides.
+//! Each check is one set-based ClickHouse query (I-02: two), joins and aggregates over the
+//! typed columns of `weft_events`, never a row-by-row walk in Rust: only the offending rows
+//! leave the server, and Rust only groups them into [`Finding`]s. All checks are scoped to
+//! one tenant; the events a check starts from (executions, policy decisions, frames, trace
+//! events) must fall in the range, and the events they point at are looked up within the
+//! range widened by [`CheckOptions::lookaround_secs`] on both sides.
 //!
 //! Known limits: a single-use token counts only the uses inside the range; an id conflict is
 //! found through the ingest's `conflict` flag, so two versions further apart than the ingest's
@@ -27,8 +27,9 @@ pub struct Finding {
     pub invariant: String,
     /// Which rule of the invariant, e.g. `execution_after_deny`, `token_reused`.
     pub rule: String,
-    /// The event an auditor names first: the token (I-06), the execution (I-02), the Frame
-    /// (I-01), the trace event (orphan) or the conflicting identity.
+    /// The event an auditor names first: the token (I-06), the execution (I-02), the
+    /// PolicyDecision (I-02 `decision_untraced`), the Frame (I-01), the trace event (orphan)
+    /// or the conflicting identity.
     pub subject: EventRef,
     /// Every event that together proves it, `subject` first.
     pub events: Vec<EventRef>,
@@ -40,7 +41,8 @@ pub struct Finding {
 #[derive(Debug, Clone, Copy)]
 pub struct CheckOptions {
     /// A trace event whose decision, frame or handle is missing is an orphan only once it
-    /// was ingested at least this long ago (the referenced event may still be in flight).
+    /// was ingested at least this long ago (the referenced event may still be in flight);
+    /// likewise a PolicyDecision no trace event names (I-02 `decision_untraced`).
     pub grace_secs: u64,
     /// How far outside the range referenced events are looked up.
     pub lookaround_secs: u64,
@@ -167,6 +169,23 @@ FROM (
 )
 ARRAY JOIN ex AS e
 WHERE d = '' OR pd = '' OR verdict != 'allow' OR auth = '' OR ats > e.2 OR notEmpty(denied)
+";
+
+// I-02's other half (weaver-spec `policy_decisions_are_traced`): a PolicyDecision in the
+// range that no TraceEvent (of any event type) in the widened range names by `decision_id`.
+// Like the orphan check, the decision ids are probed against a set of the cited ids' 64-bit
+// cityHash64 (`NOT IN`, read through the (tenant, kind) prefix of the primary key): no
+// aggregation over every decision. A decision is hidden only if its hash equals a cited id's,
+// about one chance in 2^64 / (cited decisions). A decision ingested less than `grace` ago is
+// left out: the trace events that cite it may still be in flight. Two stored versions of one
+// decision (an id conflict) are one row.
+const I02_UNTRACED_SQL: &str = "
+SELECT DISTINCT id FROM weft_events
+WHERE tenant = {t:String} AND kind = 'policy_decision' AND {TS}
+  AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+  AND cityHash64(id) NOT IN (
+      SELECT cityHash64(decision_id) FROM weft_events
+      WHERE tenant = {t:String} AND kind = 'trace_event' AND {WIDE} AND decision_id != '')
 ";
 
 #[derive(Debug, Row, Deserialize)]
@@ -366,7 +385,23 @@ pub async fn run(
     let mut groups = Vec::new();
     let i02 = timed::<I02Row>(store, q(store, I02_SQL, tenant, range, opt)).await?;
     timings_ms.insert("I-02".into(), i02.1);
-    groups.push(("I-02", sorted_off_thread(move || i02_findings(i02.0))));
+    // I-02's decisions that no trace event names: its own query and timing, one group (and
+    // so one sort, one `limit` and one count) with the executions' findings.
+    let untraced = timed::<String>(
+        store,
+        q(store, I02_UNTRACED_SQL, tenant, range, opt).param("grace", opt.grace_secs),
+    )
+    .await?;
+    timings_ms.insert("I-02 untraced".into(), untraced.1);
+    let grace = opt.grace_secs;
+    groups.push((
+        "I-02",
+        sorted_off_thread(move || {
+            let mut findings = i02_findings(i02.0);
+            findings.extend(untraced_findings(untraced.0, grace));
+            findings
+        }),
+    ));
     let i06 = timed::<I06Row>(
         store,
         q(store, I06_SQL, tenant, range, opt).with_setting("enable_materialized_cte", "1"),
@@ -387,7 +422,6 @@ pub async fn run(
     )
     .await?;
     timings_ms.insert("orphan".into(), orphans.1);
-    let grace = opt.grace_secs;
     groups.push((
         "orphan",
         sorted_off_thread(move || orphan_findings(orphans.0, grace)),
@@ -482,6 +516,24 @@ fn conflict_findings(rows: Vec<ConflictRow>) -> Vec<Finding> {
                 detail: format!(
                     "{subject} was stored with {} different contents",
                     c.versions
+                ),
+                subject,
+            }
+        })
+        .collect()
+}
+
+fn untraced_findings(ids: Vec<String>, grace_secs: u64) -> Vec<Finding> {
+    ids.into_iter()
+        .map(|id| {
+            let subject = EventRef::new("policy_decision", id.clone());
+            Finding {
+                invariant: "I-02".into(),
+                rule: "decision_untraced".into(),
+                events: vec![subject.clone()],
+                detail: format!(
+                    "PolicyDecision {id} is named by no TraceEvent's decision_id \
+                     more than {grace_secs} s after it was ingested"
                 ),
                 subject,
             }

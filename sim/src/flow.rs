@@ -39,6 +39,10 @@ enum I02 {
     AfterDeny,
     /// An allow PolicyDecision, but no `capability_authorized` before the execution.
     NoAuthorizedEvent,
+    /// The kernel records a deny PolicyDecision that no TraceEvent names: no
+    /// `capability_denied`, nothing executes, the flow fails (weaver-spec I-02
+    /// `policy_decisions_are_traced`).
+    Untraced,
 }
 
 /// One envelope of the flow, and which member it is.
@@ -283,9 +287,10 @@ impl Gen {
             Scenario::ReusedToken => self.rng.random_range(1..steps),
             _ => self.rng.random_range(0..steps),
         };
-        let i02 = match self.rng.random_range(0..3) {
+        let i02 = match self.rng.random_range(0..4) {
             0 => I02::NoDecision,
             1 => I02::AfterDeny,
+            2 => I02::Untraced,
             _ => I02::NoAuthorizedEvent,
         };
         let plan = Plan {

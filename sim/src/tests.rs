@@ -148,6 +148,17 @@ fn audit(events: &[(Kind, String, Value)]) -> BTreeSet<(Invariant, EventRef)> {
             }
         }
     }
+    // I-02 (weaver-spec `policy_decisions_are_traced`): a PolicyDecision no TraceEvent names.
+    let cited: HashSet<&str> = events
+        .iter()
+        .filter(|(k, _, _)| *k == Kind::TraceEvent)
+        .filter_map(|(_, _, v)| str_at(v, "/decision_id"))
+        .collect();
+    for (k, id, _) in events {
+        if *k == Kind::PolicyDecision && !cited.contains(id.as_str()) {
+            found.insert((Invariant::I02, r(*k, id)));
+        }
+    }
     for (t, users) in &token_users {
         if let Some(tok) = get(Kind::CapabilityToken, t) {
             if tok["single_use"] == Value::Bool(true) && users.len() > 1 {
@@ -434,6 +445,15 @@ fn simulate_injected_violations_are_exactly_what_an_auditor_finds() {
         assert!(
             truth.totals.violations.get(&inv).copied().unwrap_or(0) > 0,
             "no {inv:?} injected"
+        );
+    }
+    // Both halves of I-02: executions, and decisions that no TraceEvent names.
+    for kind in [Kind::TraceEvent, Kind::PolicyDecision] {
+        assert!(
+            truth
+                .violations()
+                .any(|(_, v)| v.invariant == Invariant::I02 && v.subject.kind == kind),
+            "no I-02 on a {kind}"
         );
     }
     for (req, v) in truth.violations() {

@@ -117,7 +117,7 @@ pub enum Scenario {
     /// I-06: an allowed, executed capability is not in the token's scope.
     OutOfScope,
     /// I-02: an execution without an allow decision, after a deny, or without
-    /// `capability_authorized` first.
+    /// `capability_authorized` first; or a PolicyDecision that no TraceEvent names.
     Unauthorized,
     /// I-01: a Frame carries `raw_output`.
     RawOutput,
@@ -164,7 +164,8 @@ pub enum Invariant {
     /// A Frame carries raw tool output.
     #[serde(rename = "I-01")]
     I01,
-    /// An execution is not preceded by an allow PolicyDecision and `capability_authorized`.
+    /// An execution is not preceded by an allow PolicyDecision and `capability_authorized`,
+    /// or a PolicyDecision is named by no TraceEvent.
     #[serde(rename = "I-02")]
     I02,
     /// A token is used expired, reused while single-use, or outside its scope.
@@ -197,7 +198,8 @@ pub struct InjectedViolation {
     /// The class of finding expected from `weft audit check`.
     pub invariant: Invariant,
     /// The event an auditor would name first: the token (I-06), the `capability_executed`
-    /// (I-02, orphan), the Frame (I-01) or the conflicting identity.
+    /// (I-02, orphan), the PolicyDecision no TraceEvent names (I-02), the Frame (I-01) or
+    /// the conflicting identity.
     pub subject: EventRef,
     /// Every event that together proves the violation, `subject` included.
     pub events: Vec<EventRef>,

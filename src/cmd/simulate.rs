@@ -158,7 +158,7 @@ pub struct SimulateArgs {
     pub out_of_scope: f64,
 
     /// Share of flows executing without an allow decision, after a deny, or without
-    /// capability_authorized first (I-02).
+    /// capability_authorized first, or with a deny PolicyDecision no TraceEvent names (I-02).
     #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().unauthorized, value_name = "P")]
     pub unauthorized: f64,
 

@@ -25,8 +25,10 @@ impl Gen {
         } else {
             self.tick_ms(1, 3);
         }
+        let untraced = here && scenario == Scenario::Unauthorized && plan.i02 == I02::Untraced;
         let deny = here
             && (scenario == Scenario::Deny
+                || untraced
                 || (scenario == Scenario::Unauthorized && plan.i02 == I02::AfterDeny));
         let pd_id = format!("pd-{}-{i}", self.prefix);
         let pd = PolicyDecision {
@@ -58,6 +60,20 @@ impl Gen {
         );
         let to_pd = (pd_ref.clone().into(), Via::DecisionId);
         self.tick_us(100, 900);
+        if untraced {
+            // The deny is on record, but no TraceEvent names it (no `capability_denied`):
+            // ChainWeaver stops the flow all the same.
+            self.violation(
+                Invariant::I02,
+                vec![pd_ref],
+                format!("PolicyDecision {pd_id} is named by no TraceEvent"),
+            );
+            st.failure = Some((
+                "policy_denied",
+                format!("{} was denied by policy", step.capability),
+            ));
+            return ControlFlow::Break(());
+        }
         let mut denied_ref = None;
         if deny {
             let id = self.next_te_id();
@@ -351,6 +367,8 @@ impl Gen {
                         events.extend(auth.denied_ref.clone());
                         format!("capability_executed {exec_id} follows a deny")
                     }
+                    // Never reached: the flow stops at the untraced deny.
+                    I02::Untraced => return,
                     I02::NoAuthorizedEvent => {
                         events.extend(decision.map(|(_, r)| r));
                         format!(

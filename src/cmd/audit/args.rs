@@ -265,7 +265,8 @@ fn parse_time(s: &str, now: i64) -> anyhow::Result<i64> {
 ///
 /// Each finding names the events that prove it (kind:id). I-02: every capability_executed
 /// has an allow PolicyDecision (its decision_id) and a capability_authorized before it, and
-/// no execution follows a deny. I-06: single-use tokens used once, never after expires_at,
+/// no execution follows a deny; every PolicyDecision is named by a TraceEvent's decision_id
+/// (once ingested more than --grace-secs ago). I-06: single-use tokens used once, never after expires_at,
 /// never outside their scope. I-01: no Frame carries raw_output/raw/raw_result/tool_output.
 /// Orphans: trace events whose decision, frame or handle has not arrived within --grace-secs.
 /// Id conflicts: one id stored with different contents.
@@ -275,7 +276,8 @@ fn parse_time(s: &str, now: i64) -> anyhow::Result<i64> {
 pub struct CheckArgs {
     #[command(flatten)]
     pub scope: Scope,
-    /// Seconds a referenced event may still be in flight before its referrer is an orphan.
+    /// Seconds a referenced event may still be in flight before its referrer is an orphan
+    /// (and a PolicyDecision's trace events before it is I-02 decision_untraced).
     #[arg(long, default_value_t = 300)]
     pub grace_secs: u64,
     /// How far outside the range referenced events (tokens, decisions) are looked up.
