@@ -80,3 +80,61 @@ fn messages_are_cut_on_a_char_boundary() {
     assert!(m.len() <= MAX_MESSAGE_BYTES + 3 && m.ends_with("..."));
     assert_eq!(bounded_message("short".into()), "short");
 }
+
+const KEY: &str = "key-acme-0123456789";
+
+/// A gateway whose publisher has no broker (every event is spooled), with `KEY` for `acme`.
+async fn offline_gateway(dir: &std::path::Path) -> Arc<Gateway> {
+    let cfg = crate::PublisherConfig {
+        // Nothing listens on the discard port.
+        brokers: "127.0.0.1:9".into(),
+        spool_dir: dir.to_owned(),
+        message_timeout_ms: 300,
+        ..Default::default()
+    };
+    let p = Publisher::connect(cfg).await.unwrap();
+    let mut keys = ApiKeys::default();
+    keys.add_list(&format!("{KEY}=acme")).unwrap();
+    Arc::new(Gateway::new(p, keys, 1 << 20))
+}
+
+/// POST `body` to `/v1/events` with `KEY`: the status and the JSON answer.
+async fn post(g: &Arc<Gateway>, body: Body) -> (StatusCode, serde_json::Value) {
+    let mut headers = HeaderMap::new();
+    let bearer = format!("Bearer {KEY}").parse().unwrap();
+    headers.insert(header::AUTHORIZATION, bearer);
+    let r = ingest(State(g.clone()), headers, body).await;
+    let status = r.status();
+    let bytes = to_bytes(r.into_body(), 1 << 20).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// An item the publisher refuses is answered with the code `parse_request` gives it (and
+/// docs/HTTP.md names): before, an identity over 1,024 bytes came back `invalid_payload`, not
+/// `id_too_long`, and a payload that is not an object `invalid_payload`, not
+/// `undecodable_json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_item_has_the_code_parse_request_gives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = offline_gateway(dir.path()).await;
+    let long = "e".repeat(2_000);
+    let body = format!(
+        r#"[{{"kind":"trace_event","payload":{{"event_id":"{long}","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z"}}}},
+            {{"kind":"frame","payload":[1,2]}}]"#
+    );
+    let parsed = parse_request(body.as_bytes(), None, 10, "acme").unwrap();
+    let want: Vec<String> = parsed
+        .iter()
+        .map(|r| r.as_ref().unwrap_err().code.clone())
+        .collect();
+    assert_eq!(want, ["id_too_long", "undecodable_json"]);
+    let (status, answer) = post(&g, Body::from(body)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let got: Vec<&str> = answer["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["error"]["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, want, "{answer}");
+}

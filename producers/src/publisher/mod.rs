@@ -116,11 +116,9 @@ impl PublishError {
     /// A short, stable reason code (API responses and metric labels).
     pub fn code(&self) -> &'static str {
         match self {
-            PublishError::Invalid(EnvelopeError::Schema { .. }) => "schema_invalid",
-            PublishError::Invalid(EnvelopeError::BadTenant) => "bad_tenant",
-            PublishError::Invalid(EnvelopeError::Identity(_)) => "missing_identity",
-            PublishError::Invalid(EnvelopeError::DuplicateKey(_)) => "duplicate_key",
-            PublishError::Invalid(_) => "invalid_payload",
+            // The envelope's own code: the one the gateway's `parse_request` and ingest's
+            // dead letters give the same envelope.
+            PublishError::Invalid(e) => e.code(),
             PublishError::Encode(_) => "encode_failed",
             PublishError::TooLarge { .. } => "too_large",
             PublishError::SpoolFull { .. } => "spool_full",
@@ -512,6 +510,45 @@ mod tests {
             spool_dir: dir.to_owned(),
             message_timeout_ms: 300,
             ..PublisherConfig::default()
+        }
+    }
+
+    /// A refused envelope is answered with the envelope's own code: the one the gateway's
+    /// `parse_request`, docs/HTTP.md and ingest's dead letters use. Before, `id_too_long`,
+    /// `no_identity` and `undecodable_json` came out of the publisher as `invalid_payload`
+    /// or `missing_identity`.
+    #[test]
+    fn an_invalid_envelope_is_answered_with_the_envelopes_own_code() {
+        let missing = weft_schemas::identity::IdentityError::MissingId {
+            kind: Kind::Frame,
+            field: "frame_id",
+        };
+        let not_json = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let cases = [
+            (EnvelopeError::PayloadJson(not_json), "undecodable_json"),
+            (EnvelopeError::PayloadNotObject, "undecodable_json"),
+            (EnvelopeError::DuplicateKey("k".into()), "duplicate_key"),
+            (
+                EnvelopeError::Schema {
+                    kind: Kind::Frame,
+                    violations: Vec::new(),
+                },
+                "schema_invalid",
+            ),
+            (EnvelopeError::Identity(missing), "no_identity"),
+            (EnvelopeError::BadTenant, "bad_tenant"),
+            (
+                EnvelopeError::IdTooLong {
+                    field: "identity",
+                    len: 2_000,
+                },
+                "id_too_long",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.code(), want);
+            let text = e.to_string();
+            assert_eq!(PublishError::Invalid(e).code(), want, "{text}");
         }
     }
 
