@@ -9,7 +9,8 @@
 //!
 //! Status: 200 all accepted; 207 some accepted; 400 none accepted (403 when every item named
 //! another tenant; 503 when every failure was the spool being full); 400 for a body that is
-//! not JSON; 413 for an oversize body; 401 for a missing or unknown key.
+//! not JSON or that could not be read; 413 for an oversize body; 401 for a missing or
+//! unknown key.
 //!
 //! `GET /healthz` (liveness), `GET /readyz` (readiness: 503 while the spool is full) and
 //! `GET /metrics` (Prometheus text), none needing a key, complete it.
@@ -517,7 +518,8 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
 }
 
 /// The body, at most `max_body_bytes` (413 beyond, whether declared or streamed), within
-/// `body_timeout` (408 `body_timeout` after it).
+/// `body_timeout` (408 `body_timeout` after it); a body that fails otherwise is 400
+/// `body_unreadable`.
 async fn read_body(
     g: &Gateway,
     headers: &HeaderMap,
@@ -532,7 +534,7 @@ async fn read_body(
     }
     let read = to_bytes(body, g.max_body_bytes).instrument(info_span!("read_body"));
     match tokio::time::timeout(g.body_timeout, read).await {
-        Ok(body) => body.map_err(|_| weft_http::ApiError::too_large(g.max_body_bytes)),
+        Ok(body) => body.map_err(|e| body_error(&e, g.max_body_bytes)),
         Err(_) => Err(weft_http::ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "body_timeout",
@@ -542,6 +544,22 @@ async fn read_body(
             ),
         )),
     }
+}
+
+/// The answer to a body that could not be read: 413 `body_too_large` when it ran over the
+/// limit, else 400 `body_unreadable` (the client reset the connection, a bad chunk).
+fn body_error(e: &axum::Error, max_body_bytes: usize) -> weft_http::ApiError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return weft_http::ApiError::too_large(max_body_bytes);
+        }
+        cause = c.source();
+    }
+    weft_http::ApiError::bad_request(
+        "body_unreadable",
+        format!("the request body could not be read: {e}"),
+    )
 }
 
 /// Validate and publish each item, await durability, and answer per item.

@@ -138,3 +138,35 @@ async fn a_refused_item_has_the_code_parse_request_gives_it() {
         .collect();
     assert_eq!(got, want, "{answer}");
 }
+
+/// A body that fails part way (the client reset, a bad chunk) is 400 `body_unreadable`, not
+/// 413 `body_too_large`: only the length limit is 413. Before, every error reading the body
+/// was answered 413 and counted as `body_too_large`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_fails_part_way_is_400_not_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = offline_gateway(dir.path()).await;
+    let (mut tx, rx) =
+        http_body_util::channel::Channel::<axum::body::Bytes, std::io::Error>::new(1);
+    tx.send_data(axum::body::Bytes::from_static(b"["))
+        .await
+        .unwrap();
+    tx.abort(std::io::Error::other("connection reset"));
+    let (status, answer) = post(&g, Body::new(rx)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "body_unreadable", "{answer}");
+    let m = g.publisher.metrics().render();
+    assert!(
+        !m.contains(r#"reason="body_too_large""#),
+        "not counted as too large: {m}"
+    );
+
+    // Over the limit, streamed without a Content-Length: still 413.
+    let (mut tx, rx) =
+        http_body_util::channel::Channel::<axum::body::Bytes, std::io::Error>::new(1);
+    let big = axum::body::Bytes::from(vec![b' '; (1 << 20) + 1]);
+    tokio::spawn(async move { tx.send_data(big).await });
+    let (status, answer) = post(&g, Body::new(rx)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+    assert_eq!(answer["error"]["code"], "body_too_large", "{answer}");
+}
