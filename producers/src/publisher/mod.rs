@@ -602,6 +602,45 @@ mod tests {
         assert_eq!(batch.records[0].key.as_deref(), Some(&b"r"[..]));
     }
 
+    /// A spooled record Kafka refuses on replay is set aside, and counted as that only: not
+    /// as published or replayed, which count what Kafka acknowledged. Before, the replayer
+    /// counted every record of a settled batch, those set aside included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_set_aside_on_replay_is_not_counted_as_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let pad = "a".repeat(200_000);
+        let big: Envelope = serde_json::from_str(&format!(
+            r#"{{"kind":"trace_event","payload":{{"event_id":"e1","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z","x_acme_pad":"{pad}"}}}}"#
+        ))
+        .unwrap();
+        let p = Publisher::connect(offline(dir.path())).await.unwrap();
+        assert_eq!(p.publish(big).unwrap().await.unwrap(), Delivery::Spooled);
+        let p2 = p.clone();
+        tokio::task::spawn_blocking(move || p2.close(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        drop(p);
+        // Reopened with a smaller message limit: librdkafka refuses the record for good.
+        let small = PublisherConfig {
+            max_message_bytes: 10_000,
+            ..offline(dir.path())
+        };
+        let p = Publisher::connect(small).await.unwrap();
+        let m = p.metrics();
+        // The batch is settled (cursor committed) after its counters moved.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (m.spool_refused.get(), p.spool_pending()) != (1, 0) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!((m.spool_refused.get(), p.spool_pending()), (1, 0));
+        assert!(dir.path().join(refused::FILE).exists());
+        assert_eq!(
+            (m.published.get(), m.replayed.get()),
+            (0, 0),
+            "Kafka acknowledged nothing"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_spool_is_back_pressure_never_a_silent_drop() {
         let dir = tempfile::tempdir().unwrap();
