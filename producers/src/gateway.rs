@@ -201,6 +201,19 @@ impl Gateway {
             .with_state(Arc::new(self))
     }
 
+    /// Most bytes one request can take in the spool: its body, which holds each item's
+    /// payload text and request id, plus what each of at most `max_items` records adds
+    /// besides ([`Publisher::spool_bytes_per_event`]: the record's framing, topic, key and
+    /// headers). A request of many small items takes several times its body in records.
+    /// A bound for the `json` content type, whose record value is the payload's text; an
+    /// Avro datum may be larger than that text (a double written `0` takes 8 bytes), which
+    /// this bound does not cover.
+    pub fn largest_request_spool_bytes(&self) -> u64 {
+        let per_item = self.publisher.spool_bytes_per_event();
+        (self.max_body_bytes as u64)
+            .saturating_add((self.max_items as u64).saturating_mul(per_item))
+    }
+
     fn metrics_reject(&self, code: &str) {
         self.publisher.metrics().reject(code);
     }
@@ -212,8 +225,9 @@ async fn healthz(State(g): State<Arc<Gateway>>) -> Response {
 }
 
 /// Readiness: 200, or 503 `spool_full` while the spool has less room left than one largest
-/// request, so that a load balancer sends events to another gateway rather than have them
-/// refused here. Not a liveness probe: a restart would not empty the spool.
+/// request takes in it ([`Gateway::largest_request_spool_bytes`]), so that a load balancer
+/// sends events to another gateway rather than have them refused here. Not a liveness probe:
+/// a restart would not empty the spool.
 async fn readyz(State(g): State<Arc<Gateway>>) -> Response {
     match spool_state(&g) {
         (true, body) => (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response(),
@@ -221,16 +235,19 @@ async fn readyz(State(g): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// Whether the spool is full (less room than one largest request), and the state as JSON.
+/// Whether the spool is full (less room than one largest request takes in it), and the
+/// state as JSON.
 fn spool_state(g: &Gateway) -> (bool, serde_json::Value) {
     let (used, max) = g.publisher.spool_bytes();
-    let full = max.saturating_sub(used) < g.max_body_bytes as u64;
+    let need = g.largest_request_spool_bytes();
+    let full = max.saturating_sub(used) < need;
     let body = serde_json::json!({
         "status": if full { "spool_full" } else { "ok" },
         "spooling": g.publisher.is_spooling(),
         "spool_pending": g.publisher.spool_pending(),
         "spool_bytes": used,
         "spool_max_bytes": max,
+        "largest_request_spool_bytes": need,
     });
     (full, body)
 }

@@ -83,19 +83,32 @@ fn messages_are_cut_on_a_char_boundary() {
 
 const KEY: &str = "key-acme-0123456789";
 
-/// A gateway whose publisher has no broker (every event is spooled), with `KEY` for `acme`.
-async fn offline_gateway(dir: &std::path::Path) -> Arc<Gateway> {
+/// A publisher with no broker (every event is spooled, after 300 ms) and a spool of
+/// `spool_max_bytes`.
+async fn offline_publisher(dir: &std::path::Path, spool_max_bytes: u64) -> Publisher {
     let cfg = crate::PublisherConfig {
         // Nothing listens on the discard port.
         brokers: "127.0.0.1:9".into(),
         spool_dir: dir.to_owned(),
         message_timeout_ms: 300,
+        spool_max_bytes,
+        spool_segment_bytes: spool_max_bytes.min(64 << 10),
         ..Default::default()
     };
-    let p = Publisher::connect(cfg).await.unwrap();
+    Publisher::connect(cfg).await.unwrap()
+}
+
+/// Keys with `KEY` for `tenant`.
+fn keys_for(tenant: &str) -> ApiKeys {
     let mut keys = ApiKeys::default();
-    keys.add_list(&format!("{KEY}=acme")).unwrap();
-    Arc::new(Gateway::new(p, keys, 1 << 20))
+    keys.add_list(&format!("{KEY}={tenant}")).unwrap();
+    keys
+}
+
+/// A gateway on an [`offline_publisher`] with a 1 GiB spool, with `KEY` for `acme`.
+async fn offline_gateway(dir: &std::path::Path) -> Arc<Gateway> {
+    let p = offline_publisher(dir, 1 << 30).await;
+    Arc::new(Gateway::new(p, keys_for("acme"), 1 << 20))
 }
 
 /// POST `body` to `/v1/events` with `KEY`: the status and the JSON answer.
@@ -105,7 +118,7 @@ async fn post(g: &Arc<Gateway>, body: Body) -> (StatusCode, serde_json::Value) {
     headers.insert(header::AUTHORIZATION, bearer);
     let r = ingest(State(g.clone()), headers, body).await;
     let status = r.status();
-    let bytes = to_bytes(r.into_body(), 1 << 20).await.unwrap();
+    let bytes = to_bytes(r.into_body(), 16 << 20).await.unwrap();
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
@@ -169,4 +182,61 @@ async fn a_body_that_fails_part_way_is_400_not_413() {
     let (status, answer) = post(&g, Body::new(rx)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
     assert_eq!(answer["error"]["code"], "body_too_large", "{answer}");
+}
+
+/// `/readyz` says ready only while the spool has room for one largest request's records,
+/// which take more than its body: each item adds a record's framing, topic, key and headers.
+/// Before, the room was compared with `max_body_bytes`, so a gateway was ready with room for
+/// the body but not for the records of a full request of small items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_counts_what_a_full_request_takes_in_the_spool() {
+    // The largest request: `max_items` items with every per-record cost at its most (the
+    // longest kind, the longest tenant, request ids of the most bytes), bodies of nothing
+    // more than needed.
+    const ITEMS: usize = 16;
+    let tenant = "t".repeat(128);
+    let kind = weft_schemas::Kind::ALL
+        .into_iter()
+        .max_by_key(|k| k.as_str().len())
+        .unwrap();
+    assert_eq!(kind, weft_schemas::Kind::ExecutionRoutingDecision);
+    let items: Vec<String> = (0..ITEMS)
+        .map(|i| {
+            let rid = format!("{i:x<1024}");
+            format!(
+                r#"{{"kind":"{kind}","request_id":"{rid}","payload":{{"decision_id":"d{i}","candidate":{{"candidate_id":"c","candidate_type":"flow"}}}}}}"#
+            )
+        })
+        .collect();
+    let body = format!("[{}]", items.join(","));
+    let gateway = |p: Publisher| {
+        Arc::new(Gateway::new(p, keys_for(&tenant), body.len()).with_max_items(ITEMS))
+    };
+
+    // What the request takes in a roomy spool.
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(offline_publisher(dir.path(), 1 << 30).await);
+    let (status, answer) = post(&g, Body::from(body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (took, _) = g.publisher.spool_bytes();
+    assert!(
+        took > body.len() as u64,
+        "{took} bytes of records for a {}-byte body",
+        body.len()
+    );
+    assert!(
+        took <= g.largest_request_spool_bytes(),
+        "the bound ({}) covers the largest request ({took})",
+        g.largest_request_spool_bytes()
+    );
+
+    // A spool with room for the body but not for the records: not ready, and rightly so.
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway(offline_publisher(dir.path(), took - 1).await);
+    let (full, state) = spool_state(&g);
+    assert!(full, "ready with {} bytes of room: {state}", took - 1);
+    let r = readyz(State(g.clone())).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let (status, answer) = post(&g, Body::from(body)).await;
+    assert_ne!(status, StatusCode::OK, "the request does not fit: {answer}");
 }

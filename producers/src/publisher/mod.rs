@@ -330,6 +330,45 @@ impl Publisher {
         self.publish(env)
     }
 
+    /// Most bytes the spool record of one event takes besides its payload's text and its
+    /// request id (for the `json` content type, whose value is the payload's text): the
+    /// record's fixed bytes ([`SpoolRecord::FIXED_BYTES`]), the longest topic, the key (a
+    /// copy of the request id or of the identity, at most [`MAX_ID_BYTES`]) and every header
+    /// ([`weft_schemas::wire::for_each_header`]) at its longest, the request id's value excepted: the
+    /// longest kind, a tenant of 128 bytes, this publisher's producer id, the largest `seq`
+    /// and an `emitted_at` it stamps. The gateway's `/readyz` sizes one largest request
+    /// with it.
+    ///
+    /// [`SpoolRecord::FIXED_BYTES`]: crate::spool::SpoolRecord::FIXED_BYTES
+    /// [`MAX_ID_BYTES`]: weft_schemas::identity::MAX_ID_BYTES
+    pub fn spool_bytes_per_event(&self) -> u64 {
+        use crate::spool::SpoolRecord;
+        let inner = &*self.inner;
+        let topic = inner.topics.iter().map(String::len).max().unwrap_or(0);
+        let kind = Kind::ALL
+            .iter()
+            .map(|k| k.as_str().len())
+            .max()
+            .unwrap_or(0);
+        let worst = Envelope {
+            kind: Kind::ALL[0],
+            request_id: Some(String::new()),
+            tenant: String::new(),
+            producer_id: Some(inner.producer_id.clone()),
+            seq: Some(u64::MAX),
+            emitted_at: Some(weft_schemas::time::now_rfc3339()),
+            payload: serde_json::value::RawValue::NULL.to_owned(),
+        };
+        let mut headers = 0;
+        weft_schemas::wire::for_each_header(&worst, inner.content_type, |k, v| {
+            headers += SpoolRecord::HEADER_BYTES + k.len() + v.len();
+        });
+        // The kind and tenant values at their longest (a tenant is at most 128 bytes,
+        // `weft_schemas::envelope::is_valid_tenant`).
+        headers += kind - worst.kind.as_str().len() + 128;
+        (SpoolRecord::FIXED_BYTES + topic + weft_schemas::identity::MAX_ID_BYTES + headers) as u64
+    }
+
     /// Events in the spool not yet delivered to Kafka.
     pub fn spool_pending(&self) -> u64 {
         lock(&self.inner.shared.spool).pending()
