@@ -448,7 +448,12 @@ fn configmap_weft_toml() -> toml::Value {
 
 /// Bytes of a Kubernetes quantity in binary units (`2Gi`, `512Mi`).
 fn quantity_bytes(q: &str) -> u64 {
-    let units = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40)];
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+    ];
     let (n, unit) = units
         .iter()
         .find_map(|(u, m)| q.strip_suffix(u).map(|n| (n, *m)))
@@ -508,7 +513,11 @@ fn spools_are_on_persistent_volumes_never_an_emptydir() {
         }
     }
     spools.sort();
-    assert_eq!(spools, ["weft-gateway", "weft-router"], "the publishing services");
+    assert_eq!(
+        spools,
+        ["weft-gateway", "weft-router"],
+        "the publishing services"
+    );
 }
 
 /// The ConfigMap's weft.toml uses only keys that weft's own example configuration has.
