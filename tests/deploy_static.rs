@@ -379,7 +379,7 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
                     "{at}: listens beyond loopback without --allow-remote"
                 );
             }
-            if kind == "Deployment" {
+            if matches!(kind, "Deployment" | "StatefulSet") {
                 // The gateway is not ready while its spool is full (`/readyz`), yet alive.
                 let ready = match c["name"].as_str() {
                     Some("gateway") => "/readyz",
@@ -433,6 +433,91 @@ fn kubernetes_manifests_have_required_fields_probes_and_resources() {
         );
     }
     assert!(kinds.contains_key("ConfigMap") && kinds.contains_key("Job"));
+}
+
+/// The `weft.toml` of the ConfigMap `weft-config`.
+fn configmap_weft_toml() -> toml::Value {
+    let objs = k8s_objects();
+    let cm = objs
+        .iter()
+        .find(|(_, o)| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "weft-config")
+        .map(|(_, o)| o)
+        .unwrap();
+    toml::from_str(cm["data"]["weft.toml"].as_str().unwrap()).unwrap()
+}
+
+/// Bytes of a Kubernetes quantity in binary units (`2Gi`, `512Mi`).
+fn quantity_bytes(q: &str) -> u64 {
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+    ];
+    let (n, unit) = units
+        .iter()
+        .find_map(|(u, m)| q.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((q, 1));
+    n.parse::<u64>().unwrap() * unit
+}
+
+/// Events acknowledged while Kafka is down wait in the publisher's spool. An emptyDir goes
+/// with its pod, so a pod deleted or rescheduled during an outage would lose them: every
+/// workload that mounts the spool folder takes it from a PersistentVolumeClaim of its own (a
+/// StatefulSet's volumeClaimTemplate: one spool per process, the spool's lock refuses a
+/// second), at least `spool_max_bytes` large.
+#[test]
+fn spools_are_on_persistent_volumes_never_an_emptydir() {
+    let toml = configmap_weft_toml();
+    let spool_dir = toml["publisher"]["spool_dir"].as_str().unwrap();
+    let spool_max = toml["publisher"]["spool_max_bytes"].as_integer().unwrap() as u64;
+    let mut spools = Vec::new();
+    for (file, o) in k8s_objects() {
+        let kind = o["kind"].as_str().unwrap_or_default();
+        if !matches!(kind, "Deployment" | "StatefulSet") {
+            continue;
+        }
+        let name = o["metadata"]["name"].as_str().unwrap().to_owned();
+        let pod = &o["spec"]["template"]["spec"];
+        let claims = o["spec"]["volumeClaimTemplates"].as_sequence();
+        for c in pod["containers"].as_sequence().unwrap() {
+            let mounts = c["volumeMounts"].as_sequence().into_iter().flatten();
+            for m in mounts.filter(|m| m["mountPath"].as_str() == Some(spool_dir)) {
+                let at = format!("{file}: {name}/{}", c["name"].as_str().unwrap());
+                let volume = m["name"].as_str().unwrap();
+                let in_pod = pod["volumes"]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v["name"].as_str() == Some(volume));
+                assert!(
+                    in_pod.is_none(),
+                    "{at}: the spool at {spool_dir} is the pod volume {in_pod:?}, not a \
+                     volumeClaimTemplate of its own: an emptyDir goes with the pod, and the \
+                     acknowledged events spooled in it with it"
+                );
+                let claim = claims
+                    .into_iter()
+                    .flatten()
+                    .find(|t| t["metadata"]["name"].as_str() == Some(volume))
+                    .unwrap_or_else(|| panic!("{at}: no volume `{volume}` for the spool"));
+                let size = claim["spec"]["resources"]["requests"]["storage"]
+                    .as_str()
+                    .unwrap();
+                assert!(
+                    quantity_bytes(size) >= spool_max,
+                    "{at}: a {size} spool volume under spool_max_bytes = {spool_max}"
+                );
+                spools.push(name.clone());
+            }
+        }
+    }
+    spools.sort();
+    assert_eq!(
+        spools,
+        ["weft-gateway", "weft-router"],
+        "the publishing services"
+    );
 }
 
 /// The ConfigMap's weft.toml uses only keys that weft's own example configuration has.

@@ -269,7 +269,7 @@ async fn readiness_follows_the_room_left_in_the_spool() {
                 .await
                 .unwrap();
             let url = format!("http://{}", listener.local_addr().unwrap());
-            let gw = Gateway::new(p.clone(), ApiKeys::default(), max_body);
+            let gw = Gateway::new(p.clone(), ApiKeys::default(), max_body).with_max_items(16);
             let server = tokio::spawn(gateway::serve(listener, gw, std::future::pending()));
             let get = |path: &'static str| {
                 let url = format!("{url}{path}");

@@ -137,8 +137,11 @@ pub struct PublisherConfig {
     pub schema_registry_url: Option<String>,
     /// Tenant of events published through the typed helpers (`Publisher::publish_contract`).
     pub tenant: String,
-    /// Stamped on events that carry none. Default `<hostname>-<pid>`, unique per process, so
-    /// `(producer_id, seq)` identifies an emission even across restarts.
+    /// Stamped on events that carry none. Default `<hostname>-<pid>-<start>` (`<start>`: when
+    /// the publisher started, in microseconds since the epoch), new at every start, so
+    /// `(producer_id, seq)` identifies an emission even across restarts of a container,
+    /// which restarts as PID 1 under the same host name. A configured id is used as it is:
+    /// then it is the operator's to keep apart across restarts.
     pub producer_id: Option<String>,
     /// How long librdkafka waits to fill a batch (`linger.ms`): throughput vs latency.
     pub linger_ms: u64,
@@ -321,12 +324,32 @@ impl PublisherConfig {
         Ok(())
     }
 
-    /// The producer id to stamp: configured, or `<hostname>-<pid>`.
+    /// The producer id to stamp: configured, or `<hostname>-<pid>-<start>`, `<start>` the
+    /// time of this call in microseconds since the epoch, later than the previous call's in
+    /// this process. Each publisher counts `seq` from 1, and a container restarts as PID 1
+    /// under the same host name, so the start time is what tells a restarted process's
+    /// emissions from its predecessor's.
     pub fn effective_producer_id(&self) -> String {
         self.producer_id
             .clone()
-            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id()))
+            .unwrap_or_else(|| format!("{}-{}-{}", hostname(), std::process::id(), start_micros()))
     }
+}
+
+/// Now, in microseconds since the epoch, and later than every earlier call in this process
+/// (two publishers started in one microsecond still differ).
+fn start_micros() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let prev = LAST
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or_else(|last| last);
+    now.max(prev + 1)
 }
 
 /// This machine's host name (`unknown` if the OS will not say).
@@ -375,6 +398,38 @@ mod tests {
         assert_eq!(c.fsync, FsyncPolicy::Interval(Duration::from_millis(50)));
         assert_eq!(c.topics.prefix, "staging.");
         c.check().unwrap();
+    }
+
+    /// The default producer id differs for every publisher this process or a later one
+    /// starts: a container restarts as PID 1 under the same host name (a StatefulSet pod
+    /// keeps its name) and its `seq` restarts at 1, so `<hostname>-<pid>` alone gave the
+    /// restarted process the ids of the emissions before it. It carries the start time, so
+    /// a later start has a later one.
+    #[test]
+    fn the_default_producer_id_is_new_at_every_start() {
+        let micros = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros() as u64
+        };
+        let before = micros();
+        let c = PublisherConfig::default();
+        let (a, b) = (c.effective_producer_id(), c.effective_producer_id());
+        assert_ne!(a, b, "two starts, two ids");
+        let prefix = format!("{}-{}-", hostname(), std::process::id());
+        for id in [&a, &b] {
+            let started = id
+                .strip_prefix(&prefix)
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("`{id}` is {prefix}<start, µs since the epoch>"));
+            assert!((before..=micros() + 1).contains(&started), "{id}");
+        }
+        let named = PublisherConfig {
+            producer_id: Some("kernel-7".into()),
+            ..PublisherConfig::default()
+        };
+        assert_eq!(named.effective_producer_id(), "kernel-7");
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! Status: 200 all accepted; 207 some accepted; 400 none accepted (403 when every item named
 //! another tenant; 503 when every failure was the spool being full); 400 for a body that is
-//! not JSON; 413 for an oversize body; 401 for a missing or unknown key.
+//! not JSON or that could not be read; 413 for an oversize body; 401 for a missing or
+//! unknown key.
 //!
 //! `GET /healthz` (liveness), `GET /readyz` (readiness: 503 while the spool is full) and
 //! `GET /metrics` (Prometheus text), none needing a key, complete it.
@@ -200,6 +201,19 @@ impl Gateway {
             .with_state(Arc::new(self))
     }
 
+    /// Most bytes one request can take in the spool: its body, which holds each item's
+    /// payload text and request id, plus what each of at most `max_items` records adds
+    /// besides ([`Publisher::spool_bytes_per_event`]: the record's framing, topic, key and
+    /// headers). A request of many small items takes several times its body in records.
+    /// A bound for the `json` content type, whose record value is the payload's text; an
+    /// Avro datum may be larger than that text (a double written `0` takes 8 bytes), which
+    /// this bound does not cover.
+    pub fn largest_request_spool_bytes(&self) -> u64 {
+        let per_item = self.publisher.spool_bytes_per_event();
+        (self.max_body_bytes as u64)
+            .saturating_add((self.max_items as u64).saturating_mul(per_item))
+    }
+
     fn metrics_reject(&self, code: &str) {
         self.publisher.metrics().reject(code);
     }
@@ -211,8 +225,9 @@ async fn healthz(State(g): State<Arc<Gateway>>) -> Response {
 }
 
 /// Readiness: 200, or 503 `spool_full` while the spool has less room left than one largest
-/// request, so that a load balancer sends events to another gateway rather than have them
-/// refused here. Not a liveness probe: a restart would not empty the spool.
+/// request takes in it ([`Gateway::largest_request_spool_bytes`]), so that a load balancer
+/// sends events to another gateway rather than have them refused here. Not a liveness probe:
+/// a restart would not empty the spool.
 async fn readyz(State(g): State<Arc<Gateway>>) -> Response {
     match spool_state(&g) {
         (true, body) => (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response(),
@@ -220,16 +235,19 @@ async fn readyz(State(g): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// Whether the spool is full (less room than one largest request), and the state as JSON.
+/// Whether the spool is full (less room than one largest request takes in it), and the
+/// state as JSON.
 fn spool_state(g: &Gateway) -> (bool, serde_json::Value) {
     let (used, max) = g.publisher.spool_bytes();
-    let full = max.saturating_sub(used) < g.max_body_bytes as u64;
+    let need = g.largest_request_spool_bytes();
+    let full = max.saturating_sub(used) < need;
     let body = serde_json::json!({
         "status": if full { "spool_full" } else { "ok" },
         "spooling": g.publisher.is_spooling(),
         "spool_pending": g.publisher.spool_pending(),
         "spool_bytes": used,
         "spool_max_bytes": max,
+        "largest_request_spool_bytes": need,
     });
     (full, body)
 }
@@ -517,7 +535,8 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
 }
 
 /// The body, at most `max_body_bytes` (413 beyond, whether declared or streamed), within
-/// `body_timeout` (408 `body_timeout` after it).
+/// `body_timeout` (408 `body_timeout` after it); a body that fails otherwise is 400
+/// `body_unreadable`.
 async fn read_body(
     g: &Gateway,
     headers: &HeaderMap,
@@ -532,7 +551,7 @@ async fn read_body(
     }
     let read = to_bytes(body, g.max_body_bytes).instrument(info_span!("read_body"));
     match tokio::time::timeout(g.body_timeout, read).await {
-        Ok(body) => body.map_err(|_| weft_http::ApiError::too_large(g.max_body_bytes)),
+        Ok(body) => body.map_err(|e| body_error(&e, g.max_body_bytes)),
         Err(_) => Err(weft_http::ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "body_timeout",
@@ -542,6 +561,22 @@ async fn read_body(
             ),
         )),
     }
+}
+
+/// The answer to a body that could not be read: 413 `body_too_large` when it ran over the
+/// limit, else 400 `body_unreadable` (the client reset the connection, a bad chunk).
+fn body_error(e: &axum::Error, max_body_bytes: usize) -> weft_http::ApiError {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return weft_http::ApiError::too_large(max_body_bytes);
+        }
+        cause = c.source();
+    }
+    weft_http::ApiError::bad_request(
+        "body_unreadable",
+        format!("the request body could not be read: {e}"),
+    )
 }
 
 /// Validate and publish each item, await durability, and answer per item.

@@ -209,6 +209,7 @@ impl Spool {
             return Err(SpoolError::Locked(dir.to_owned()));
         }
         let mut cursor = read_cursor(dir)?;
+        let on_disk = cursor;
         let mut ids = Vec::new();
         for entry in fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
@@ -289,6 +290,13 @@ impl Spool {
                     offset: 0,
                 }
             }
+        }
+        // A lowered cursor must be durable before anything is appended below the old one: a
+        // second restart would otherwise read from the stale, higher offset and skip (or take
+        // for damage) records acknowledged in between. (A raised one needs no write: the stale
+        // cursor is resolved the same way again.)
+        if cursor < on_disk {
+            write_cursor(dir, cursor)?;
         }
         let path = dir.join(seg_name(active));
         let writer = OpenOptions::new()

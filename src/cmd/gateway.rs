@@ -11,7 +11,7 @@ use weft_producers::gateway::{self, Gateway};
 use crate::cmd::publish::PublisherArgs;
 use crate::config::Settings;
 
-/// Run the HTTP ingest gateway: POST /v1/events, GET /healthz, GET /metrics.
+/// Run the HTTP ingest gateway: POST /v1/events, GET /healthz, GET /readyz, GET /metrics.
 ///
 /// POST /v1/events takes a JSON array or NDJSON (Content-Type: application/x-ndjson, or
 /// sniffed) of envelopes {kind, request_id?, tenant?, payload}. Each item is validated on
@@ -26,11 +26,17 @@ use crate::config::Settings;
 /// at most 512 bytes (so the answer is bounded too). A payload key twice in one object is
 /// refused (`duplicate_key`).
 ///
+/// GET /healthz (liveness, with the spool's state), GET /readyz (readiness: 503 spool_full
+/// while the spool has less room than one largest request takes in it) and GET /metrics
+/// (Prometheus text) need no key.
+///
 /// API keys (bearer tokens, `Authorization: Bearer <key>`): each key writes exactly one
-/// tenant. Items without a tenant get the key's tenant; items naming another tenant are
-/// rejected with `tenant_forbidden`. Configure keys in any of these (they are merged):
-///   WEFT_GATEWAY_KEYS="key1=tenantA,key2=tenantB"     (environment; or --keys)
-///   [gateway] keys = { "key1" = "tenantA" }            (the --config TOML file)
+/// tenant, and is at least 16 characters. Items without a tenant get the key's tenant; items
+/// naming another tenant are rejected with `tenant_forbidden`. Configure keys in any of
+/// these (they are merged):
+///   WEFT_GATEWAY_KEYS="key-tenant-a-7f3c9e21=tenantA,key-tenant-b-0b84d6aa=tenantB"
+///                                                      (environment; or --keys)
+///   [gateway] keys = { "key-tenant-a-7f3c9e21" = "tenantA" }   (the --config TOML file)
 ///   --keys-file FILE / [gateway] keys_file = "FILE"    (one key=tenant per line, # comments)
 /// With no key configured, every request is refused (401).
 ///
@@ -38,8 +44,9 @@ use crate::config::Settings;
 /// --allow-remote is given (then put TLS termination in front of it).
 ///
 /// Examples:
-///   WEFT_GATEWAY_KEYS="s3cret=acme" weft gateway
-///   curl -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/x-ndjson' \
+///   WEFT_GATEWAY_KEYS="acme-4f9c2a7e1b6d0c35=acme" weft gateway
+///   curl -H 'Authorization: Bearer acme-4f9c2a7e1b6d0c35' \
+///        -H 'Content-Type: application/x-ndjson' \
 ///        --data-binary @events.jsonl http://127.0.0.1:8787/v1/events
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
@@ -128,4 +135,64 @@ pub async fn run(args: GatewayArgs, settings: Settings) -> anyhow::Result<()> {
     tracing::info!("shutting down: flushing in-flight events");
     tokio::task::spawn_blocking(move || publisher.close(Duration::from_secs(30))).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use weft_http::ApiKeys;
+
+    fn long_help() -> String {
+        let mut cmd = <crate::Cli as clap::CommandFactory>::command();
+        let gateway = cmd.find_subcommand_mut("gateway");
+        gateway
+            .map(|c| c.render_long_help().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Every KEY=TENANT example of `weft gateway --help` is one the gateway's real key
+    /// loader takes (keys are at least 16 characters), the curl example presents one of
+    /// them, and every route is listed. Before, the example key `s3cret` was refused at
+    /// start-up and `/readyz` was missing.
+    #[test]
+    fn the_help_examples_are_keys_the_gateway_takes() {
+        let help = long_help();
+        let mut examples = ApiKeys::default();
+        let mut lists = 0;
+        for part in help.split("WEFT_GATEWAY_KEYS=\"").skip(1) {
+            let list = part.split('"').next().unwrap_or_default();
+            examples
+                .add_list(list)
+                .unwrap_or_else(|e| panic!("`{list}` in --help: {e}"));
+            lists += 1;
+        }
+        assert!(lists >= 2, "the keys list and the example: {help}");
+        let table = help
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("[gateway] "))
+            .and_then(|l| l.split_once('}').map(|(t, _)| format!("{t}}}")))
+            .expect("a [gateway] keys example");
+        #[derive(serde::Deserialize)]
+        struct Section {
+            keys: BTreeMap<String, String>,
+        }
+        let section: Section = toml::from_str(&table).unwrap();
+        examples
+            .add_map(&section.keys)
+            .unwrap_or_else(|e| panic!("`{table}` in --help: {e}"));
+        let bearer = help
+            .split("Bearer ")
+            .skip(1)
+            .filter_map(|p| p.split('\'').next())
+            .find(|k| !k.starts_with('<'))
+            .expect("a curl example with a key");
+        assert!(
+            examples.tenant_for(bearer).is_some(),
+            "the curl example's key `{bearer}` is one of the examples"
+        );
+        for route in ["/v1/events", "/healthz", "/readyz", "/metrics"] {
+            assert!(help.contains(route), "{route} in --help");
+        }
+    }
 }

@@ -116,11 +116,9 @@ impl PublishError {
     /// A short, stable reason code (API responses and metric labels).
     pub fn code(&self) -> &'static str {
         match self {
-            PublishError::Invalid(EnvelopeError::Schema { .. }) => "schema_invalid",
-            PublishError::Invalid(EnvelopeError::BadTenant) => "bad_tenant",
-            PublishError::Invalid(EnvelopeError::Identity(_)) => "missing_identity",
-            PublishError::Invalid(EnvelopeError::DuplicateKey(_)) => "duplicate_key",
-            PublishError::Invalid(_) => "invalid_payload",
+            // The envelope's own code: the one the gateway's `parse_request` and ingest's
+            // dead letters give the same envelope.
+            PublishError::Invalid(e) => e.code(),
             PublishError::Encode(_) => "encode_failed",
             PublishError::TooLarge { .. } => "too_large",
             PublishError::SpoolFull { .. } => "spool_full",
@@ -332,6 +330,45 @@ impl Publisher {
         self.publish(env)
     }
 
+    /// Most bytes the spool record of one event takes besides its payload's text and its
+    /// request id (for the `json` content type, whose value is the payload's text): the
+    /// record's fixed bytes ([`SpoolRecord::FIXED_BYTES`]), the longest topic, the key (a
+    /// copy of the request id or of the identity, at most [`MAX_ID_BYTES`]) and every header
+    /// ([`weft_schemas::wire::for_each_header`]) at its longest, the request id's value excepted: the
+    /// longest kind, a tenant of 128 bytes, this publisher's producer id, the largest `seq`
+    /// and an `emitted_at` it stamps. The gateway's `/readyz` sizes one largest request
+    /// with it.
+    ///
+    /// [`SpoolRecord::FIXED_BYTES`]: crate::spool::SpoolRecord::FIXED_BYTES
+    /// [`MAX_ID_BYTES`]: weft_schemas::identity::MAX_ID_BYTES
+    pub fn spool_bytes_per_event(&self) -> u64 {
+        use crate::spool::SpoolRecord;
+        let inner = &*self.inner;
+        let topic = inner.topics.iter().map(String::len).max().unwrap_or(0);
+        let kind = Kind::ALL
+            .iter()
+            .map(|k| k.as_str().len())
+            .max()
+            .unwrap_or(0);
+        let worst = Envelope {
+            kind: Kind::ALL[0],
+            request_id: Some(String::new()),
+            tenant: String::new(),
+            producer_id: Some(inner.producer_id.clone()),
+            seq: Some(u64::MAX),
+            emitted_at: Some(weft_schemas::time::now_rfc3339()),
+            payload: serde_json::value::RawValue::NULL.to_owned(),
+        };
+        let mut headers = 0;
+        weft_schemas::wire::for_each_header(&worst, inner.content_type, |k, v| {
+            headers += SpoolRecord::HEADER_BYTES + k.len() + v.len();
+        });
+        // The kind and tenant values at their longest (a tenant is at most 128 bytes,
+        // `weft_schemas::envelope::is_valid_tenant`).
+        headers += kind - worst.kind.as_str().len() + 128;
+        (SpoolRecord::FIXED_BYTES + topic + weft_schemas::identity::MAX_ID_BYTES + headers) as u64
+    }
+
     /// Events in the spool not yet delivered to Kafka.
     pub fn spool_pending(&self) -> u64 {
         lock(&self.inner.shared.spool).pending()
@@ -515,6 +552,45 @@ mod tests {
         }
     }
 
+    /// A refused envelope is answered with the envelope's own code: the one the gateway's
+    /// `parse_request`, docs/HTTP.md and ingest's dead letters use. Before, `id_too_long`,
+    /// `no_identity` and `undecodable_json` came out of the publisher as `invalid_payload`
+    /// or `missing_identity`.
+    #[test]
+    fn an_invalid_envelope_is_answered_with_the_envelopes_own_code() {
+        let missing = weft_schemas::identity::IdentityError::MissingId {
+            kind: Kind::Frame,
+            field: "frame_id",
+        };
+        let not_json = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let cases = [
+            (EnvelopeError::PayloadJson(not_json), "undecodable_json"),
+            (EnvelopeError::PayloadNotObject, "undecodable_json"),
+            (EnvelopeError::DuplicateKey("k".into()), "duplicate_key"),
+            (
+                EnvelopeError::Schema {
+                    kind: Kind::Frame,
+                    violations: Vec::new(),
+                },
+                "schema_invalid",
+            ),
+            (EnvelopeError::Identity(missing), "no_identity"),
+            (EnvelopeError::BadTenant, "bad_tenant"),
+            (
+                EnvelopeError::IdTooLong {
+                    field: "identity",
+                    len: 2_000,
+                },
+                "id_too_long",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.code(), want);
+            let text = e.to_string();
+            assert_eq!(PublishError::Invalid(e).code(), want, "{text}");
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unreachable_broker_spools_in_order_and_the_spool_outlives_the_process() {
         let dir = tempfile::tempdir().unwrap();
@@ -563,6 +639,45 @@ mod tests {
         let want: Vec<String> = (0..51).map(|i| format!("e{i}")).collect();
         assert_eq!(ids, want, "publish order kept");
         assert_eq!(batch.records[0].key.as_deref(), Some(&b"r"[..]));
+    }
+
+    /// A spooled record Kafka refuses on replay is set aside, and counted as that only: not
+    /// as published or replayed, which count what Kafka acknowledged. Before, the replayer
+    /// counted every record of a settled batch, those set aside included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_set_aside_on_replay_is_not_counted_as_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let pad = "a".repeat(200_000);
+        let big: Envelope = serde_json::from_str(&format!(
+            r#"{{"kind":"trace_event","payload":{{"event_id":"e1","event_type":"flow_started","timestamp":"2026-03-08T06:00:05Z","x_acme_pad":"{pad}"}}}}"#
+        ))
+        .unwrap();
+        let p = Publisher::connect(offline(dir.path())).await.unwrap();
+        assert_eq!(p.publish(big).unwrap().await.unwrap(), Delivery::Spooled);
+        let p2 = p.clone();
+        tokio::task::spawn_blocking(move || p2.close(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        drop(p);
+        // Reopened with a smaller message limit: librdkafka refuses the record for good.
+        let small = PublisherConfig {
+            max_message_bytes: 10_000,
+            ..offline(dir.path())
+        };
+        let p = Publisher::connect(small).await.unwrap();
+        let m = p.metrics();
+        // The batch is settled (cursor committed) after its counters moved.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (m.spool_refused.get(), p.spool_pending()) != (1, 0) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!((m.spool_refused.get(), p.spool_pending()), (1, 0));
+        assert!(dir.path().join(refused::FILE).exists());
+        assert_eq!(
+            (m.published.get(), m.replayed.get()),
+            (0, 0),
+            "Kafka acknowledged nothing"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -103,7 +103,8 @@ fn append(path: &Path, lines: &[String]) -> std::io::Result<()> {
 /// the spool, for an operator to fix and publish again; logged and counted
 /// (`weft_publisher_spool_refused_total`). An error when the file could not be written
 /// durably: the records are then still the spool's, and the round that refused them is
-/// retried (moving the cursor past them would lose them).
+/// retried (moving the cursor past them would lose them). Holds the spool's lock while it
+/// writes, so it never runs during [`Publisher::republish_refused`].
 pub(super) fn set_aside(sh: &Shared, refused: &[(&SpoolRecord, &str)]) -> std::io::Result<()> {
     if refused.is_empty() {
         return Ok(());
@@ -112,9 +113,14 @@ pub(super) fn set_aside(sh: &Shared, refused: &[(&SpoolRecord, &str)]) -> std::i
         .iter()
         .map(|(r, error)| serde_json::to_string(&RefusedLine::new(r, error)).unwrap_or_default())
         .collect();
-    let path = lock(&sh.spool).dir().join(FILE);
+    // The spool's lock is held across the append: `republish_refused` holds it for its whole
+    // run to rewrite the file, and an append in between would be lost to its rename. Taken
+    // here with no other lock held (the replayer calls this between rounds).
+    let mut spool = lock(&sh.spool);
+    let path = spool.dir().join(FILE);
     append(&path, &lines)?;
-    count_aside(&mut lock(&sh.spool));
+    count_aside(&mut spool);
+    drop(spool);
     sh.metrics.spool_refused.inc_by(refused.len() as u64);
     for (r, error) in refused {
         error!(%error, topic = %r.topic, path = %path.display(),

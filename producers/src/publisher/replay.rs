@@ -71,7 +71,7 @@ pub(super) fn replayer_loop(
         if n == 0 {
             if b.skipped > 0 {
                 // Only damaged records, set aside: they count as settled.
-                replayed(&sh, &b);
+                replayed(&sh, &b, 0);
             }
             continue;
         }
@@ -105,7 +105,8 @@ pub(super) fn replayer_loop(
         });
         match failed {
             None => {
-                replayed(&sh, &b);
+                // What Kafka acknowledged; those set aside are counted as refused only.
+                replayed(&sh, &b, report.acked as u64);
                 backoff = Duration::from_millis(250);
                 size = (size * 2).min(batch);
             }
@@ -318,17 +319,18 @@ fn await_reports(
     }
 }
 
-/// A whole batch acknowledged: move the durable cursor past it, then settle its records
-/// (and the damaged ones it skipped, which the spool counted as pending too).
+/// A whole batch settled (`acked` of its records acknowledged by Kafka, the others set aside):
+/// count the acknowledged ones as replayed and published, move the durable cursor past the
+/// batch, then settle its records (and the damaged ones it skipped, which the spool counted as
+/// pending too).
 /// The spool counts them pending until the cursor is persisted, so they are settled only
 /// then (settled twice, spool mode would never end). A failed commit is retried, not the
 /// delivery: the records are in Kafka already. At shutdown they stay unsettled and on disk,
 /// so the next run sends them again (copies, which consumers drop by identity).
-fn replayed(sh: &Shared, b: &ReadBatch) {
-    let sent = b.records.len() as u64;
-    sh.metrics.replayed.inc_by(sent);
-    sh.metrics.published.inc_by(sent);
-    let n = sent + b.skipped;
+fn replayed(sh: &Shared, b: &ReadBatch, acked: u64) {
+    sh.metrics.replayed.inc_by(acked);
+    sh.metrics.published.inc_by(acked);
+    let n = b.records.len() as u64 + b.skipped;
     let mut backoff = Duration::from_millis(250);
     loop {
         let res = {

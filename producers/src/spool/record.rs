@@ -20,19 +20,22 @@ pub struct SpoolRecord {
 }
 
 impl SpoolRecord {
+    /// Bytes a record takes in a segment besides its topic, key, value and headers: the
+    /// frame (length, CRC) and the body's version byte and lengths.
+    pub const FIXED_BYTES: usize = super::FRAME as usize + 1 + 2 + 4 + 4 + 2;
+    /// Bytes each header takes besides its name and value: their two lengths.
+    pub const HEADER_BYTES: usize = 2 + 4;
+
     /// Encoded body length (what the spool bound counts, plus the `FRAME` header).
     pub fn encoded_len(&self) -> usize {
-        1 + 2
+        Self::FIXED_BYTES - super::FRAME as usize
             + self.topic.len()
-            + 4
             + self.key.as_ref().map_or(0, Vec::len)
-            + 4
             + self.value.len()
-            + 2
             + self
                 .headers
                 .iter()
-                .map(|(k, v)| 2 + k.len() + 4 + v.len())
+                .map(|(k, v)| Self::HEADER_BYTES + k.len() + v.len())
                 .sum::<usize>()
     }
 

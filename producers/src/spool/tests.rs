@@ -157,6 +157,49 @@ fn torn_tail_is_truncated_with_the_good_records_kept() {
     assert_eq!(drain(&mut s), recs[..1].to_vec());
 }
 
+/// A torn tail cut below the durable cursor (the cursor was committed, the segment's unsynced
+/// tail lost) lowers the cursor, and the lowered cursor must be on disk before new records are
+/// appended below the old one: else a second restart before the next commit reads from the
+/// stale, higher cursor and skips (or sets aside as damaged) acknowledged records.
+#[test]
+fn a_cursor_lowered_at_open_is_persisted_so_later_appends_survive_a_second_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = SpoolOptions {
+        segment_bytes: 1 << 20,
+        ..opts()
+    };
+    let recs: Vec<_> = (0..5).map(rec).collect();
+    {
+        let (mut s, _) = Spool::open(dir.path(), big.clone()).unwrap();
+        s.append(&recs[..3]).unwrap();
+        let b = s.read_batch(2, u64::MAX).unwrap();
+        s.commit(b.end, 2).unwrap();
+    }
+    // Power loss: the cursor (after record 1) survived, the segment only up to inside record 1.
+    let seg = dir.path().join(seg_name(1));
+    let cut = frame_offset(&recs[..3], 1) + 10;
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(cut as u64)
+        .unwrap();
+    {
+        let (mut s, rep) = Spool::open(dir.path(), big.clone()).unwrap();
+        assert_eq!(rep.pending, 0);
+        // Fsynced (`always`), so acknowledged; then a crash before any commit.
+        s.append(&recs[3..]).unwrap();
+        assert_eq!(s.pending(), 2);
+    }
+    let (mut s, rep) = Spool::open(dir.path(), big).unwrap();
+    assert_eq!(
+        (rep.pending, rep.corrupt_records),
+        (2, 0),
+        "both new records pending, none taken for damage"
+    );
+    assert_eq!(drain(&mut s), recs[3..].to_vec());
+}
+
 /// Records kept beside the segments (`refused.jsonl`) count against the bound: the folder as
 /// a whole stays under `max_bytes`. They used to be outside it, so a spool of records Kafka
 /// refuses could fill the disk.
