@@ -151,9 +151,43 @@ pub fn check_len(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Whether reading a request body (`axum::body::to_bytes`) failed because the body passed
+/// its length limit: that is 413, while a reset connection or a malformed chunk is the
+/// client's 400, and counting those as too large would mislead whoever tunes the limit.
+pub fn over_length_limit(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn only_a_body_past_its_limit_is_over_the_length_limit() {
+        use http_body_util::channel::Channel;
+        let (mut tx, rx) = Channel::<axum::body::Bytes, std::io::Error>::new(1);
+        tx.send_data(axum::body::Bytes::from_static(b"["))
+            .await
+            .unwrap();
+        tx.abort(std::io::Error::other("connection reset"));
+        let e = axum::body::to_bytes(axum::body::Body::new(rx), 16)
+            .await
+            .unwrap_err();
+        assert!(!over_length_limit(&e), "a reset is not too large: {e}");
+        let (mut tx, rx) = Channel::<axum::body::Bytes, std::io::Error>::new(1);
+        tokio::spawn(async move { tx.send_data(axum::body::Bytes::from(vec![b' '; 17])).await });
+        let e = axum::body::to_bytes(axum::body::Body::new(rx), 16)
+            .await
+            .unwrap_err();
+        assert!(over_length_limit(&e), "17 bytes past a limit of 16: {e}");
+    }
 
     #[tokio::test]
     async fn one_body_shape_and_bearer_challenge() {

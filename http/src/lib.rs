@@ -25,7 +25,7 @@ mod listen;
 mod metrics;
 
 pub use auth::{Caller, HasApiKeys};
-pub use error::{check_len, error_response, ApiError, ErrorDetail};
+pub use error::{check_len, error_response, over_length_limit, ApiError, ErrorDetail};
 pub use keys::{ApiKeys, AuthError, KeySources, Unauthorized};
 pub use limit::{busy, limit_in_hand};
 pub use listen::{bind, Listener, IDLE_TIMEOUT};

@@ -566,12 +566,8 @@ async fn read_body(
 /// The answer to a body that could not be read: 413 `body_too_large` when it ran over the
 /// limit, else 400 `body_unreadable` (the client reset the connection, a bad chunk).
 fn body_error(e: &axum::Error, max_body_bytes: usize) -> weft_http::ApiError {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cause {
-        if c.is::<http_body_util::LengthLimitError>() {
-            return weft_http::ApiError::too_large(max_body_bytes);
-        }
-        cause = c.source();
+    if weft_http::over_length_limit(e) {
+        return weft_http::ApiError::too_large(max_body_bytes);
     }
     weft_http::ApiError::bad_request(
         "body_unreadable",

@@ -462,11 +462,15 @@ impl Service {
         limit: usize,
     ) -> Result<(String, T), RouterError> {
         let tenant = self.authenticate(caller)?;
-        let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
             self.metrics.rejected.inc();
-            RouterError::BodyTooLarge {
-                got: limit + 1,
-                limit,
+            if weft_http::over_length_limit(&e) {
+                RouterError::BodyTooLarge {
+                    got: limit + 1,
+                    limit,
+                }
+            } else {
+                RouterError::BadRequest(format!("the request body could not be read: {e}"))
             }
         })?;
         // One reading of a payload: a key given twice is refused, as at every entry.
