@@ -46,6 +46,7 @@ use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use weft_schemas::wire::header::CONTENT_TYPE;
 use weft_store::telemetry::{QuarantineRow, QUARANTINE};
 use weft_store::{EventRow, Store, StoreError};
 
@@ -296,13 +297,21 @@ impl Ingestor {
                 return Ok(false);
             }
         };
-        if let Some(id) = self.schemas.unmet(m.payload()) {
+        let mut not_asked = None;
+        if let Some(id) = self
+            .schemas
+            .unmet(m.payload(), || headers::last(&m, CONTENT_TYPE))
+        {
             let mut stop = self.stop.clone();
-            if self.schemas.learn(id, &mut stop).await.is_err() {
-                return Ok(true);
+            match self.schemas.learn(id, &mut stop).await {
+                Ok(asked) => not_asked = (!asked).then_some(id),
+                Err(_) => return Ok(true),
             }
         }
-        let rec = self.decode_record(&m);
+        let mut rec = self.decode_record(&m);
+        if let (Some(id), Some(Err(dead))) = (not_asked, rec.decoded.as_mut()) {
+            schema_ids::not_asked(&mut dead.reason, id);
+        }
         drop(m);
         self.after_rebalance().await?;
         let full = self.accept(rec).await?;
