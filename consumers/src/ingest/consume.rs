@@ -198,6 +198,11 @@ impl Ingestor {
                 // log's records would all pass for stored ones and be skipped.
                 self.refuse_rewound(topic, partition, st.stored).await?;
             }
+            // The lag monitor measures from here until a flush lands: lag shows from the
+            // assignment on, during an outage right after a start too.
+            if let Ok(mut pos) = self.positions.lock() {
+                pos.insert(key.clone(), st.next_offset());
+            }
             self.parts.insert(key.clone(), st);
         }
         Ok(self

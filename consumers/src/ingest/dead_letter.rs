@@ -253,14 +253,17 @@ impl DeadLetter {
 }
 
 impl Flusher {
+    /// Send `dead` to the dead-letter topic (quarantining what it refuses in every form);
+    /// how many it acknowledged (the quarantined ones are counted apart).
     #[instrument(skip(self, dead), fields(n = dead.len()))]
     pub(super) async fn dead_letter(
         &mut self,
         topic: &str,
         partition: i32,
         dead: &[DeadLetter],
-    ) -> Result<(), Stopped> {
+    ) -> Result<u64, Stopped> {
         let max = self.cfg.max_message_bytes;
+        let mut acknowledged = 0;
         for d in dead {
             let mut form = d.first_form(max);
             let sent = loop {
@@ -278,6 +281,7 @@ impl Flusher {
                     }
                 }
             };
+            let acked = sent.is_ok();
             let message = match sent {
                 Ok(Form::Whole) => d.reason.message.clone(),
                 Ok(f) => format!(
@@ -299,7 +303,15 @@ impl Flusher {
                     )
                 }
             };
-            // Acknowledged by the broker (or quarantined): now it is a dead letter to report.
+            // Acknowledged by the broker, or quarantined (counted in its own metric only, and
+            // shown in `weft_dead_letters` with a message starting `QUARANTINED`).
+            if acked {
+                acknowledged += 1;
+                self.metrics
+                    .dead_lettered
+                    .with_label_values(&[d.reason.code])
+                    .inc();
+            }
             self.telemetry.record(Sample::DeadLetter(DeadLetterRow {
                 at: now_micros(),
                 topic: topic.to_owned(),
@@ -309,12 +321,8 @@ impl Flusher {
                 message,
                 tenant: d.tenant(),
             }));
-            self.metrics
-                .dead_lettered
-                .with_label_values(&[d.reason.code])
-                .inc();
         }
-        Ok(())
+        Ok(acknowledged)
     }
 
     /// Keep `d` in `weft_quarantine`, retrying until ClickHouse has it or the process stops

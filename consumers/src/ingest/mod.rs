@@ -117,7 +117,7 @@ pub struct IngestTotals {
     pub inserted: u64,
     /// Copies of stored events, dropped.
     pub deduplicated: u64,
-    /// Records the dead-letter topic acknowledged.
+    /// Records the dead-letter topic acknowledged (not the quarantined ones).
     pub dead_lettered: u64,
 }
 
