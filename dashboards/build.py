@@ -269,8 +269,8 @@ ORDER BY time, topic
     ch_panel(
         "Dead letters by reason",
         "Records the dead-letter topic acknowledged per interval, by weft-dlq-reason (table "
-        "weft_dead_letters; a record dead-lettered again after a crash counts once: grouped by "
-        "topic, partition, offset).",
+        "weft_dead_letters, quarantined records left out: see weft_quarantine; a record "
+        "dead-lettered again after a crash counts once: grouped by topic, partition, offset).",
         "timeseries",
         """
 SELECT $__timeInterval(first_at) AS time, reason, count() AS dead_letters
@@ -278,7 +278,7 @@ FROM
 (
     SELECT topic, partition, offset, min(at) AS first_at, any(reason) AS reason
     FROM weft_dead_letters
-    WHERE $__timeFilter(at)
+    WHERE $__timeFilter(at) AND NOT startsWith(message, 'QUARANTINED')
     GROUP BY topic, partition, offset
 )
 GROUP BY time, reason

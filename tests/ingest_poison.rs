@@ -532,4 +532,9 @@ async fn a_dead_letter_refused_in_every_form_is_quarantined_in_clickhouse_and_th
         common::metric(&addr, "weft_ingest_dead_letters_quarantined_total").await,
         Some(1)
     );
+    // Quarantined, not acknowledged by the dead-letter topic: counted in its own metric only.
+    assert_eq!(
+        common::metric(&addr, "weft_ingest_dead_lettered_total").await,
+        Some(0)
+    );
 }

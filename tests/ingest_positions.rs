@@ -115,6 +115,33 @@ async fn the_lag_gauge_counts_records_not_yet_stored_until_their_flush() {
     wait_for_lag(&addr, &topic, (high(&topic) - 20).max(0)).await;
 }
 
+/// The gauge shows a partition from its assignment on, before any flush has landed (here
+/// none is due: the batch never fills and the interval is an hour), so records that wait
+/// after a start (ClickHouse down, say) show as lag rather than as no series at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_gauge_shows_a_partition_before_its_first_flush() {
+    let p = Pipeline::new("it_lag_first");
+    let topic = format!("{}trace_events", p.prefix);
+    let none = p.path("none.jsonl");
+    std::fs::write(&none, "").unwrap();
+    p.publish(&none); // the topics
+    wait_for_topic(&topic);
+    let prod = producer();
+    for i in 0..3 {
+        send(&prod, &topic, "k", &event(&format!("te-first-{i}"))).await;
+    }
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args = ["--batch-max-rows", "1000", "--flush-interval-ms", "3600000"];
+    let _ingest = p.ingest_args(Some(&addr), &[], &args);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    wait_for_lag(&addr, &topic, high(&topic)).await;
+    assert_eq!(
+        p.scalar("SELECT count() FROM weft_events").await,
+        0,
+        "no flush landed"
+    );
+}
+
 /// The high watermarks of the dead-letter topic, summed: what it has received so far.
 fn received(dlq: &str) -> i64 {
     let c = consumer(None);

@@ -74,7 +74,8 @@ pub struct IngestMetrics {
     pub deduplicated: IntCounter,
     /// Events stored with an id already used for different content.
     pub conflicts: IntCounter,
-    /// Records sent to the dead-letter topic, per rejection code.
+    /// Records the dead-letter topic acknowledged, per rejection code (quarantined ones are
+    /// counted in `dead_letters_quarantined` only).
     pub dead_lettered: IntCounterVec,
     /// Records skipped because their offset is already stored and projected.
     pub replay_skipped: IntCounter,
@@ -96,7 +97,8 @@ pub struct IngestMetrics {
     pub dedup_checked: IntCounter,
     /// The narrative projector's metrics.
     pub narrative: NarrativeMetrics,
-    /// Dead letters the dead-letter topic refused in every form (kept in weft_dead_letters).
+    /// Dead letters the dead-letter topic refused in every form (kept in weft_quarantine);
+    /// not counted in `dead_lettered`.
     pub dead_letters_quarantined: IntCounter,
     /// Top-level payload keys of stored events neither defined by their kind nor of the
     /// `x_<org>_<field>` shape.
@@ -252,7 +254,7 @@ impl IngestMetrics {
             ),
             dead_lettered: r.counter_vec(
                 "weft_ingest_dead_lettered_total",
-                "Records sent to the dead-letter topic",
+                "Records the dead-letter topic acknowledged (quarantined ones not included)",
                 &["reason"],
             ),
             replay_skipped: r.counter(
@@ -292,7 +294,7 @@ impl IngestMetrics {
             narrative: NarrativeMetrics::new(&r),
             dead_letters_quarantined: r.counter(
                 "weft_ingest_dead_letters_quarantined_total",
-                "Dead letters refused by the dead-letter topic in every form (kept in weft_dead_letters)",
+                "Dead letters refused by the dead-letter topic in every form (kept in weft_quarantine; not in weft_ingest_dead_lettered_total)",
             ),
             nonconforming_keys: r.counter(
                 "weft_ingest_nonconforming_keys_total",

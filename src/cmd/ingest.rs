@@ -5,7 +5,7 @@ use std::sync::Arc;
 use clap::Args;
 use tokio::sync::watch;
 use weft_consumers::http::{self, AppState};
-use weft_consumers::ingest::{listen_addr, Ingestor, Role};
+use weft_consumers::ingest::{listen_addr, IngestError, Ingestor, Role};
 use weft_consumers::metrics::IngestMetrics;
 use weft_consumers::narrative::shard::NarrativeShard;
 use weft_http::ApiKeys;
@@ -215,7 +215,11 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
         i = Ingestor::start(cfg, store, metrics, rx.clone()) => i?,
         _ = rx.changed() => return Ok(()),
     };
-    let totals = ingestor.run().await?;
+    let totals = match ingestor.run().await {
+        // Asked to stop while it waited before reading a partition's resume point.
+        Err(IngestError::Stopped) => return Ok(()),
+        r => r?,
+    };
     eprintln!(
         "ingest stopped: {} consumed, {} stored, {} duplicates dropped, {} dead-lettered",
         totals.consumed, totals.inserted, totals.deduplicated, totals.dead_lettered

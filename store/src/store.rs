@@ -281,17 +281,7 @@ impl Store {
         tables: &[&str],
         limit: std::time::Duration,
     ) -> Result<bool, StoreError> {
-        let running: Vec<String> = self
-            .client
-            .query(
-                "SELECT query_id FROM system.processes WHERE query_kind = 'Insert' \
-                 AND current_database = currentDatabase() \
-                 AND multiSearchAny(query, {tables:Array(String)})",
-            )
-            .param("tables", tables)
-            .fetch_all()
-            .await
-            .map_err(self.err())?;
+        let running = self.running_inserts(tables).await?;
         if running.is_empty() {
             return Ok(true);
         }
@@ -301,6 +291,22 @@ impl Store {
             "waiting for the inserts running now (an earlier process's?) to land"
         );
         self.wait_for_queries(&running, limit).await
+    }
+
+    /// The `query_id`s of the inserts into `tables` of this database running on the server
+    /// now, for [`Store::wait_for_queries`]: a caller that waits for them in several rounds
+    /// keeps this list, so inserts started later (other writers') never keep it waiting.
+    pub async fn running_inserts(&self, tables: &[&str]) -> Result<Vec<String>, StoreError> {
+        self.client
+            .query(
+                "SELECT query_id FROM system.processes WHERE query_kind = 'Insert' \
+                 AND current_database = currentDatabase() \
+                 AND multiSearchAny(query, {tables:Array(String)})",
+            )
+            .param("tables", tables)
+            .fetch_all()
+            .await
+            .map_err(self.err())
     }
 
     /// Wait (at most `limit`) until the query `query_id` no longer runs on the server: an
@@ -314,8 +320,9 @@ impl Store {
         self.wait_for_queries(&[query_id.to_owned()], limit).await
     }
 
-    /// Poll `system.processes`, with growing pauses, until none of `ids` runs, or `limit`.
-    async fn wait_for_queries(
+    /// Poll `system.processes`, with growing pauses, until none of `ids` runs (`Ok(true)`),
+    /// or `limit` has passed (`Ok(false)`, with a warning).
+    pub async fn wait_for_queries(
         &self,
         ids: &[String],
         limit: std::time::Duration,

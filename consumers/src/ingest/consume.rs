@@ -13,7 +13,9 @@ use super::batch::{nothing_waits, PartitionState};
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
-use super::{backoff, retry_store, IngestError, Ingestor, Role};
+use super::{
+    backoff, retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role,
+};
 use crate::decode::{self, Fact, Record};
 use crate::facts::{self, DedupCache};
 
@@ -130,7 +132,7 @@ impl Ingestor {
                     _ => st.stored.min(st.projected),
                 };
                 st.expected = Some(from + 1);
-                self.refuse_rewound(t.name(), p.id(), from)?;
+                self.refuse_rewound(t.name(), p.id(), from).await?;
                 tpl.add_partition_offset(t.name(), p.id(), Offset::Offset(from + 1))?;
             }
         }
@@ -157,10 +159,20 @@ impl Ingestor {
     /// not the one weft stored: recreated or truncated (tansu answers fetches past its end
     /// with nothing, so waiting would only hide it). One offset of slack: tansu's memory
     /// engine reports a high watermark one short.
-    fn refuse_rewound(&self, topic: &str, partition: i32, after: i64) -> Result<(), IngestError> {
-        let (_, high) =
-            self.consumer
-                .fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+    async fn refuse_rewound(
+        &self,
+        topic: &str,
+        partition: i32,
+        after: i64,
+    ) -> Result<(), IngestError> {
+        let consumer = &self.consumer;
+        let (_, high) = retry_kafka(
+            "read a partition's high watermark",
+            self.cfg.max_backoff_ms,
+            &self.stop,
+            || consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)),
+        )
+        .await?;
         if after > high {
             return Err(IngestError::Rewound {
                 topic: topic.to_owned(),
@@ -184,7 +196,12 @@ impl Ingestor {
                 // The single-process roles check this when they assign (`subscribe`); a
                 // group member, when a partition first reaches it: otherwise a recreated
                 // log's records would all pass for stored ones and be skipped.
-                self.refuse_rewound(topic, partition, st.stored)?;
+                self.refuse_rewound(topic, partition, st.stored).await?;
+            }
+            // The lag monitor measures from here until a flush lands: lag shows from the
+            // assignment on, during an outage right after a start too.
+            if let Ok(mut pos) = self.positions.lock() {
+                pos.insert(key.clone(), st.next_offset());
             }
             self.parts.insert(key.clone(), st);
         }
@@ -312,7 +329,8 @@ impl Ingestor {
     /// stored offset would send its rows again. Inserts starting later are not waited for
     /// (no previous owner starts one). None of them is this process's own: in this role a
     /// flush (a failed attempt's insert included) is settled before the loop reads another
-    /// record, so the loop never waits on work it drives. Bounded (60 s, then a warning).
+    /// record, so the loop never waits on work it drives. Not given up on (a warning every
+    /// 60 s); a stop ends it.
     async fn wait_for_previous_owners(
         &self,
         assigned: &std::collections::HashSet<(String, i32)>,
@@ -322,16 +340,11 @@ impl Ingestor {
             .filter(|k| !self.parts.contains_key(*k))
             .count();
         let started = Instant::now();
-        let quiet = retry_store(&self.cfg, &self.metrics, "wait for earlier inserts", || {
-            self.store
-                .wait_for_running_inserts(&["weft_events"], Duration::from_secs(60))
-        })
-        .await?;
+        wait_for_earlier_inserts(&self.cfg, &self.metrics, &self.stop, &self.store).await?;
         info!(
             partitions = assigned.len(),
             new,
             waited_ms = started.elapsed().as_millis() as u64,
-            quiet,
             "waited for the facts inserts running at the rebalance"
         );
         Ok(())

@@ -7,7 +7,8 @@
 //! `weft-dlq-reason`/`-message`/`-topic`/`-partition`/`-offset`; and if even that is refused,
 //! in a *minimal* form (no value, no original headers). A form refused for good is never
 //! retried; only transient errors (broker unreachable, queue full) are, with the partition's
-//! offsets held, and every wait gives way to a stop at once. If the minimal form is refused
+//! offsets held, each through a new producer (see `send_once`), and every wait gives way to a
+//! stop at once. If the minimal form is refused
 //! too, the record is quarantined: stored in the ClickHouse table `weft_quarantine` (the value
 //! cut to `max_message_bytes`, its size, SHA-256, key, small headers, source topic, partition,
 //! offset, the reason and the broker's refusal), retried like a facts insert until it lands,
@@ -17,7 +18,8 @@ use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sha2::{Digest, Sha256};
-use tracing::{error, instrument, warn};
+use tokio::sync::watch;
+use tracing::{error, info, instrument, warn};
 
 use super::config::{kafka_config, IngestConfig};
 use super::flush::{Flusher, Stopped};
@@ -251,14 +253,17 @@ impl DeadLetter {
 }
 
 impl Flusher {
+    /// Send `dead` to the dead-letter topic (quarantining what it refuses in every form);
+    /// how many it acknowledged (the quarantined ones are counted apart).
     #[instrument(skip(self, dead), fields(n = dead.len()))]
     pub(super) async fn dead_letter(
         &mut self,
         topic: &str,
         partition: i32,
         dead: &[DeadLetter],
-    ) -> Result<(), Stopped> {
+    ) -> Result<u64, Stopped> {
         let max = self.cfg.max_message_bytes;
+        let mut acknowledged = 0;
         for d in dead {
             let mut form = d.first_form(max);
             let sent = loop {
@@ -276,6 +281,7 @@ impl Flusher {
                     }
                 }
             };
+            let acked = sent.is_ok();
             let message = match sent {
                 Ok(Form::Whole) => d.reason.message.clone(),
                 Ok(f) => format!(
@@ -297,7 +303,15 @@ impl Flusher {
                     )
                 }
             };
-            // Acknowledged by the broker (or quarantined): now it is a dead letter to report.
+            // Acknowledged by the broker, or quarantined (counted in its own metric only, and
+            // shown in `weft_dead_letters` with a message starting `QUARANTINED`).
+            if acked {
+                acknowledged += 1;
+                self.metrics
+                    .dead_lettered
+                    .with_label_values(&[d.reason.code])
+                    .inc();
+            }
             self.telemetry.record(Sample::DeadLetter(DeadLetterRow {
                 at: now_micros(),
                 topic: topic.to_owned(),
@@ -307,12 +321,8 @@ impl Flusher {
                 message,
                 tenant: d.tenant(),
             }));
-            self.metrics
-                .dead_lettered
-                .with_label_values(&[d.reason.code])
-                .inc();
         }
-        Ok(())
+        Ok(acknowledged)
     }
 
     /// Keep `d` in `weft_quarantine`, retrying until ClickHouse has it or the process stops
@@ -365,32 +375,69 @@ impl Flusher {
             if let Some(k) = &key {
                 rec = rec.key(k);
             }
-            let mut stop = self.stop.clone();
-            let outcome = tokio::select! {
-                r = self.dlq.send(rec, std::time::Duration::from_secs(5)) => r,
-                _ = stop.wait_for(|s| *s) => return Err(Stopped),
-            };
-            match outcome {
-                Ok(_) => return Ok(Ok(())),
-                Err((e, _)) if is_permanent(&e) => return Ok(Err(e)),
-                Err((e, _)) => {
+            match send_once(&mut self.dlq, &self.cfg, rec, &self.stop).await? {
+                Ok(()) => return Ok(Ok(())),
+                Err(e) if is_permanent(&e) => return Ok(Err(e)),
+                Err(e) => {
                     attempt += 1;
                     self.metrics.dead_letter_retries.inc();
-                    warn!(error = %e, attempt, "dead-letter publish failed; retrying (offsets held)");
+                    warn!(error = %e, attempt, "dead-letter publish failed; retrying with a new producer (offsets held)");
                     self.back_off(attempt).await?;
-                    if let Some(fatal) = fatal_error(&self.dlq) {
-                        match producer(&self.cfg) {
-                            Ok(fresh) => {
-                                error!(%fatal, "dead-letter producer failed for good; replaced by a new one");
-                                self.dlq = fresh;
-                            }
-                            Err(e) => {
-                                warn!(%fatal, error = %e, "dead-letter producer failed for good, and a new one could not be made; retrying")
-                            }
-                        }
-                    }
                 }
             }
+        }
+    }
+}
+
+/// Send one dead letter through `dlq`: `Ok(Err)` with the broker's error, `Err(Stopped)` when
+/// the process is asked to stop (at once, even mid-send). After a transient error `dlq` is
+/// replaced by a new producer (a new producer id), as the Publisher replaces a tainted one
+/// (`producers/src/publisher/mod.rs`, "One Kafka producer per healthy stretch"): once a
+/// message timed out, librdkafka's idempotent producer bumps its epoch locally, on which
+/// tansu 0.6 panics and stops serving; it is never sent through again.
+async fn send_once(
+    dlq: &mut FutureProducer,
+    cfg: &IngestConfig,
+    rec: FutureRecord<'_, Vec<u8>, Vec<u8>>,
+    stop: &watch::Receiver<bool>,
+) -> Result<Result<(), KafkaError>, Stopped> {
+    let mut stop = stop.clone();
+    let outcome = tokio::select! {
+        r = dlq.send(rec, std::time::Duration::from_secs(5)) => r,
+        _ = stop.wait_for(|s| *s) => return Err(Stopped),
+    };
+    match outcome {
+        Ok(_) => Ok(Ok(())),
+        Err((e, _)) if is_permanent(&e) => Ok(Err(e)),
+        Err((e, _)) => {
+            replace(dlq, cfg, &e);
+            Ok(Err(e))
+        }
+    }
+}
+
+/// Replace `dlq` after the transient error `e`. If a new producer cannot be made, the old one
+/// is kept (and the next failure tries again); one in librdkafka's fatal state says so.
+fn replace(dlq: &mut FutureProducer, cfg: &IngestConfig, e: &KafkaError) {
+    let fatal = fatal_error(dlq);
+    match producer(cfg) {
+        Ok(fresh) => {
+            let old = std::mem::replace(dlq, fresh);
+            match fatal {
+                Some(fatal) => {
+                    error!(%fatal, "dead-letter producer failed for good; replaced by a new one")
+                }
+                None => {
+                    info!(error = %e, "dead-letter producer replaced after a failed send (new producer id)")
+                }
+            }
+            // Dropping a producer purges its queue and waits for it (up to 500 ms), then joins
+            // its thread: not on the runtime's worker. Nothing of ours is queued in it (one
+            // dead letter is sent at a time, and this one's send has failed).
+            tokio::task::spawn_blocking(move || drop(old));
+        }
+        Err(new) => {
+            warn!(error = %new, fatal = ?fatal, "a new dead-letter producer could not be made; retrying with the old one")
         }
     }
 }
@@ -551,6 +598,38 @@ mod tests {
         let fatal = fatal_error(&dlq).expect("the injected fatal error");
         assert!(fatal.contains("injected by a test"), "{fatal}");
         assert_eq!(fatal_error(&producer(&cfg).unwrap()), None);
+    }
+
+    /// A send that fails for a transient reason (here: nothing listens, so the message times
+    /// out) leaves a new producer in place: the one that saw it is never sent through again.
+    #[tokio::test]
+    async fn a_transient_send_failure_replaces_the_producer() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let cfg = IngestConfig {
+            brokers: format!("127.0.0.1:{port}"),
+            ..IngestConfig::default()
+        };
+        let mut dlq: FutureProducer = kafka_config(&cfg)
+            .set("message.timeout.ms", "100")
+            .create()
+            .expect("a producer");
+        let before = dlq.client().native_ptr() as usize;
+        let (_stop, rx) = watch::channel(false);
+        let value = b"dead".to_vec();
+        let rec = FutureRecord::<Vec<u8>, Vec<u8>>::to("weaver.dead_letter").payload(&value);
+        let sent = send_once(&mut dlq, &cfg, rec, &rx)
+            .await
+            .expect("not stopped");
+        let e = sent.expect_err("nothing listens on the port");
+        assert!(!is_permanent(&e), "{e}");
+        assert_ne!(
+            dlq.client().native_ptr() as usize,
+            before,
+            "the producer that saw {e} was replaced"
+        );
     }
 
     #[test]

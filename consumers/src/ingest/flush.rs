@@ -45,6 +45,7 @@ pub(super) struct FlushDone {
     /// (topic, partition, last offset) of each partition flushed.
     pub(super) parts: Vec<(String, i32, i64)>,
     pub(super) inserted: u64,
+    /// Dead letters the dead-letter topic acknowledged (not the quarantined ones).
     pub(super) dead_lettered: u64,
 }
 
@@ -73,8 +74,7 @@ impl Flusher {
         let mut dead_lettered = 0;
         for p in parts.iter() {
             if !p.dead.is_empty() {
-                self.dead_letter(&p.topic, p.partition, &p.dead).await?;
-                dead_lettered += p.dead.len() as u64;
+                dead_lettered += self.dead_letter(&p.topic, p.partition, &p.dead).await?;
             }
         }
         // 2. Facts: the rows of one atomic insert for every partition: one part in

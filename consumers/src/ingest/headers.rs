@@ -55,6 +55,16 @@ pub(super) fn raw<'a>(m: &'a BorrowedMessage<'a>) -> Vec<RawHeader<'a>> {
     out
 }
 
+/// The value of the last header of `m` named `name` (the one `weft_schemas::wire::decode`
+/// reads), if any.
+pub(super) fn last<'a>(m: &'a BorrowedMessage<'a>, name: &str) -> Option<&'a [u8]> {
+    raw(m)
+        .into_iter()
+        .rev()
+        .find(|(k, _)| *k == name.as_bytes())
+        .map(|(_, v)| v)
+}
+
 /// The headers whose names are UTF-8 (every name weft reads), and the first name that is
 /// not, if any.
 pub(super) fn utf8<'a>(raw: &[RawHeader<'a>]) -> (Vec<Header<'a>>, Option<&'a [u8]>) {

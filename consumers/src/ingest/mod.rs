@@ -46,6 +46,7 @@ use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use weft_schemas::wire::header::CONTENT_TYPE;
 use weft_store::telemetry::{QuarantineRow, QUARANTINE};
 use weft_store::{EventRow, Store, StoreError};
 
@@ -79,6 +80,10 @@ pub enum IngestError {
         /// The role it was asked with.
         role: &'static str,
     },
+    /// The process was asked to stop while ingest waited for Kafka or ClickHouse before
+    /// reading where to resume (nothing was stored; a restart resumes as after any stop).
+    #[error("stopped while waiting before reading the resume points")]
+    Stopped,
     /// The status server address `listen` does not parse.
     #[error("invalid listen address `{0}`")]
     Listen(String),
@@ -120,7 +125,7 @@ pub struct IngestTotals {
     pub inserted: u64,
     /// Copies of stored events, dropped.
     pub deduplicated: u64,
-    /// Records the dead-letter topic acknowledged.
+    /// Records the dead-letter topic acknowledged (not the quarantined ones).
     pub dead_lettered: u64,
 }
 
@@ -187,10 +192,7 @@ impl Ingestor {
             // The only writer of weft_events in this role: an insert running now is a killed
             // predecessor's, and the resume points must be read after it lands. (The facts
             // role waits at each assignment instead: `after_rebalance`.)
-            retry_store(&cfg, &metrics, "wait for earlier inserts", || {
-                store.wait_for_running_inserts(&["weft_events"], Duration::from_secs(60))
-            })
-            .await?;
+            wait_for_earlier_inserts(&cfg, &metrics, &stop, &store).await?;
         }
         let watch = RebalanceWatch::default();
         let rebalanced = watch.0.clone();
@@ -303,13 +305,21 @@ impl Ingestor {
                 return Ok(false);
             }
         };
-        if let Some(id) = self.schemas.unmet(m.payload()) {
+        let mut not_asked = None;
+        if let Some(id) = self
+            .schemas
+            .unmet(m.payload(), || headers::last(&m, CONTENT_TYPE))
+        {
             let mut stop = self.stop.clone();
-            if self.schemas.learn(id, &mut stop).await.is_err() {
-                return Ok(true);
+            match self.schemas.learn(id, &mut stop).await {
+                Ok(asked) => not_asked = (!asked).then_some(id),
+                Err(_) => return Ok(true),
             }
         }
-        let rec = self.decode_record(&m);
+        let mut rec = self.decode_record(&m);
+        if let (Some(id), Some(Err(dead))) = (not_asked, rec.decoded.as_mut()) {
+            schema_ids::not_asked(&mut dead.reason, id);
+        }
         drop(m);
         self.after_rebalance().await?;
         let full = self.accept(rec).await?;
@@ -470,9 +480,241 @@ where
     }
 }
 
+/// How long one round of waiting for a predecessor's running inserts lasts before a warning
+/// says it goes on waiting.
+const EARLIER_INSERTS_ROUND: Duration = Duration::from_secs(60);
+
+/// Wait until the facts inserts running now into `weft_events` (a killed predecessor's, or a
+/// partition's previous owner's) have finished, however long that takes (a warning every
+/// [`EARLIER_INSERTS_ROUND`]), or `Err(Stopped)` once the process is asked to stop. Resume
+/// points read before such an insert lands would store its rows twice. Only the inserts
+/// running at the call are waited for: later ones are other writers', not a predecessor's.
+pub(super) async fn wait_for_earlier_inserts(
+    cfg: &IngestConfig,
+    metrics: &IngestMetrics,
+    stop: &watch::Receiver<bool>,
+    store: &Store,
+) -> Result<(), IngestError> {
+    let tables = ["weft_events"];
+    wait_for_inserts(
+        cfg,
+        metrics,
+        stop,
+        EARLIER_INSERTS_ROUND,
+        || store.running_inserts(&tables),
+        |ids, limit| async move { store.wait_for_queries(&ids, limit).await },
+    )
+    .await
+}
+
+/// [`wait_for_earlier_inserts`] with the snapshot of running inserts (`running`) and one
+/// bounded round of waiting for them (`wait`, `Ok(false)` when they still run after `round`)
+/// given, for tests.
+async fn wait_for_inserts<R, RF, W, WF>(
+    cfg: &IngestConfig,
+    metrics: &IngestMetrics,
+    stop: &watch::Receiver<bool>,
+    round: Duration,
+    running: R,
+    mut wait: W,
+) -> Result<(), IngestError>
+where
+    R: FnMut() -> RF,
+    RF: std::future::Future<Output = Result<Vec<String>, StoreError>>,
+    W: FnMut(Vec<String>, Duration) -> WF,
+    WF: std::future::Future<Output = Result<bool, StoreError>>,
+{
+    let mut halt = stop.clone();
+    let ids = tokio::select! {
+        biased;
+        _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
+        r = retry_store(cfg, metrics, "list the inserts running now", running) => r?,
+    };
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        let r = tokio::select! {
+            biased;
+            _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
+            r = wait(ids.clone(), round) => r,
+        };
+        match r {
+            Ok(true) => {
+                info!(
+                    running = ids.len(),
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "the inserts running before this process read its resume points have finished"
+                );
+                return Ok(());
+            }
+            Ok(false) => warn!(
+                running = ids.len(),
+                waited_s = started.elapsed().as_secs(),
+                "facts inserts started before this process read its resume points still run; \
+                 waiting on (read now, their rows would be stored twice)"
+            ),
+            Err(e) if !e.is_transient() => return Err(e.into()),
+            Err(e) => {
+                attempt += 1;
+                metrics.clickhouse_up.set(0);
+                warn!(error = %e, attempt, "cannot tell whether the earlier inserts still run; asking again");
+                tokio::select! {
+                    biased;
+                    _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
+                    _ = tokio::time::sleep(backoff(attempt, cfg.max_backoff_ms)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Ask Kafka (`fetch`: a blocking call with its own timeout) until it answers, backing off
+/// after each error (a timeout, a leader moving while a broker restarts: all pass), or
+/// `Err(Stopped)` once the process is asked to stop.
+pub(super) async fn retry_kafka<T>(
+    what: &str,
+    max_backoff_ms: u64,
+    stop: &watch::Receiver<bool>,
+    mut fetch: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, IngestError> {
+    let mut halt = stop.clone();
+    let mut attempt = 0;
+    loop {
+        if *halt.borrow() {
+            return Err(IngestError::Stopped);
+        }
+        match fetch() {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                attempt += 1;
+                if attempt == 1 || attempt % 10 == 0 {
+                    warn!(error = %e, attempt, "{what}: kafka did not answer; retrying");
+                }
+                tokio::select! {
+                    biased;
+                    _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
+                    _ = tokio::time::sleep(backoff(attempt, max_backoff_ms)) => {}
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::error::RDKafkaErrorCode;
+
+    fn quick() -> IngestConfig {
+        IngestConfig {
+            max_backoff_ms: 0,
+            ..IngestConfig::default()
+        }
+    }
+
+    /// A predecessor's insert still running after a round is waited for in further rounds
+    /// (of the same insert only), not given up on.
+    #[tokio::test]
+    async fn an_earlier_insert_is_waited_for_until_it_has_finished() {
+        let (_tx, stop) = watch::channel(false);
+        let metrics = IngestMetrics::new();
+        let snapshots = std::cell::Cell::new(0);
+        let rounds = std::cell::RefCell::new(Vec::new());
+        let r = wait_for_inserts(
+            &quick(),
+            &metrics,
+            &stop,
+            Duration::from_millis(5),
+            || {
+                snapshots.set(snapshots.get() + 1);
+                std::future::ready(Ok(vec!["killed-insert".to_owned()]))
+            },
+            |ids, limit| {
+                rounds.borrow_mut().push((ids, limit));
+                // Still running for three rounds, then finished.
+                std::future::ready(Ok(rounds.borrow().len() > 3))
+            },
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(
+            snapshots.get(),
+            1,
+            "one snapshot: later inserts are not waited for"
+        );
+        let rounds = rounds.into_inner();
+        assert_eq!(rounds.len(), 4, "waited until the insert finished");
+        assert!(rounds
+            .iter()
+            .all(|(ids, limit)| ids == &["killed-insert"] && *limit == Duration::from_millis(5)));
+    }
+
+    /// Waiting on gives way to a stop.
+    #[tokio::test]
+    async fn waiting_for_an_earlier_insert_gives_way_to_a_stop() {
+        let (tx, stop) = watch::channel(false);
+        let metrics = IngestMetrics::new();
+        let rounds = std::cell::Cell::new(0);
+        let r = wait_for_inserts(
+            &quick(),
+            &metrics,
+            &stop,
+            Duration::from_millis(5),
+            || std::future::ready(Ok(vec!["never-ends".to_owned()])),
+            |_, _| {
+                rounds.set(rounds.get() + 1);
+                if rounds.get() == 2 {
+                    let _ = tx.send(true);
+                }
+                std::future::ready(Ok(false))
+            },
+        )
+        .await;
+        assert!(matches!(r, Err(IngestError::Stopped)), "{r:?}");
+        assert_eq!(rounds.get(), 2);
+    }
+
+    /// A watermark request that times out (a broker restarting) is asked again, not fatal.
+    #[tokio::test]
+    async fn a_kafka_timeout_is_retried_until_kafka_answers() {
+        let (_tx, stop) = watch::channel(false);
+        let mut calls = 0;
+        let r = retry_kafka("high watermark", 0, &stop, || {
+            calls += 1;
+            if calls == 1 {
+                Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::OperationTimedOut,
+                ))
+            } else {
+                Ok((0i64, 5i64))
+            }
+        })
+        .await;
+        assert_eq!(r.ok(), Some((0, 5)));
+        assert_eq!(calls, 2);
+    }
+
+    /// Kafka down for good: the retries end with the stop.
+    #[tokio::test]
+    async fn retrying_kafka_gives_way_to_a_stop() {
+        let (tx, stop) = watch::channel(false);
+        let mut calls = 0;
+        let r: Result<(), _> = retry_kafka("high watermark", 0, &stop, || {
+            calls += 1;
+            if calls == 3 {
+                let _ = tx.send(true);
+            }
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::OperationTimedOut,
+            ))
+        })
+        .await;
+        assert!(matches!(r, Err(IngestError::Stopped)), "{r:?}");
+        assert_eq!(calls, 3);
+    }
 
     /// A loop that gives up without being asked to stop ends in an error, so `weft ingest`
     /// exits non-zero (it printed its totals and exited 0, like a clean shutdown).
