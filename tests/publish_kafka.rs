@@ -326,6 +326,11 @@ async fn a_spooled_event_refused_for_good_is_set_aside_and_the_rest_delivered() 
     .unwrap();
     let done = republish(&p).await;
     assert_eq!((done.delivered, done.kept), (1, 0), "{done:?}");
+    let m = p.metrics().render();
+    assert!(
+        m.contains("weft_publisher_events_published_total 1"),
+        "a republished record counts as published: {m}"
+    );
     assert_eq!(
         std::fs::read_to_string(&file).unwrap(),
         "{\"not\": \"a record\"}\n"

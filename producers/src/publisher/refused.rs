@@ -224,6 +224,7 @@ impl Publisher {
                 }
             }
         }
+        sh.metrics.published.inc_by(out.delivered);
         let kept = kept.into_inner().map_err(|e| fail(e.into_error()))?;
         kept.sync_data().map_err(fail)?;
         let left = kept.metadata().map_err(fail)?.len();
