@@ -116,7 +116,9 @@ say "offline evaluation of the greedy policy on the logged decisions (IPS, SNIPS
 # The decisions and feedback travel through Kafka and ingest first: wait until they are stored.
 n=0
 for _ in $(seq 1 900); do
-  if n=$(ch "SELECT count() FROM weft_events WHERE kind = 'execution_feedback' AND decision_id IN
+  # A feedback's decision_id is in its payload and links (the decision_id column means an
+  # authorization decision).
+  if n=$(ch "SELECT count() FROM weft_events WHERE kind = 'execution_feedback' AND JSONExtractString(payload, 'decision_id') IN
           (SELECT id FROM weft_events WHERE kind = 'execution_routing_decision' AND request_id LIKE 'demo-route-$SEED-%')" 2>"$RUN/wait.err"); then
     [ "$n" -ge 400 ] && break
   else
