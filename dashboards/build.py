@@ -455,6 +455,17 @@ UNION ALL
 SELECT 'id_conflict', kind, id, any(request_id), min(ts), 'one identity stored with different contents'
 FROM weft_events
 WHERE {T} AND conflict = 1 AND $__timeFilter(ts)
+  AND (kind, id) NOT IN (
+    -- A RoutingDecision stored pending and again once selected is the decision completed
+    -- (the same rule as audit/src/check.rs CONFLICT_SQL).
+    SELECT kind, id FROM weft_events
+    WHERE {T} AND kind = 'routing_decision'
+      AND id IN (SELECT id FROM weft_events WHERE {T} AND kind = 'routing_decision' AND conflict = 1)
+    GROUP BY kind, id
+    HAVING uniqExact(content_hash) = 2
+       AND uniqExactIf(content_hash, JSONExtractRaw(payload, 'selected_item_id') IN ('', 'null')) = 1
+       AND uniqExact(arraySort(arrayFilter(kv -> kv.1 NOT IN ('selected_item_id', 'selected_card_id'),
+                                           JSONExtractKeysAndValuesRaw(payload)))) = 1)
 GROUP BY kind, id
 """.replace("{T}", TENANT)
 

@@ -78,6 +78,8 @@ async fn audit_finds_exactly_the_injected_violations() {
         "0.06",
         "--orphan",
         "0.06",
+        "--pending-routing",
+        "0.1",
         "--id-conflict",
         "0.06",
     ]);
@@ -93,6 +95,15 @@ async fn audit_finds_exactly_the_injected_violations() {
             "no {inv:?} injected"
         );
     }
+    // RoutingDecisions sent pending, then selected: completed decisions, not conflicts.
+    let events = std::fs::read_to_string(p.path("events.jsonl")).unwrap();
+    assert!(
+        events
+            .lines()
+            .any(|l| l.contains(r#""kind":"routing_decision""#)
+                && l.contains(r#""selected_item_id":null"#)),
+        "seed 606 sends no pending RoutingDecision"
+    );
     // Both halves of I-02: executions, and PolicyDecisions no TraceEvent names.
     let untraced = |v: &weft_sim::InjectedViolation| {
         v.invariant == Invariant::I02 && v.subject.kind == weft_schemas::Kind::PolicyDecision
@@ -367,6 +378,32 @@ async fn audit_finds_exactly_the_injected_violations() {
         ],
     );
     assert_eq!(bad.status.code(), Some(1), "a tampered bundle must fail");
+    // Clean requests whose RoutingDecision was sent pending, then selected: their bundles
+    // carry the selected one, whichever was stored first (each is first about half the time).
+    let pending_requests: BTreeSet<String> = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "routing_decision" && e["payload"]["selected_item_id"].is_null())
+        .filter_map(|e| e["request_id"].as_str().map(str::to_owned))
+        .collect();
+    let completed: Vec<&str> = truth
+        .requests
+        .iter()
+        .filter(|r| r.scenario == Scenario::Clean && pending_requests.contains(&r.request_id))
+        .map(|r| r.request_id.as_str())
+        .collect();
+    assert!(completed.len() >= 8, "{completed:?}: too few to tell");
+    for request in completed {
+        let bundle = ok_json(
+            run(&p, &["bundle", "--request", request]),
+            "bundle of a request whose routing decision was completed",
+        );
+        assert!(
+            bundle["routing_decision"]["selected_item_id"].is_string(),
+            "{request}: {}",
+            bundle["routing_decision"]
+        );
+    }
     // A request with raw output exports a bundle that fails I-01.
     let raw = truth
         .requests

@@ -462,6 +462,8 @@ async fn every_panel_query_runs_on_simulated_data() {
         "0.05",
         "--id-conflict",
         "0.05",
+        "--pending-routing",
+        "0.1",
     ]);
     for inv in ["I-01", "I-02", "I-06", "orphan", "id_conflict"] {
         let n = serde_json::to_value(&truth.totals.violations).unwrap()[inv].as_u64();

@@ -76,16 +76,29 @@ pub async fn export(
     let mut tes = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for e in &n.entries {
+        let bad =
+            |err: serde_json::Error| AuditError::Invalid(format!("{} {}: {err}", e.kind, e.id));
+        // A RoutingDecision stored pending and again once selected (weaver-spec allows it):
+        // the bundle carries the selected one, whichever was stored first.
+        if e.kind == "routing_decision" {
+            let pending = |r: &RoutingDecision| !matches!(r.selected_item_id, Some(Some(_)));
+            match &routing {
+                Some(r) if !(r.id == e.id && pending(r)) => {}
+                _ => {
+                    let r: RoutingDecision =
+                        serde_json::from_value(e.payload.clone()).map_err(bad)?;
+                    if routing.is_none() || !pending(&r) {
+                        routing = Some(r);
+                    }
+                }
+            }
+            continue;
+        }
         if !seen.insert((e.kind.clone(), e.id.clone())) {
             continue;
         }
-        let bad =
-            |err: serde_json::Error| AuditError::Invalid(format!("{} {}: {err}", e.kind, e.id));
         let p = e.payload.clone();
         match e.kind.as_str() {
-            "routing_decision" if routing.is_none() => {
-                routing = Some(serde_json::from_value(p).map_err(bad)?)
-            }
             "policy_decision" => {
                 pds.push(serde_json::from_value::<PolicyDecision>(p).map_err(bad)?)
             }

@@ -357,12 +357,19 @@ struct ConflictRow {
     versions: u64,
 }
 
+/// One identity stored with more than one content. Not one: a RoutingDecision stored
+/// pending (`selected_item_id` null: weaver-spec's "the LLM response is still pending") and
+/// again once selected, with every other top-level key alike; that is the decision completed.
+/// The compliance dashboard's violations panel holds the same rule (`dashboards/build.py`).
 const CONFLICT_SQL: &str = "
 SELECT kind, id, uniqExact(content_hash) AS versions FROM weft_events
 WHERE tenant = {t:String} AND {WIDE}
   AND (kind, id) IN (SELECT kind, id FROM weft_events WHERE tenant = {t:String} AND {TS} AND conflict = 1)
 GROUP BY kind, id
-HAVING versions > 1
+HAVING versions > 1 AND NOT (kind = 'routing_decision' AND versions = 2
+  AND uniqExactIf(content_hash, JSONExtractRaw(payload, 'selected_item_id') IN ('', 'null')) = 1
+  AND uniqExact(arraySort(arrayFilter(kv -> kv.1 NOT IN ('selected_item_id', 'selected_card_id'),
+                                      JSONExtractKeysAndValuesRaw(payload)))) = 1)
 ";
 
 /// Run every check for `tenant` over `range`.

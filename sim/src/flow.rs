@@ -97,6 +97,8 @@ pub(super) fn generate(cfg: &SimConfig, t0: i64, n: u64) -> FlowOut {
         .saturating_add(interval.saturating_mul(i64::try_from(n).unwrap_or(i64::MAX)))
         .saturating_add(jitter);
     let principal = format!("agent-session-{:08x}", rng.random::<u32>());
+    // Drawn only when asked for, so that every other configuration's flows stay the same.
+    let pending_routing = cfg.pending_routing > 0.0 && rng.random_bool(cfg.pending_routing);
     let g = Gen {
         prefix: format!("{}-{}", cfg.seed, n),
         request_id: format!("req-{}-{}", cfg.seed, n),
@@ -111,6 +113,7 @@ pub(super) fn generate(cfg: &SimConfig, t0: i64, n: u64) -> FlowOut {
         index: HashMap::new(),
         links: Vec::new(),
         violations: Vec::new(),
+        pending_routing,
     };
     g.run(template, scenario)
 }
@@ -176,6 +179,8 @@ struct Gen {
     index: HashMap<EventRef, usize>,
     links: Vec<(usize, NodeRef, Via)>,
     violations: Vec<InjectedViolation>,
+    /// Send the RoutingDecision pending first, then selected ([`SimConfig::pending_routing`]).
+    pending_routing: bool,
 }
 
 fn meta(pairs: impl IntoIterator<Item = (&'static str, Value)>) -> Metadata {
@@ -319,7 +324,7 @@ impl Gen {
     /// contextweaver routes the request to a flow.
     fn routing_decision(&mut self, tpl: &'static Template) {
         let rd_id = format!("rd-{}", self.prefix);
-        let rd = RoutingDecision {
+        let mut rd = RoutingDecision {
             id: rd_id.clone(),
             choice_cards: vec![ChoiceCard {
                 id: "card-flows".into(),
@@ -348,6 +353,15 @@ impl Gen {
             metadata: None,
             extra: Map::new(),
         };
+        if self.pending_routing {
+            // The same decision before the LLM answered: a second content under its id,
+            // which the audit must recognise as the decision's completion.
+            let selected = (rd.selected_item_id.take(), rd.selected_card_id.take());
+            rd.selected_item_id = Some(None);
+            rd.selected_card_id = Some(None);
+            self.emit(Kind::RoutingDecision, rd_id.clone(), &rd, vec![]);
+            (rd.selected_item_id, rd.selected_card_id) = selected;
+        }
         self.emit(Kind::RoutingDecision, rd_id, &rd, vec![]);
     }
 

@@ -178,6 +178,10 @@ pub struct SimConfig {
     pub no_request_id: f64,
     /// Fraction of envelopes sent a second time, byte for byte.
     pub duplicates: f64,
+    /// Fraction of flows whose RoutingDecision is sent twice: first pending
+    /// (`selected_item_id` and `selected_card_id` null, as weaver-spec allows while the LLM
+    /// has not answered), then selected. Legitimate: the audit must report nothing for it.
+    pub pending_routing: f64,
     /// Fraction of envelopes held back and emitted after all the others.
     pub delay: f64,
     /// Shuffle the stream (within windows of `shuffle_window` envelopes).
@@ -200,6 +204,7 @@ impl Default for SimConfig {
             mix: Mix::default(),
             no_request_id: 0.0,
             duplicates: 0.0,
+            pending_routing: 0.0,
             delay: 0.0,
             shuffle: false,
             shuffle_window: 10_000,
@@ -221,6 +226,7 @@ impl SimConfig {
         }
         proportion("no_request_id", self.no_request_id)?;
         proportion("duplicates", self.duplicates)?;
+        proportion("pending_routing", self.pending_routing)?;
         proportion("delay", self.delay)?;
         if !is_valid_tenant(&self.tenant) {
             return Err(SimError::Tenant(self.tenant.clone()));

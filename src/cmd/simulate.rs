@@ -127,6 +127,12 @@ pub struct SimulateArgs {
     #[arg(help_heading = STRESS, long, default_value_t = 0.0, value_name = "P")]
     pub no_request_id: f64,
 
+    /// Fraction of flows whose RoutingDecision is sent twice: first pending
+    /// (selected_item_id and selected_card_id null, as weaver-spec allows), then selected.
+    /// Legitimate: the audit reports no id conflict for it.
+    #[arg(help_heading = STRESS, long, default_value_t = 0.0, value_name = "P")]
+    pub pending_routing: f64,
+
     /// Only clean flows: no denials, failures or violations (sets every variation to 0).
     #[arg(help_heading = VARIATIONS, long, conflicts_with_all = ["deny", "partial",
         "failure", "expired_token", "reused_token", "out_of_scope", "unauthorized",
@@ -206,6 +212,7 @@ impl SimulateArgs {
             tenant: self.tenant.clone(),
             mix,
             no_request_id: self.no_request_id,
+            pending_routing: self.pending_routing,
             duplicates: self.duplicates,
             delay: self.delay,
             shuffle: self.shuffle,
