@@ -46,7 +46,7 @@ class FakeGateway:
     def __init__(self, port: int = 0):
         self.received: list[dict] = []  # accepted items, in arrival order
         self.posts = 0
-        self.mode = "ok"  # ok | down503 | max10 (422 too_many_items over 10 items)
+        self.mode = "ok"  # ok | down503 | unreadable (400 body_unreadable) | max10 (422 too_many_items over 10 items)
         self.reject_payload_ids: set = set()  # payload["id"] values to reject (schema_invalid)
         self.transient_once: set = set()  # payload["id"] values to answer spool_full once
         self.kafka_refused_ids: set = set()  # payload["id"] values Kafka refuses for good
@@ -67,6 +67,9 @@ class FakeGateway:
                     gw.posts += 1
                     if gw.mode == "down503":
                         return self._send(503, {"error": {"code": "unavailable", "message": "down"}})
+                    if gw.mode == "unreadable":
+                        return self._send(400, {"error": {"code": "body_unreadable",
+                                                          "message": "could not read the request body"}})
                     items = json.loads(body)
                     if gw.mode == "max10" and len(items) > 10:
                         return self._send(422, {"error": {"code": "too_many_items",
@@ -374,9 +377,11 @@ class PublisherTest(unittest.TestCase):
         self.assertEqual(p.stats["buffered_bytes"], 0)
         p.close()
 
-    def test_gateway_503_is_retried(self):
+    def _retried_after(self, mode):
+        """The gateway refuses whole requests (`mode`), then accepts: every event arrives,
+        once, in order, and none is rejected."""
         self.gw = FakeGateway()
-        self.gw.mode = "down503"
+        self.gw.mode = mode
         p = self.publisher(self.gw.url)
         for i in range(20):
             p.publish("trace_event", {"id": i})
@@ -384,7 +389,16 @@ class PublisherTest(unittest.TestCase):
         self.gw.mode = "ok"
         self.assertTrue(p.flush(10))
         self.assertEqual(self.gw.ids(), list(range(20)))
+        self.assertEqual(list(p.rejections), [])
         p.close()
+
+    def test_gateway_503_is_retried(self):
+        self._retried_after("down503")
+
+    def test_an_unreadable_body_is_retried_not_rejected(self):
+        # 400 body_unreadable: the gateway could not read the body (a reset, a bad chunk),
+        # which says nothing about the events in it.
+        self._retried_after("unreadable")
 
     def test_bounds_give_backpressure_not_silent_loss(self):
         port = free_port()

@@ -8,8 +8,8 @@ spills to a bounded on-disk buffer (`DiskBuffer`) that is replayed in order when
 back. When both bounds are reached `publish` raises `Backpressure`: events are refused
 loudly, never dropped silently. Items the gateway rejects (an invalid payload, another
 tenant, an event Kafka refuses for good) are logged, counted and kept in
-`Publisher.rejections`; only transient failures (network, 5xx, 429, a full gateway spool)
-are retried.
+`Publisher.rejections`; only transient failures (network, 5xx, 429, a full gateway spool,
+a body the gateway could not read) are retried.
 """
 
 from __future__ import annotations
@@ -599,9 +599,11 @@ class Publisher:
             # pass, and the events in them are fine.
             half = len(lines) // 2
             return self._deliver(lines[:half]) + self._deliver(lines[half:])
-        if status in (401, 408, 429) or status >= 500:
+        if status in (401, 408, 429) or status >= 500 or (status == 400 and _error_code(body) == "body_unreadable"):
             # 401: a wrong or revoked key is a configuration error; keeping the events
-            # buffered (and saying so loudly) beats dropping them.
+            # buffered (and saying so loudly) beats dropping them. 400 body_unreadable: the
+            # gateway could not read the body (a reset, a bad chunk), which says nothing
+            # about the events in it.
             raise _Transient(f"gateway answered {status}: {body[:300]!r}")
         try:
             answer = json.loads(body)
