@@ -7,7 +7,8 @@
 //!   [`MAX_VALUE_BYTES`]); numbers are numeric (`key` with value `sign(x) ln(1 + |x|)`, so
 //!   sizes and counts of any scale stay comparable); objects one level deep as `key.sub`;
 //!   arrays of strings as `key[]=value`; at most [`MAX_CONTEXT_FEATURES`] features;
-//! - candidate: `a=<candidate_id>`, `t=<candidate_type>`, and its metadata's scalar fields
+//! - candidate: `a=<candidate_id>` (the whole id, never cut: two candidates that share a
+//!   long prefix are two arms), `t=<candidate_type>`, and its metadata's scalar fields
 //!   (`m.key`) except the router's own `x_weft_propensity`/`x_weft_scores`/`x_weft_excluded`,
 //!   at most [`MAX_CANDIDATE_FEATURES`];
 //! - the example of (context, candidate): a bias, every candidate feature, and every
@@ -142,8 +143,10 @@ pub fn candidate_features(
     meta: Option<&Map<String, Value>>,
 ) -> Vec<Feature> {
     let mut out = vec![
+        // The whole id: cut, two ids sharing their first MAX_VALUE_BYTES would share weights.
+        // (The route API bounds ids; a logged one is bounded by ingest's record size.)
         Feature {
-            hash: fnv(&[b"a=", cut(id).as_bytes()]),
+            hash: fnv(&[b"a=", id.as_bytes()]),
             value: 1.0,
         },
         Feature {
@@ -204,6 +207,15 @@ mod tests {
             other[0].hash,
             f.iter().find(|x| x.value == 1.0).unwrap().hash
         );
+    }
+
+    #[test]
+    fn candidates_sharing_a_long_prefix_are_different_arms() {
+        let stem = "flow:acme.pipelines.document-processing.summarization.longform-multi-";
+        assert!(stem.len() >= MAX_VALUE_BYTES);
+        let v1 = candidate_features(&format!("{stem}v1-citations"), "flow", None);
+        let v2 = candidate_features(&format!("{stem}v2-citations"), "flow", None);
+        assert_ne!(v1[0].hash, v2[0].hash, "the a= features must differ");
     }
 
     #[test]
