@@ -251,3 +251,89 @@ async fn every_read_gives_the_rows_of_the_whole_join() {
     assert!(after.iter().any(|k| n(k).is_some_and(|i| i % 3 == 0)));
     assert!(after.iter().any(|k| n(k).is_some_and(|i| i % 3 == 1)));
 }
+
+/// `read_logged` (what `weft eval` reads) joins a decision to the feedback naming its choice,
+/// even when a fallback's feedback is dated earlier; a decision answered only by a fallback
+/// keeps that feedback (evaluation sets it aside), and one with none is counted missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logged_decision_keeps_its_choices_feedback_over_an_earlier_fallbacks() {
+    let p = Pipeline::new("it_routerlogged");
+    let ch = p.client();
+    // (kind, id, seconds before now, payload)
+    let rows = [
+        (
+            "execution_routing_decision",
+            "d1",
+            100,
+            r#"{"decision_id":"d1","candidate":{"candidate_id":"a"}}"#,
+        ),
+        (
+            "execution_routing_decision",
+            "d2",
+            100,
+            r#"{"decision_id":"d2","candidate":{"candidate_id":"a"}}"#,
+        ),
+        (
+            "execution_routing_decision",
+            "d3",
+            100,
+            r#"{"decision_id":"d3","candidate":{"candidate_id":"a"}}"#,
+        ),
+        // d1: the fallback b answered first, then the choice a (its failure).
+        (
+            "execution_feedback",
+            "f1b",
+            90,
+            r#"{"decision_id":"d1","candidate_id":"b","success":true}"#,
+        ),
+        (
+            "execution_feedback",
+            "f1a",
+            80,
+            r#"{"decision_id":"d1","candidate_id":"a","success":false}"#,
+        ),
+        // d2: only the fallback answered.
+        (
+            "execution_feedback",
+            "f2b",
+            90,
+            r#"{"decision_id":"d2","candidate_id":"b","success":true}"#,
+        ),
+    ];
+    for (kind, id, ago, payload) in rows {
+        ch.query(
+            "INSERT INTO weft_events (tenant, kind, id, ts, ingested_at, conflict, topic, partition, offset, payload) \
+             SELECT 'acme', ?, ?, now64(6) - toIntervalSecond(?), now64(6), 0, 't', 0, 0, ?",
+        )
+        .bind(kind)
+        .bind(id)
+        .bind(ago)
+        .bind(payload)
+        .execute()
+        .await
+        .unwrap();
+    }
+    let store = p.store();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let (pairs, missing) =
+        weft_store::router::read_logged(&store, "acme", now_us - 3_600_000_000, now_us)
+            .await
+            .unwrap();
+    let got: Vec<(String, String)> = pairs
+        .iter()
+        .map(|p| {
+            let s = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_owned();
+            (
+                s(&p.decision, "decision_id"),
+                s(&p.feedback, "candidate_id"),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got.contains(&("d1".into(), "a".into())), "{got:?}");
+    assert!(got.contains(&("d2".into(), "b".into())), "{got:?}");
+    assert_eq!(missing, 1);
+}

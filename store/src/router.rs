@@ -77,29 +77,38 @@ pub async fn read_stats(
         .map_err(store.err())
 }
 
-/// One logged decision joined to its first feedback.
+/// One logged decision joined to its feedback.
 #[derive(Debug, Clone)]
 pub struct LoggedPair {
     /// The `execution_routing_decision` payload.
     pub decision: serde_json::Value,
-    /// The first stored `execution_feedback` payload answering it.
+    /// The stored `execution_feedback` payload answering it: the first that names the
+    /// decision's choice, else the first (a fallback's, which evaluation sets aside).
     pub feedback: serde_json::Value,
 }
 
-const LOGGED_DECISIONS_SQL: &str = "SELECT id, payload FROM weft_events
+const LOGGED_DECISIONS_SQL: &str =
+    "SELECT id, JSONExtractString(payload, 'candidate', 'candidate_id') AS c, payload
+ FROM weft_events
  WHERE tenant = ? AND kind = 'execution_routing_decision' AND conflict = 0
    AND ts >= fromUnixTimestamp64Micro(?) AND ts < fromUnixTimestamp64Micro(?)
  ORDER BY ts, id";
 
-const LOGGED_FEEDBACK_SQL: &str =
-    "SELECT JSONExtractString(payload, 'decision_id') AS d, payload FROM weft_events
+const LOGGED_FEEDBACK_SQL: &str = "SELECT JSONExtractString(payload, 'decision_id') AS d,
+        JSONExtractString(payload, 'candidate_id') AS c, payload
+ FROM weft_events
  WHERE tenant = ? AND kind = 'execution_feedback' AND conflict = 0
    AND ts >= fromUnixTimestamp64Micro(?)
  ORDER BY ts, id";
 
 /// A tenant's logged decisions with `ts` in `[from_us, to_us)` (microseconds), each joined
-/// to its feedback (the first one stored, if several), and the number of decisions that
-/// have no feedback yet.
+/// to its feedback ([`LoggedPair::feedback`]), and the number of decisions that have no
+/// feedback yet.
+///
+/// The choice's feedback wins over an earlier fallback's: when the choice fails and a
+/// fallback runs, both answer the decision, in any order of their timestamps; keeping the
+/// first would drop the choice's failures from evaluation, and so overrate the targets
+/// that pick it.
 pub async fn read_logged(
     store: &Store,
     tenant: &str,
@@ -107,24 +116,36 @@ pub async fn read_logged(
     to_us: i64,
 ) -> Result<(Vec<LoggedPair>, usize), StoreError> {
     let q = |sql| store.client().query(sql).bind(tenant).bind(from_us);
-    let decisions: Vec<(String, String)> = q(LOGGED_DECISIONS_SQL)
+    let decisions: Vec<(String, String, String)> = q(LOGGED_DECISIONS_SQL)
         .bind(to_us)
         .fetch_all()
         .await
         .map_err(store.err())?;
-    let feedback: Vec<(String, String)> = q(LOGGED_FEEDBACK_SQL)
+    let feedback: Vec<(String, String, String)> = q(LOGGED_FEEDBACK_SQL)
         .fetch_all()
         .await
         .map_err(store.err())?;
-    let mut fb: HashMap<String, String> = HashMap::new();
-    for (d, p) in feedback {
-        fb.entry(d).or_insert(p);
+    let chosen: HashMap<&str, &str> = decisions
+        .iter()
+        .map(|(id, c, _)| (id.as_str(), c.as_str()))
+        .collect();
+    // Per decision: its feedback so far, and whether that one names the choice.
+    let mut fb: HashMap<String, (String, bool)> = HashMap::new();
+    for (d, c, p) in feedback {
+        let names_choice = chosen.get(d.as_str()) == Some(&c.as_str());
+        match fb.get_mut(&d) {
+            None => {
+                fb.insert(d, (p, names_choice));
+            }
+            Some(kept) if !kept.1 && names_choice => *kept = (p, true),
+            Some(_) => {}
+        }
     }
     let mut out = Vec::new();
     let mut missing = 0;
-    for (id, payload) in decisions {
+    for (id, _, payload) in decisions {
         match fb.remove(&id) {
-            Some(f) => {
+            Some((f, _)) => {
                 let (Ok(decision), Ok(feedback)) =
                     (serde_json::from_str(&payload), serde_json::from_str(&f))
                 else {
