@@ -434,8 +434,9 @@ pub fn choose(policy: PolicyName, cfg: &PolicyConfig, ests: &[Estimate], rng: &m
 /// Choose among admissible estimates (non-empty), given Monte-Carlo posterior counts of the
 /// same estimates (from [`posterior_counts`] or a [`PosteriorMemo`]): `counts[i]` draws out
 /// of `sum(counts)` picked estimate `i`. They give the confidence of every policy (posterior
-/// probability that the choice is best) and Thompson's propensity, `(counts[chosen] + 1) /
-/// (sum + K)` over `K` estimates: never zero, and a distribution (the `K` values sum to 1;
+/// probability that the choice is best) and Thompson's choice and propensity: it picks
+/// estimate `i` with probability `(counts[i] + 1) / (sum + K)` over `K` estimates and logs
+/// that probability, so the propensity is exact: never zero, and a distribution (the `K` values sum to 1;
 /// `(count + 1) / (sum + 1)` summed to `(sum + K) / (sum + 1)`, over-stating every
 /// propensity by up to 6% at 64 candidates).
 pub fn choose_with_counts(
@@ -468,8 +469,21 @@ pub fn choose_with_counts(
             (chosen, p)
         }
         PolicyName::Thompson => {
-            let chosen = thompson_draw(cfg, ests, rng);
-            (chosen, (counts[chosen] + 1.0) / (samples + k as f64))
+            // Drawn from the logged distribution itself, so the propensity is the exact
+            // probability of the choice. (A fresh posterior draw is chosen with a
+            // probability the counts only estimate, and a memoised state repeats that
+            // estimate's error on every decision, where IPS cannot average it out.)
+            let total = counts.iter().sum::<f64>() + k as f64;
+            let mut u = rng.uniform() * total;
+            let mut chosen = k - 1;
+            for (i, c) in counts.iter().enumerate() {
+                if u < c + 1.0 {
+                    chosen = i;
+                    break;
+                }
+                u -= c + 1.0;
+            }
+            (chosen, (counts[chosen] + 1.0) / total)
         }
     };
     let confidence = if k == 1 {

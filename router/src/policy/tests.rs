@@ -106,6 +106,36 @@ fn thompson_propensities_sum_to_one_over_the_candidates() {
     }
 }
 
+/// Thompson picks with exactly the probability it logs, whatever counts it is given (here
+/// counts far from the posterior of three equal candidates, ~1/3 each): the logged
+/// propensity is the choice's frequency, not an estimate of it.
+#[test]
+fn thompson_chooses_with_the_propensity_it_logs() {
+    let cfg = PolicyConfig::default();
+    let e = [est("a", 5.0, 2.0), est("b", 5.0, 2.0), est("c", 5.0, 2.0)];
+    let counts = [900.0, 100.0, 0.0];
+    let mut rng = Rng::new(17);
+    let n = 40_000;
+    let mut chosen = [0.0; 3];
+    let mut logged = [0.0; 3];
+    for _ in 0..n {
+        let c = choose_with_counts(PolicyName::Thompson, &cfg, &e, &mut rng, &counts);
+        chosen[c.chosen] += 1.0;
+        logged[c.chosen] = c.propensity;
+    }
+    for i in 0..3 {
+        let want = (counts[i] + 1.0) / 1003.0;
+        assert!(
+            (logged[i] - want).abs() < 1e-12 || chosen[i] == 0.0,
+            "{logged:?}"
+        );
+        assert!(
+            (chosen[i] / n as f64 - want).abs() < 0.01,
+            "chosen {chosen:?} of {n}, logged {logged:?}"
+        );
+    }
+}
+
 #[test]
 fn memoised_counts_give_the_same_choices_and_propensities() {
     let (cfg, e, exact) = thompson_reference();
