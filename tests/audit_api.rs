@@ -5,7 +5,8 @@
 //!   times) never gives a 5xx, and the table is intact afterwards;
 //! - every read is logged in `weft_audit_log` with the key's id, never the key;
 //! - answers are bounded: findings per invariant (`limit`), checkpoints by the page, and a
-//!   verify past the server's row budget is refused with 422 `too_large`;
+//!   verify past the server's row budget is refused with 422 `too_large`, and a server
+//!   with a signing key and no keyring checks checkpoint signatures with that key;
 //! - work is bounded: with a per-query read limit below the data, check, search and
 //!   timeline are refused with 422 `too_large` (ClickHouse stops the query).
 
@@ -286,6 +287,30 @@ async fn tenants_are_isolated_and_hostile_input_is_harmless() {
         acme.totals.distinct_events,
         "{v}"
     );
+    // A server that signs checks checkpoint signatures with its own key when given no
+    // keyring: the unsigned checkpoints sealed above (what anyone with write access to
+    // ClickHouse could forge) no longer pass.
+    let key = p.path("api-sign.key");
+    let key = key.to_str().unwrap();
+    check(
+        p.weft()
+            .args(["audit", "keygen", "--kid", "k-api", "--out", key])
+            .output()
+            .unwrap(),
+        "weft audit keygen",
+    );
+    let (_signing, signing) = serve(&p, "serve-signing.log", &["--sign-key", key]);
+    let v: Value = http
+        .get(format!("{signing}/v1/audit/verify?{range}"))
+        .bearer_auth(ACME)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["report"]["checkpoints_ok"], 0, "{v}");
     // A server whose verify budget is smaller than the range refuses it before reading it
     // all (verify counts what it would read first).
     let (_small, small) = serve(&p, "serve-small.log", &["--max-verify-rows", "10"]);

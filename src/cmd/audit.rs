@@ -490,7 +490,23 @@ async fn serve(a: ServeArgs, store: Store, copy_window_secs: u64) -> anyhow::Res
         .map(read_key)
         .transpose()?
         .map(Arc::new);
-    let keyring = read_keyring(a.keyring.as_deref())?.map(Arc::new);
+    // A verify that checks no signature trusts any checkpoint ClickHouse holds: without a
+    // keyring, this server's own key is the one its checkpoints carry.
+    let keyring = match read_keyring(a.keyring.as_deref())? {
+        Some(ring) => Some(ring),
+        None => sign_key.as_deref().map(|k| {
+            tracing::info!("checking checkpoint signatures with --sign-key's public key (--keyring adds earlier keys)");
+            Keyring {
+                keys: vec![k.public()],
+            }
+        }),
+    };
+    if keyring.is_none() {
+        tracing::warn!(
+            "neither --keyring nor --sign-key: /v1/audit/verify checks no checkpoint signature"
+        );
+    }
+    let keyring = keyring.map(Arc::new);
     let metrics = Arc::new(weft_audit::metrics::AuditMetrics::default());
     if a.seal_every_secs > 0 {
         tokio::spawn(weft_audit::serve::seal_loop(

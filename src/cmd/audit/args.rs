@@ -187,8 +187,10 @@ pub struct ServeArgs {
     /// Sign exported bundles and checkpoints with this key.
     #[arg(long, env = "WEFT_AUDIT_SIGN_KEY")]
     pub sign_key: Option<PathBuf>,
-    /// Verify checkpoint signatures with this keyring.
-    #[arg(long)]
+    /// Verify checkpoint signatures with this keyring. Without it, `/v1/audit/verify` checks
+    /// them with the public key of --sign-key (list earlier keys here after a rotation);
+    /// with neither, it cannot tell a forged checkpoint from a real one.
+    #[arg(long, env = "WEFT_AUDIT_KEYRING")]
     pub keyring: Option<PathBuf>,
     /// Seal every tenant's new facts this often (0 = never).
     #[arg(long, default_value_t = 0)]
