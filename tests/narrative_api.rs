@@ -125,3 +125,56 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// The API's answer is bounded in payload bytes, as the audit timeline's: a narrative of 18
+/// events of ~1 MB each comes back with its first members that fit in 16 MiB, says it was cut
+/// by `payload_bytes`, and counts every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_narrative_of_large_events_is_cut_at_the_payload_budget() {
+    let p = Pipeline::new("it_api_bytes");
+    let note = "n".repeat(990_000);
+    let lines: Vec<String> = (0..18)
+        .map(|i| {
+            format!(
+                r#"{{"kind":"trace_event","tenant":"acme","request_id":"r-big","payload":{{"event_id":"te-big-{i:02}","event_type":"flow_started","timestamp":"2026-11-01T00:00:{i:02}Z","metadata":{{"note":"{note}"}}}}}}"#
+            )
+        })
+        .collect();
+    let file = p.path("big.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let keys = format!("{ACME}=acme");
+    let _ingest = p.ingest_with(Some(&addr), &[("WEFT_API_KEYS", &keys)]);
+    p.publish(&file);
+    p.wait_for_facts(18, Duration::from_secs(120)).await;
+    assert!(wait_for_port(&addr, Duration::from_secs(20)));
+    let http = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let body = loop {
+        let r = http
+            .get(format!("http://{addr}/v1/narratives/r-big"))
+            .bearer_auth(ACME)
+            .send()
+            .await
+            .unwrap();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        if body["members_total"] == 18 {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the narrative of r-big never held its 18 members: {}",
+            body.to_string().chars().take(300).collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let entries = body["entries"].as_array().unwrap();
+    let bytes: usize = entries.iter().map(|e| e["payload"].to_string().len()).sum();
+    assert!(
+        !entries.is_empty() && entries.len() < 18,
+        "{} entries",
+        entries.len()
+    );
+    assert!(bytes <= 16 << 20, "{bytes} bytes of payload");
+    assert_eq!(body["truncated_by"], "payload_bytes");
+}

@@ -16,8 +16,9 @@ use crate::{ch_err, AuditError, Range, Store};
 /// The largest page a caller may ask for.
 pub const MAX_LIMIT: u64 = 10_000;
 /// A page ends early, with a cursor, once its hits hold this many bytes of payload (10,000
-/// hits of events up to 1 MB each would otherwise be one answer of gigabytes).
-pub const PAGE_MAX_BYTES: usize = 16 << 20;
+/// hits of events up to 1 MB each would otherwise be one answer of gigabytes): the budget of
+/// every API answer, narratives' too.
+pub const PAGE_MAX_BYTES: usize = weft_store::narrative::bounded::API_MAX_PAYLOAD_BYTES as usize;
 
 /// What to search for. Every filter is an exact match; empty means "any".
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -10,6 +10,7 @@ use axum::{Json, Router};
 use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys};
 
 use crate::metrics::IngestMetrics;
+use weft_store::narrative::bounded::{self, Within};
 use weft_store::narrative::query;
 use weft_store::Store;
 
@@ -78,8 +79,18 @@ async fn narrative(caller: Caller, State(s): State<AppState>, Path(id): Path<Str
     if let Err(e) = weft_http::check_len("id", &id, MAX_ID_BYTES) {
         return e.into_response();
     }
-    match query::lookup_at_most(&s.store, &caller.tenant, &id, query::API_MAX_MEMBERS).await {
-        Ok(Some(n)) => Json(n).into_response(),
+    let (members, bytes) = (query::API_MAX_MEMBERS, bounded::API_MAX_PAYLOAD_BYTES);
+    match bounded::lookup_within(&s.store, &caller.tenant, &id, members, bytes).await {
+        Ok(Some(Within::Read(n))) => Json(n).into_response(),
+        Ok(Some(Within::FirstTooLarge(_))) => ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "too_large",
+            format!(
+                "the narrative's first member alone holds more than {bytes} bytes of payload: \
+                 read it with `weft narrative`"
+            ),
+        )
+        .into_response(),
         // The same answer whether the id is unknown or belongs to another tenant.
         Ok(None) => ApiError::not_found("no narrative with that id").into_response(),
         Err(e) if e.is_over_read_limit() => {

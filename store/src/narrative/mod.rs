@@ -1,6 +1,8 @@
 //! The narrative tables (migration 0002): their rows, written by the projector and by
-//! `weft rebuild` (both in `weft-consumers`), and the read side ([`query`]).
+//! `weft rebuild` (both in `weft-consumers`), and the read side ([`query`], bounded in
+//! payload bytes by [`bounded`]).
 
+pub mod bounded;
 pub mod query;
 
 use std::borrow::Cow;
