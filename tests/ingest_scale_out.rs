@@ -8,10 +8,11 @@
 //! ignored here (see its doc).
 //!
 //! The survivor resumes the partitions it takes over from the group's committed offsets, so
-//! this test runs in the sqlite phase of `deploy/local/test.sh` (tansu's memory engine skips
-//! records when a fetch starts inside a record batch). It once failed here: the narratives
-//! process committed into the facts group, so the survivor started past records that nobody
-//! had stored (`IngestConfig::kafka_group`).
+//! this test runs in the sqlite phase of `deploy/local/test.sh` (tansu's memory engine answers
+//! a fetch that starts inside a record batch from the next batch; since ingest seeks back
+//! when that happens, `consumers/src/ingest/resume.rs`, it passes on memory too). It once
+//! failed here: the narratives process committed into the facts group, so the survivor
+//! started past records that nobody had stored (`IngestConfig::kafka_group`).
 
 mod common;
 

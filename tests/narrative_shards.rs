@@ -9,8 +9,10 @@
 //! the work, not all or none of it), and `weft rebuild` must give the same narratives.
 //!
 //! The restarted shard resumes mid-partition, so this runs in the sqlite phase of
-//! `deploy/local/test.sh` (tansu's memory engine skips records when a fetch starts inside a
-//! record batch); it only kills its own `weft` processes.
+//! `deploy/local/test.sh` (tansu's memory engine answers a fetch that starts inside a record
+//! batch from the next batch); since ingest seeks back when that happens
+//! (`consumers/src/ingest/resume.rs`) it passes on the memory engine too. It only kills its
+//! own `weft` processes.
 
 mod common;
 

@@ -81,6 +81,9 @@ pub struct IngestMetrics {
     pub replay_skipped: IntCounter,
     /// Offsets the broker never delivered, per topic.
     pub offset_gaps: IntCounterVec,
+    /// Seeks back after the broker answered a fetch inside a record batch from a later batch
+    /// (tansu's memory engine; `ingest/resume.rs`), per topic.
+    pub seek_backs: IntCounterVec,
     /// Rows per facts insert.
     pub batch_rows: Histogram,
     /// Latency of one facts insert.
@@ -264,6 +267,11 @@ impl IngestMetrics {
             offset_gaps: r.counter_vec(
                 "weft_ingest_offset_gaps_total",
                 "Offsets the broker never delivered (retention, compaction, or a broker fault)",
+                &["topic"],
+            ),
+            seek_backs: r.counter_vec(
+                "weft_ingest_seek_backs_total",
+                "Seeks back after the broker answered a fetch from a later record batch than the one holding the offset asked for",
                 &["topic"],
             ),
             batch_rows: r.histogram(

@@ -6,6 +6,7 @@ use tracing::{error, info_span, Instrument};
 
 use super::dead_letter::DeadLetter;
 use super::flush::{FlusherSlot, Stopped};
+use super::resume::SeekBack;
 use super::{retry_store, Ingestor, Role};
 use crate::decode::Fact;
 use crate::facts::{self, copy_hash, identity_key, DedupCache, Identity, Seen};
@@ -28,6 +29,12 @@ pub(super) struct PartitionState {
     /// weft's topics are neither compacted nor transactional, so a jump past it means records
     /// the broker never delivered; it is counted and logged, never silent.
     pub(super) expected: Option<i64>,
+    /// `true` from the moment the partition's fetch position is set (assignment, a
+    /// rebalance, a seek back) until a record is taken: only then may a record past
+    /// `expected` be a broker's answer from the next batch ([`super::resume`]).
+    pub(super) fresh: bool,
+    /// The seek back in progress, if any ([`super::resume`]).
+    pub(super) seek_back: Option<SeekBack>,
     pub(super) oldest: Option<Instant>,
     /// `weft_ingest_consumed_total` for this partition's topic, looked up once.
     pub(super) consumed: prometheus::IntCounter,
@@ -349,6 +356,8 @@ pub(super) mod tests {
             bytes: 100,
             last_offset,
             expected: None,
+            fresh: false,
+            seek_back: None,
             oldest: Some(Instant::now()),
             consumed: prometheus::IntCounter::new("t", "t").expect("a valid counter"),
         }

@@ -13,6 +13,7 @@ use super::batch::{nothing_waits, PartitionState};
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
+use super::resume::{self, SeekBack, Verdict};
 use super::{
     backoff, retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role,
 };
@@ -191,12 +192,13 @@ impl Ingestor {
     ) -> Result<&mut PartitionState, IngestError> {
         let key = (topic.to_owned(), partition);
         if !self.parts.contains_key(&key) {
-            let st = self.load_partition(topic, partition).await?;
+            let mut st = self.load_partition(topic, partition).await?;
             if self.cfg.role == Role::Facts {
                 // The single-process roles check this when they assign (`subscribe`); a
                 // group member, when a partition first reaches it: otherwise a recreated
                 // log's records would all pass for stored ones and be skipped.
                 self.refuse_rewound(topic, partition, st.stored).await?;
+                st.expected = Some(self.group_resume_point(topic, partition, st.stored).await?);
             }
             // The lag monitor measures from here until a flush lands: lag shows from the
             // assignment on, during an outage right after a start too.
@@ -209,6 +211,34 @@ impl Ingestor {
             .parts
             .entry(key)
             .or_insert_with(|| unreachable!("inserted above")))
+    }
+
+    /// Where a group member's fetch of a partition it was just handed should start, at the
+    /// latest: the group's committed offset (where the fetch starts), or the first offset not
+    /// stored (`stored + 1`) when that is later (the previous owner committed only what it had
+    /// stored) or when the group has committed nothing (the fetch then starts at the log's
+    /// start). A first record past it is a skip ([`super::resume`]); on Kafka it never is.
+    async fn group_resume_point(
+        &self,
+        topic: &str,
+        partition: i32,
+        stored: i64,
+    ) -> Result<i64, IngestError> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, partition);
+        let consumer = &self.consumer;
+        let committed = retry_kafka(
+            "read a partition's committed offset",
+            self.cfg.max_backoff_ms,
+            &self.stop,
+            || consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)),
+        )
+        .await?;
+        let committed = committed
+            .find_partition(topic, partition)
+            .and_then(|e| e.offset().to_raw())
+            .filter(|o| *o >= 0);
+        Ok(committed.map_or(stored + 1, |c| c.max(stored + 1)))
     }
 
     /// Resume points and dedup window of a partition this process starts reading.
@@ -268,6 +298,8 @@ impl Ingestor {
             bytes: 0,
             last_offset: -1,
             expected: None,
+            fresh: true,
+            seek_back: None,
             oldest: None,
             consumed: self.metrics.consumed.with_label_values(&[topic]),
         })
@@ -310,6 +342,11 @@ impl Ingestor {
                 st.facts.retain(|(o, _)| *o > stored);
                 st.dead.retain(|d| d.offset > stored);
             }
+            // The group refetches a kept partition from its committed offset: its first
+            // record may again be the broker's answer from the next batch.
+            st.fresh = true;
+            st.seek_back = None;
+            st.expected = st.expected.map(|e| e.max(st.stored + 1));
         }
         self.buffered = self.parts.values().fold((0, 0), |(r, b), p| {
             (r + p.facts.len() + p.dead.len(), b + p.bytes)
@@ -440,6 +477,55 @@ impl Ingestor {
         }
     }
 
+    /// The first records of a partition whose position was just set, and those of a seek
+    /// back in progress ([`super::resume`]): whether the record is taken, dropped, or dropped
+    /// for a seek back (done here), or taken as a real gap. Reads the low watermark only for
+    /// a record past the expected offset.
+    async fn resumed(
+        &self,
+        rec: &DecodedRecord,
+        expected: Option<i64>,
+        pending: Option<SeekBack>,
+    ) -> Result<Verdict, IngestError> {
+        let Some(expected) = expected else {
+            return Ok(Verdict::Take);
+        };
+        if let Some(v) = resume::judge(expected, rec.offset, pending) {
+            return Ok(v);
+        }
+        let (topic, partition) = (rec.topic.as_str(), rec.partition);
+        let consumer = &self.consumer;
+        let (low, _) = retry_kafka(
+            "read a partition's low watermark",
+            self.cfg.max_backoff_ms,
+            &self.stop,
+            || consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)),
+        )
+        .await?;
+        let verdict = resume::past(expected, rec.offset, pending, low);
+        let Verdict::Seek(s) = verdict else {
+            return Ok(verdict);
+        };
+        match consumer.seek(
+            topic,
+            partition,
+            Offset::Offset(s.target),
+            Duration::from_secs(10),
+        ) {
+            Ok(()) => {
+                self.metrics.seek_backs.with_label_values(&[topic]).inc();
+                info!(topic, partition, expected, got = rec.offset, seek_to = s.target, low,
+                    "the broker answered from a later record batch; seeking back for the records in between");
+                Ok(verdict)
+            }
+            Err(e) => {
+                error!(topic, partition, expected, got = rec.offset, error = %e,
+                    "cannot seek back for the records the broker passed over; they are counted as a gap");
+                Ok(Verdict::Gap)
+            }
+        }
+    }
+
     /// Buffer one decoded record; returns true when a batch is full.
     pub(super) async fn accept(&mut self, rec: DecodedRecord) -> Result<bool, IngestError> {
         self.totals.consumed += 1;
@@ -447,7 +533,29 @@ impl Ingestor {
         let role = self.cfg.role;
         let metrics = self.metrics.clone();
         let buffered = self.buffered;
-        let st = self.partition_state(&rec.topic, rec.partition).await?;
+        let mut st = self.partition_state(&rec.topic, rec.partition).await?;
+        // Just (re)positioned, or seeking back: a record past `expected` may be the broker's
+        // answer from a later batch (`resume`). Records a seek back drops are counted nowhere
+        // (their fate was decided, and counted, when first read).
+        if st.fresh || st.seek_back.is_some() {
+            let (expected, pending) = (st.expected, st.seek_back);
+            let verdict = self.resumed(&rec, expected, pending).await?;
+            if matches!(verdict, Verdict::Discard | Verdict::Seek(_)) {
+                self.totals.consumed -= 1;
+            }
+            st = self.partition_state(&rec.topic, rec.partition).await?;
+            match verdict {
+                Verdict::Take | Verdict::Gap => {
+                    st.fresh = false;
+                    st.seek_back = None;
+                }
+                Verdict::Discard => return Ok(false),
+                Verdict::Seek(s) => {
+                    st.seek_back = Some(s);
+                    return Ok(false);
+                }
+            }
+        }
         st.consumed.inc();
         if let Some(expected) = st.expected.filter(|e| rec.offset > *e) {
             warn!(

@@ -25,6 +25,7 @@ mod dead_letter;
 mod flush;
 mod headers;
 mod lag;
+mod resume;
 mod schema_ids;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,188 @@
+//! Resuming inside a record batch: seek back rather than lose the batch's tail.
+//!
+//! A consumer that starts (or restarts, or is handed a partition) at offset X expects X to
+//! come first. Apache Kafka and Redpanda answer a fetch at X with the whole batch that holds
+//! X, and librdkafka drops the records before X. tansu 0.6's memory engine answers it with
+//! the *next* batch instead, so X .. (next batch start - 1) would never come: facts missing,
+//! narratives wrong. weft resumes at an arbitrary offset (`max(offset)` stored in ClickHouse,
+//! or the group's committed offset), so this happens at almost every restart and rebalance.
+//!
+//! So when a partition's first record after its position was set (assignment, rebalance, or
+//! one of these seeks) comes past the expected offset, and the expected offset is not below
+//! the partition's low watermark (then the records are gone: a real gap, counted in
+//! `weft_ingest_offset_gaps_total` as before), ingest drops the record and seeks the partition
+//! back to `max(low watermark, expected - k)`, `k` = 1, then 64, 4,096, 262,144 … (×64 each
+//! time) until the broker serves a batch that starts at or before the expected offset. The
+//! records before the expected offset that such a batch brings are dropped uncounted (their
+//! fate was decided, and counted, when they were first read), and the partition goes on
+//! normally from the expected offset. Once it has sought back to the low watermark and still
+//! gets a record past the expected offset, the gap is real (counted, and taken as before).
+//!
+//! On Kafka and Redpanda this never triggers: the first record is the expected one. A record
+//! fetched before a seek and served after it (librdkafka drops those by version, so this is a
+//! guard only) is past the record that caused the seek; it is dropped, not taken for an
+//! answer to the seek, and not counted as a gap. Standard APIs only: `ListOffsets` (the low
+//! watermark) and the consumer's `seek`.
+
+/// By how much each further seek back reaches (the first reaches back one offset).
+pub(super) const STEP_GROWTH: i64 = 64;
+
+/// A seek back in progress on one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SeekBack {
+    /// The offset sought.
+    pub(super) target: i64,
+    /// How far before the expected offset it lies (before the clamp to the low watermark).
+    pub(super) step: i64,
+    /// The offset of the record past the expected one that caused this seek: an answer to
+    /// the seek starts at or before it; a record after it was fetched before the seek.
+    pub(super) seen: i64,
+}
+
+/// What to do with a record of a partition whose position was just set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// The usual path (the expected record, or one below it that is not a seek's).
+    Take,
+    /// A record before the expected offset that a seek back brought, or one fetched before
+    /// the seek: dropped, counted nowhere.
+    Discard,
+    /// Drop the record and seek the partition to this offset.
+    Seek(SeekBack),
+    /// Records before this one are gone (below the low watermark), or not served even from
+    /// there: count the gap and take the record.
+    Gap,
+}
+
+/// Judge record `offset` of a partition expecting `expected` next, with the seek back in
+/// progress (`pending`), if any: `None` for a record past the expected offset that needs the
+/// partition's low watermark ([`past`] decides it).
+pub(super) fn judge(expected: i64, offset: i64, pending: Option<SeekBack>) -> Option<Verdict> {
+    if offset == expected {
+        return Some(Verdict::Take);
+    }
+    if offset < expected {
+        return Some(match pending {
+            Some(p) if offset >= p.target => Verdict::Discard,
+            // Below what was sought (a reset to the log's start), or no seek: the caller's
+            // usual checks decide (a rewound log, or the facts role's legitimate rewind).
+            _ => Verdict::Take,
+        });
+    }
+    if pending.is_some_and(|p| offset > p.seen) {
+        return Some(Verdict::Discard);
+    }
+    None
+}
+
+/// Record `offset`, past the `expected` one, with the partition's low watermark `low`: seek
+/// back further (or for the first time), or a real gap.
+pub(super) fn past(expected: i64, offset: i64, pending: Option<SeekBack>, low: i64) -> Verdict {
+    if expected < low {
+        return Verdict::Gap;
+    }
+    let step = match pending {
+        // Already sought back to the low watermark: nothing earlier to ask for.
+        Some(p) if p.target <= low => return Verdict::Gap,
+        Some(p) => p.step.saturating_mul(STEP_GROWTH),
+        None => 1,
+    };
+    Verdict::Seek(SeekBack {
+        target: expected.saturating_sub(step).max(low),
+        step,
+        seen: offset,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{judge, past, SeekBack, Verdict};
+
+    /// [`judge`], then [`past`] with the low watermark `low` when it needs one.
+    fn verdict(expected: i64, offset: i64, pending: Option<SeekBack>, low: i64) -> Verdict {
+        judge(expected, offset, pending).unwrap_or_else(|| past(expected, offset, pending, low))
+    }
+
+    fn seek(target: i64, step: i64, seen: i64) -> Verdict {
+        Verdict::Seek(SeekBack { target, step, seen })
+    }
+
+    /// Expecting 8 (a batch 0..9, the next from 10): the broker answers 10; seeking to 7
+    /// brings 10 again, so the next seek reaches 64 further back (clamped to 0), which
+    /// brings 0..7 (dropped) and then 8.
+    #[test]
+    fn a_resume_inside_a_batch_seeks_back_until_the_expected_record_comes() {
+        let v = verdict(8, 10, None, 0);
+        assert_eq!(v, seek(7, 1, 10));
+        let Verdict::Seek(first) = v else { panic!() };
+        let v = verdict(8, 10, Some(first), 0);
+        assert_eq!(v, seek(0, 64, 10));
+        let Verdict::Seek(second) = v else { panic!() };
+        for o in 0..8 {
+            assert_eq!(verdict(8, o, Some(second), 0), Verdict::Discard);
+        }
+        assert_eq!(verdict(8, 8, Some(second), 0), Verdict::Take);
+    }
+
+    #[test]
+    fn the_steps_grow_geometrically_down_to_the_low_watermark() {
+        let mut pending = None;
+        let mut targets = Vec::new();
+        loop {
+            match verdict(1_000_000, 1_000_050, pending, 100) {
+                Verdict::Seek(s) => {
+                    targets.push(s.target);
+                    pending = Some(s);
+                }
+                v => {
+                    assert_eq!(v, Verdict::Gap, "gives up only at the low watermark");
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            targets,
+            [999_999, 999_936, 995_904, 737_856, 100],
+            "1, 64, 4096, 262144, then the low watermark"
+        );
+    }
+
+    /// Records gone to retention are a real gap: no seek, counted as before.
+    #[test]
+    fn an_expected_offset_below_the_low_watermark_is_a_real_gap() {
+        assert_eq!(verdict(5, 300, None, 200), Verdict::Gap);
+    }
+
+    /// A record fetched before the seek (past the one that caused it) is dropped without a
+    /// look at the watermark, and without counting a gap or seeking again.
+    #[test]
+    fn a_record_fetched_before_the_seek_is_dropped() {
+        let pending = Some(SeekBack {
+            target: 7,
+            step: 1,
+            seen: 10,
+        });
+        assert_eq!(judge(8, 11, pending), Some(Verdict::Discard));
+    }
+
+    /// Below what was sought (the broker reset the position), or below the expected offset
+    /// with no seek: left to the usual checks (rewound log, or the facts role's rewind).
+    #[test]
+    fn records_below_the_seek_or_without_one_take_the_usual_path() {
+        let pending = Some(SeekBack {
+            target: 7,
+            step: 1,
+            seen: 10,
+        });
+        assert_eq!(verdict(8, 3, pending, 0), Verdict::Take);
+        assert_eq!(verdict(8, 3, None, 0), Verdict::Take);
+        assert_eq!(verdict(8, 8, None, 0), Verdict::Take);
+    }
+
+    /// Only a record past the expected one, and not a stale one, needs the low watermark.
+    #[test]
+    fn only_a_record_past_the_expected_one_needs_the_watermark() {
+        assert_eq!(judge(8, 10, None), None);
+        assert_eq!(judge(8, 8, None), Some(Verdict::Take));
+    }
+}

@@ -1,0 +1,197 @@
+//! A consumer that resumes inside a record batch (`consumers/src/ingest/resume.rs`).
+//!
+//! Ten events are produced as one Kafka record batch (offsets 0..9). Ingest flushes every
+//! four records and never by time, so it stores 0..7 and holds 8 and 9 in memory when it is
+//! SIGKILLed: its resume point, offset 8, lies inside the batch. Ten more events follow as a
+//! second batch (10..19), then ingest restarts. tansu's memory engine answers a fetch at
+//! offset 8 with the second batch (8 and 9 would never come); weft must seek back, and store
+//! every event exactly once. On a broker that serves offset 8 itself (Kafka, Redpanda, tansu's
+//! sqlite engine) nothing is sought, and the same must hold.
+//!
+//! Both ways of resuming: `--role all` (the resume point read from ClickHouse) and
+//! `--role facts` (the group's committed offset), each after a `--role all` first run.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::pipeline::{free_port, wait_for_port, Pipeline};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// A spec-valid trace event.
+fn event(id: &str) -> Vec<u8> {
+    format!(
+        r#"{{"event_id":"{id}","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z"}}"#
+    )
+    .into_bytes()
+}
+
+fn consumer(group: Option<&str>) -> BaseConsumer {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", common::brokers());
+    if let Some(g) = group {
+        c.set("group.id", g).set("enable.auto.commit", "false");
+    }
+    c.create().unwrap()
+}
+
+/// Wait until ingest has created `topic` with its partitions (it does at start).
+fn wait_for_topic(topic: &str) {
+    let c = consumer(None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .is_ok_and(|md| md.topics().iter().any(|t| !t.partitions().is_empty()))
+    {
+        assert!(Instant::now() < deadline, "{topic} never created");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Produce events `ids` to partition 0 of `topic` as one record batch: all are handed to a
+/// lingering producer before any is awaited.
+async fn send_batch(topic: &str, tag: &str, ids: std::ops::Range<u32>) {
+    let prod: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", common::brokers())
+        .set("linger.ms", "200")
+        .create()
+        .unwrap();
+    let values: Vec<(String, Vec<u8>)> = ids
+        .map(|i| (format!("k{i}"), event(&format!("te-{tag}-{i}"))))
+        .collect();
+    // Every record is queued before any delivery is awaited: one batch.
+    let queued: Vec<_> = values
+        .iter()
+        .map(|(k, v)| {
+            prod.send_result(FutureRecord::to(topic).key(k).payload(v).partition(0))
+                .map_err(|(e, _)| e)
+                .expect("the record was queued")
+        })
+        .collect();
+    for delivery in queued {
+        let r = delivery.await.expect("a delivery report");
+        r.map_err(|(e, _)| e).expect("the broker took the record");
+    }
+}
+
+/// The offsets of the records the broker serves first to a plain consumer assigned at
+/// `from` (no seek back): the broker's own answer to a fetch inside a batch.
+fn first_served(topic: &str, from: i64) -> i64 {
+    // librdkafka wants a group even for an assignment (nothing is committed).
+    let c = consumer(Some(&format!("{topic}.probe")));
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(from))
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "nothing served from {from}");
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(500)) {
+            return m.offset();
+        }
+    }
+}
+
+/// The group's committed offset of partition 0 of `topic`, if any.
+fn committed(group: &str, topic: &str) -> Option<i64> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let c = consumer(Some(group));
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
+    let offset = got.find_partition(topic, 0)?.offset();
+    offset.to_raw().filter(|o| *o >= 0)
+}
+
+async fn resume_inside_a_batch(tag: &str, role: &str) {
+    let p = Pipeline::new(tag);
+    let topic = format!("{}trace_events", p.prefix);
+    let addr = format!("127.0.0.1:{}", free_port());
+    // A batch is flushed when it holds 4 records, never by time. `--role all` (it assigns
+    // partitions itself, so a SIGKILL leaves no group member behind, which tansu 0.6 would
+    // go on handing partitions to) commits into the same group as `--role facts`.
+    let args = ["--batch-max-rows", "4", "--flush-interval-ms", "3600000"];
+    let first = p.ingest_args(Some(&addr), &[], &args);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    wait_for_topic(&topic);
+    send_batch(&topic, "a", 0..10).await;
+    p.wait_for_facts(8, Duration::from_secs(120)).await;
+    if role == "facts" {
+        // A facts member resumes at the group's committed offset (committed each second).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while committed(&p.db, &topic) != Some(8) {
+            assert!(Instant::now() < deadline, "offset 8 never committed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert_eq!(
+        p.scalar("SELECT max(offset) + 1 FROM weft_events").await,
+        8,
+        "the resume point is offset 8, inside the first batch (0..9)"
+    );
+    first.sigkill();
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 8);
+
+    send_batch(&topic, "b", 10..20).await;
+    let served = first_served(&topic, 8);
+    eprintln!("a fetch at offset 8 is answered from offset {served}");
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _second = p.ingest_args(Some(&addr), &[], &["--role", role]);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    p.wait_for_facts(20, Duration::from_secs(120)).await;
+    let metric = |name| common::metric(&addr, name);
+    // The counters move once ClickHouse has answered the insert, a moment after the count.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric("weft_ingest_inserted_total").await != Some(12) {
+        assert!(
+            Instant::now() < deadline,
+            "inserted: {:?}",
+            metric("weft_ingest_inserted_total").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every event once: offsets 0..19, each a distinct event.
+    let q = "SELECT count() FROM weft_events";
+    assert_eq!(p.scalar(q).await, 20, "{}", p.ingest_log());
+    let q = "SELECT uniqExact(offset) FROM weft_events WHERE offset < 20";
+    assert_eq!(p.scalar(q).await, 20, "an offset missing or stored twice");
+    assert_eq!(p.scalar("SELECT uniqExact(id) FROM weft_events").await, 20);
+    assert_eq!(metric("weft_ingest_offset_gaps_total").await, Some(0));
+    let seek_backs = metric("weft_ingest_seek_backs_total").await;
+    if served > 8 {
+        assert!(
+            seek_backs.is_some_and(|n| n > 0),
+            "the broker answered from {served}, yet no seek back was counted"
+        );
+    } else {
+        assert_eq!(
+            seek_backs,
+            Some(0),
+            "a seek back on a broker that needs none"
+        );
+    }
+    // Records a seek back brought before the resume point are counted nowhere: the process
+    // read 8..19 (and, in the facts role, what the group replays below its committed offset).
+    if role == "all" {
+        assert_eq!(metric("weft_ingest_consumed_total").await, Some(12));
+        assert_eq!(metric("weft_ingest_replay_skipped_total").await, Some(0));
+    }
+    let log = p.ingest_log_all();
+    assert!(!log.contains("the broker skipped offsets"), "{log}");
+    eprintln!("{role}: resumed at 8, served from {served}, {seek_backs:?} seek back(s)");
+}
+
+/// `--role all` resumes where ClickHouse says, offset 8, inside a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_inside_a_record_batch_stores_every_event_once() {
+    resume_inside_a_batch("it_mid_batch_all", "all").await;
+}
+
+/// `--role facts` resumes at the group's committed offset, 8, inside a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_facts_member_resuming_inside_a_record_batch_stores_every_event_once() {
+    resume_inside_a_batch("it_mid_batch_facts", "facts").await;
+}
