@@ -43,7 +43,7 @@ pub enum LoadError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The process was asked to stop while the load waited for the narrative inserts of an
-    /// earlier process (nothing was read or written).
+    /// earlier process (before it read any narrative state or wrote anything).
     #[error("stopped while waiting for the narrative inserts running before this process")]
     Stopped,
 }
