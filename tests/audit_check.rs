@@ -11,6 +11,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
@@ -30,6 +31,36 @@ fn ok_json(out: Output, what: &str) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// The simulated streams' whole span, as `--from`/`--to` arguments.
+const RANGE: [&str; 4] = [
+    "--from",
+    "2026-10-01T00:00:00Z",
+    "--to",
+    "2027-01-01T00:00:00Z",
+];
+
+/// `weft audit check --format json --grace-secs <grace>` over `range` (`--from`/`--to`),
+/// with `extra` arguments, its report parsed (it must succeed; `what` names it if not).
+fn check(p: &Pipeline, grace: &str, range: [&str; 4], extra: &[&str], what: &str) -> Value {
+    let mut args = vec!["check", "--format", "json", "--grace-secs", grace];
+    args.extend(range);
+    args.extend(extra);
+    ok_json(run(p, &args), what)
+}
+
+/// `weft audit bundle-check <bundle> --keyring <keyring>`.
+fn bundle_check(p: &Pipeline, bundle: &Path, keyring: &Path) -> Output {
+    run(
+        p,
+        &[
+            "bundle-check",
+            bundle.to_str().unwrap(),
+            "--keyring",
+            keyring.to_str().unwrap(),
+        ],
+    )
 }
 
 /// The lines of a successful `--format jsonl` run, parsed.
@@ -122,16 +153,9 @@ async fn audit_finds_exactly_the_injected_violations() {
     p.wait_for_narratives(&truth_membership(&truth), Duration::from_secs(60))
         .await;
 
-    let range = [
-        "--from",
-        "2026-10-01T00:00:00Z",
-        "--to",
-        "2027-01-01T00:00:00Z",
-    ];
+    let range = RANGE;
     // --- check: every injected violation, nothing else, with the same proof ---
-    let mut args = vec!["check", "--format", "json", "--grace-secs", "0"];
-    args.extend(range);
-    let report = ok_json(run(&p, &args), "audit check");
+    let report = check(&p, "0", range, &[], "audit check");
     let mut want: BTreeMap<Key, BTreeSet<(String, String)>> = BTreeMap::new();
     for (_, v) in truth.violations() {
         let key = (
@@ -175,9 +199,7 @@ async fn audit_finds_exactly_the_injected_violations() {
         assert_eq!(&got[k], ev, "proof of {k:?}");
     }
     // A grace period longer than the test: the handles may still arrive, no orphan yet.
-    let mut args = vec!["check", "--format", "json", "--grace-secs", "3600"];
-    args.extend(range);
-    let report = ok_json(run(&p, &args), "audit check (grace)");
+    let report = check(&p, "3600", range, &[], "audit check (grace)");
     assert_eq!(report["counts"].get("orphan"), None, "{}", report["counts"]);
     // ... nor the trace events naming a decision: only the executions' I-02 findings remain.
     let i02_execs = truth
@@ -190,23 +212,8 @@ async fn audit_finds_exactly_the_injected_violations() {
         truth.totals.violations[&Invariant::I01]
     );
     // Another tenant sees none of it.
-    let mut args = vec![
-        "check",
-        "--format",
-        "json",
-        "--grace-secs",
-        "0",
-        "--tenant",
-        "other",
-    ];
-    args.extend(range);
-    assert_eq!(
-        ok_json(run(&p, &args), "check other")["findings"]
-            .as_array()
-            .unwrap()
-            .len(),
-        0
-    );
+    let other = check(&p, "0", range, &["--tenant", "other"], "check other");
+    assert_eq!(other["findings"].as_array().unwrap().len(), 0);
 
     // --- timeline ---
     let req = truth
@@ -270,20 +277,22 @@ async fn audit_finds_exactly_the_injected_violations() {
         }
     }
     assert!(denies.len() > 2);
-    let mut args = vec![
-        "search",
-        "--kind",
-        "policy_decision",
-        "--decision",
-        "deny",
-        "--limit",
-        "2",
-        "--all",
-        "--format",
-        "jsonl",
-    ];
-    args.extend(range);
-    let lines = jsonl(run(&p, &args));
+    // Two denials a page.
+    let denials = |more: &[&'static str]| {
+        let mut args = vec![
+            "search",
+            "--kind",
+            "policy_decision",
+            "--decision",
+            "deny",
+            "--limit",
+            "2",
+        ];
+        args.extend(more);
+        args.extend(range);
+        run(&p, &args)
+    };
+    let lines = jsonl(denials(&["--all", "--format", "jsonl"]));
     let ids: BTreeSet<String> = lines
         .iter()
         .map(|l| l["id"].as_str().unwrap().to_owned())
@@ -291,19 +300,7 @@ async fn audit_finds_exactly_the_injected_violations() {
     assert_eq!(lines.len(), ids.len(), "a row repeated across pages");
     assert_eq!(ids, denies);
     // One page and its cursor.
-    let mut args = vec![
-        "search",
-        "--kind",
-        "policy_decision",
-        "--decision",
-        "deny",
-        "--limit",
-        "2",
-        "--format",
-        "csv",
-    ];
-    args.extend(range);
-    let out = run(&p, &args);
+    let out = denials(&["--format", "csv"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).lines().count(),
         3,
@@ -351,15 +348,7 @@ async fn audit_finds_exactly_the_injected_violations() {
     );
     let file = p.path("bundle.json");
     std::fs::write(&file, bundle.to_string()).unwrap();
-    let ok = run(
-        &p,
-        &[
-            "bundle-check",
-            file.to_str().unwrap(),
-            "--keyring",
-            ring_path.to_str().unwrap(),
-        ],
-    );
+    let ok = bundle_check(&p, &file, &ring_path);
     assert!(
         ok.status.success(),
         "{}",
@@ -368,15 +357,7 @@ async fn audit_finds_exactly_the_injected_violations() {
     let mut tampered = bundle.clone();
     tampered["trace_events"][0]["principal"] = Value::String("mallory".into());
     std::fs::write(&file, tampered.to_string()).unwrap();
-    let bad = run(
-        &p,
-        &[
-            "bundle-check",
-            file.to_str().unwrap(),
-            "--keyring",
-            ring_path.to_str().unwrap(),
-        ],
-    );
+    let bad = bundle_check(&p, &file, &ring_path);
     assert_eq!(bad.status.code(), Some(1), "a tampered bundle must fail");
     // Clean requests whose RoutingDecision was sent pending, then selected: their bundles
     // carry the selected one, whichever was stored first (each is first about half the time).
@@ -418,15 +399,7 @@ async fn audit_finds_exactly_the_injected_violations() {
     let spec = common::repo_root().join("schemas/spec/conformance");
     let test_ring = spec.join("keyring/test_keyring.json");
     let fixture = spec.join("fixtures/trace_bundle_signed_valid.json");
-    let out = run(
-        &p,
-        &[
-            "bundle-check",
-            fixture.to_str().unwrap(),
-            "--keyring",
-            test_ring.to_str().unwrap(),
-        ],
-    );
+    let out = bundle_check(&p, &fixture, &test_ring);
     assert!(
         out.status.success(),
         "{}",
@@ -437,15 +410,7 @@ async fn audit_finds_exactly_the_injected_violations() {
     let mut n = 0;
     for e in std::fs::read_dir(spec.join("negative/trace_bundle")).unwrap() {
         let path = e.unwrap().path();
-        let out = run(
-            &p,
-            &[
-                "bundle-check",
-                path.to_str().unwrap(),
-                "--keyring",
-                test_ring.to_str().unwrap(),
-            ],
-        );
+        let out = bundle_check(&p, &path, &test_ring);
         assert_eq!(out.status.code(), Some(1), "{} passed", path.display());
         n += 1;
     }
@@ -516,29 +481,10 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
     p.publish(&file);
     p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
         .await;
-    let report = ok_json(
-        run(
-            &p,
-            &[
-                "check",
-                "--format",
-                "json",
-                "--grace-secs",
-                "0",
-                "--from",
-                "2026-10-01T00:00:00Z",
-                "--to",
-                "2027-01-01T00:00:00Z",
-            ],
-        ),
-        "audit check",
-    );
+    let report = check(&p, "0", RANGE, &[], "audit check");
     let subjects = |inv: &str| -> BTreeSet<String> {
-        report["findings"]
-            .as_array()
-            .unwrap()
+        common::findings(&report, inv)
             .iter()
-            .filter(|f| f["invariant"] == inv)
             .map(|f| f["subject"]["id"].as_str().unwrap().to_owned())
             .collect()
     };
@@ -555,23 +501,11 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
     // A search paged one hit at a time gives both copies of the frame: they share time,
     // kind, id and content, the cursor's whole key until the request id and the offset
     // joined it (the second copy was skipped).
-    let out = run(
-        &p,
-        &[
-            "search",
-            "--kind",
-            "frame",
-            "--limit",
-            "1",
-            "--all",
-            "--format",
-            "jsonl",
-            "--from",
-            "2026-10-01T00:00:00Z",
-            "--to",
-            "2027-01-01T00:00:00Z",
-        ],
-    );
+    let mut args = vec![
+        "search", "--kind", "frame", "--limit", "1", "--all", "--format", "jsonl",
+    ];
+    args.extend(RANGE);
+    let out = run(&p, &args);
     let copies: BTreeSet<String> = jsonl(out)
         .into_iter()
         .filter(|h| h["id"] == "frame-copied")
@@ -624,32 +558,14 @@ async fn a_decision_no_trace_event_names_is_untraced_once_past_grace() {
     p.publish(&file);
     p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
         .await;
-    let check = |grace: &str| {
-        ok_json(
-            run(
-                &p,
-                &[
-                    "check",
-                    "--format",
-                    "json",
-                    "--grace-secs",
-                    grace,
-                    "--from",
-                    "2026-11-01T00:00:00Z",
-                    "--to",
-                    "2026-11-01T01:00:00Z",
-                ],
-            ),
-            "audit check",
-        )
-    };
-    let report = check("0");
-    let i02: Vec<&Value> = report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["invariant"] == "I-02")
-        .collect();
+    let hour = [
+        "--from",
+        "2026-11-01T00:00:00Z",
+        "--to",
+        "2026-11-01T01:00:00Z",
+    ];
+    let report = check(&p, "0", hour, &[], "audit check");
+    let i02 = common::findings(&report, "I-02");
     assert_eq!(i02.len(), 1, "{report:#}");
     assert_eq!(i02[0]["rule"], "decision_untraced");
     assert_eq!(
@@ -663,7 +579,7 @@ async fn a_decision_no_trace_event_names_is_untraced_once_past_grace() {
     assert_eq!(report["counts"]["I-02"], 1, "{report:#}");
     assert!(report["timings_ms"].get("I-02 untraced").is_some());
     // Ingested less than an hour ago: its trace events may still be in flight.
-    let report = check("3600");
+    let report = check(&p, "3600", hour, &[], "audit check (grace)");
     assert_eq!(report["counts"].get("I-02"), None, "{report:#}");
 }
 
@@ -694,11 +610,8 @@ async fn a_search_page_of_large_events_ends_early_with_its_cursor() {
             "100",
             "--format",
             "jsonl",
-            "--from",
-            "2026-10-01T00:00:00Z",
-            "--to",
-            "2027-01-01T00:00:00Z",
         ];
+        args.extend(RANGE);
         if all {
             args.push("--all");
         }

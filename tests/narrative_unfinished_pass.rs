@@ -161,7 +161,8 @@ async fn a_shards_killed_pass_is_its_own_whatever_the_other_shard_did_since() {
         "weaver.execution_routing_decisions",
     );
     let max = weft_consumers::narrative::projector::DEFAULT_MAX_NODES;
-    let load = |s| Projector::load_shard(store.clone(), max, s);
+    let (_tx, stop) = tokio::sync::watch::channel(false);
+    let load = |s| Projector::load_shard(store.clone(), max, s, &stop);
     let b_pass = |n: &str| {
         let erd = ROUTING.replace("erd-1", &format!("erd-b{n}"));
         tenant_fact(&tb, erd_topic, &erd, Some(&format!("req-b{n}")))

@@ -361,6 +361,17 @@ impl<'a> View<'a> {
     }
 }
 
+/// `weft validate --kind trace_bundle` of `bundle`, written to `file` (the I-02 check: every
+/// PolicyDecision has its TraceEvent).
+fn validate_bundle(p: &Pipeline, file: &Path, bundle: &Value) -> std::process::Output {
+    std::fs::write(file, bundle.to_string()).unwrap();
+    p.weft()
+        .args(["validate", "--kind", "trace_bundle"])
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
 fn run_scenario(py: &Path, url: &str, dir: &Path, extra: &[&str]) -> Command {
     let mut c = Command::new(py);
     c.arg(scenario())
@@ -461,13 +472,7 @@ async fn weaver_kernel_and_chainweaver_narratives_match_what_they_did() {
             !bundle["policy_decisions"].as_array().unwrap().is_empty() || r.get("steps").is_some()
         );
         let file = p.path(&format!("bundle-{rid}.json"));
-        std::fs::write(&file, bundle.to_string()).unwrap();
-        let out = p
-            .weft()
-            .args(["validate", "--kind", "trace_bundle"])
-            .arg(&file)
-            .output()
-            .unwrap();
+        let out = validate_bundle(&p, &file, &bundle);
         assert!(
             out.status.success(),
             "I-02 for {rid}: {}",
@@ -475,13 +480,7 @@ async fn weaver_kernel_and_chainweaver_narratives_match_what_they_did() {
         );
         if !bundle["policy_decisions"].as_array().unwrap().is_empty() {
             bundle["trace_events"] = Value::Array(vec![]);
-            std::fs::write(&file, bundle.to_string()).unwrap();
-            let out = p
-                .weft()
-                .args(["validate", "--kind", "trace_bundle"])
-                .arg(&file)
-                .output()
-                .unwrap();
+            let out = validate_bundle(&p, &file, &bundle);
             assert!(
                 !out.status.success(),
                 "a bundle without TraceEvents must break I-02"
@@ -583,12 +582,7 @@ p.close()
     };
     let report: Value =
         serde_json::from_str(&audit(&["check", "--grace-secs", "0", "--format", "json"])).unwrap();
-    let i02: Vec<&Value> = report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["invariant"] == "I-02")
-        .collect();
+    let i02 = common::findings(&report, "I-02");
     assert!(i02.is_empty(), "I-02 findings: {i02:#?}");
     let provoked = reqs
         .iter()

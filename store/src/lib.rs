@@ -33,7 +33,8 @@ pub use events::{
 };
 pub use native::{insert_native, insert_native_as};
 pub use store::{
-    check_columns, insert, ClickHouseConfig, Compression, MigrateReport, Store, StoreError,
+    check_columns, insert, unless_stopped, ClickHouseConfig, Compression, MigrateReport, Stopped,
+    Store, StoreError, EARLIER_INSERTS_ROUND,
 };
 
 #[cfg(test)]

@@ -5,10 +5,14 @@
 //! so re-running is a no-op and an edited, already-applied file is refused loudly instead of
 //! silently diverging from production.
 
+use std::future::Future;
+use std::time::{Duration, Instant};
+
 use clickhouse::{Client, Row, RowWrite};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tracing::{info, instrument};
+use tokio::sync::watch;
+use tracing::{info, instrument, warn};
 use weft_schemas::migrations::{self, Migration};
 
 /// How to reach ClickHouse. Defaults match the local stack (`deploy/local/stack.sh`).
@@ -269,33 +273,52 @@ impl Store {
             .map_err(self.err())
     }
 
-    /// Wait (at most `limit`) until the inserts into `tables` of this database running on
-    /// the server now have finished. A process killed while its insert was under way leaves
-    /// that insert to land on its own, possibly after its successor has read where things
-    /// stand; a process taking over these tables (or a share of them) calls this before
-    /// reading its resume points. Inserts that start after the call are not waited for: they
-    /// are not a predecessor's, and other writers sharing the tables would otherwise keep it
-    /// waiting. Returns whether they finished within `limit` (it logs a warning if not).
-    pub async fn wait_for_running_inserts(
+    /// Wait, however long it takes, until the inserts into `tables` of this database that run
+    /// on the server at the call have finished; `Err(Stopped)` as soon as `stop` turns true.
+    ///
+    /// Why: crash consistency. A process killed while its insert was under way leaves that
+    /// insert to land on its own, possibly after its successor has read where things stand.
+    /// A process taking over these tables (or a share of them) calls this before it reads
+    /// them: read before such an insert lands, the facts' resume points would have its rows
+    /// stored twice, and the projector's restore would miss a member row that then lands
+    /// live in a narrative no node row names. So the wait is not given up on (a warning every
+    /// [`EARLIER_INSERTS_ROUND`]): a dead client's insert ends when ClickHouse sees its
+    /// connection gone, so the wait ends too; a stop ends it early, before anything is read.
+    ///
+    /// Only the inserts running at the call are waited for, by their `query_id`s taken once
+    /// ([`Store::running_inserts`]): inserts that start later are not a predecessor's, and
+    /// other writers sharing the tables (a facts group's other members, other narrative
+    /// shards) would otherwise keep it waiting.
+    ///
+    /// A failure to list them or to tell whether they still run goes to `on_error` with the
+    /// count of failures so far: it returns `Err` to give up with it, or `Ok` (after backing
+    /// off) to ask again, for the same inserts.
+    pub async fn wait_for_earlier_inserts<E, H, HF>(
         &self,
         tables: &[&str],
-        limit: std::time::Duration,
-    ) -> Result<bool, StoreError> {
-        let running = self.running_inserts(tables).await?;
-        if running.is_empty() {
-            return Ok(true);
-        }
-        info!(
-            running = running.len(),
-            ?tables,
-            "waiting for the inserts running now (an earlier process's?) to land"
-        );
-        self.wait_for_queries(&running, limit).await
+        stop: &watch::Receiver<bool>,
+        on_error: H,
+    ) -> Result<(), E>
+    where
+        E: From<Stopped>,
+        H: FnMut(StoreError, u32) -> HF,
+        HF: Future<Output = Result<(), E>>,
+    {
+        wait_for_earlier(
+            tables,
+            stop,
+            EARLIER_INSERTS_ROUND,
+            || self.running_inserts(tables),
+            |ids, round| async move { self.wait_for_queries(&ids, round).await },
+            on_error,
+        )
+        .await
     }
 
     /// The `query_id`s of the inserts into `tables` of this database running on the server
     /// now, for [`Store::wait_for_queries`]: a caller that waits for them in several rounds
-    /// keeps this list, so inserts started later (other writers') never keep it waiting.
+    /// keeps this list, so inserts started later (other writers') never keep it waiting
+    /// ([`Store::wait_for_earlier_inserts`]).
     pub async fn running_inserts(&self, tables: &[&str]) -> Result<Vec<String>, StoreError> {
         self.client
             .query(
@@ -434,6 +457,95 @@ impl Store {
     }
 }
 
+/// The process was asked to stop while it waited: it gives up, having read and written
+/// nothing since (a restart resumes as after any stop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("stopped while waiting")]
+pub struct Stopped;
+
+/// What `f` gives, or `Err(Stopped)` as soon as `stop` turns true (at once if it is true
+/// already, without polling `f`). A stop signal whose sender is gone counts as a stop.
+pub async fn unless_stopped<T>(
+    stop: &watch::Receiver<bool>,
+    f: impl Future<Output = T>,
+) -> Result<T, Stopped> {
+    let mut stop = stop.clone();
+    tokio::select! {
+        biased;
+        _ = stop.wait_for(|s| *s) => Err(Stopped),
+        r = f => Ok(r),
+    }
+}
+
+/// How long one round of [`Store::wait_for_earlier_inserts`] lasts before a warning says it
+/// goes on waiting.
+pub const EARLIER_INSERTS_ROUND: Duration = Duration::from_secs(60);
+
+/// [`Store::wait_for_earlier_inserts`], with the snapshot of the running inserts
+/// (`running`) and one bounded round of waiting for them (`wait`: `Ok(false)` while they
+/// still run after `round`) given, so that tests can play ClickHouse.
+async fn wait_for_earlier<E, R, RF, W, WF, H, HF>(
+    tables: &[&str],
+    stop: &watch::Receiver<bool>,
+    round: Duration,
+    mut running: R,
+    mut wait: W,
+    mut on_error: H,
+) -> Result<(), E>
+where
+    E: From<Stopped>,
+    R: FnMut() -> RF,
+    RF: Future<Output = Result<Vec<String>, StoreError>>,
+    W: FnMut(Vec<String>, Duration) -> WF,
+    WF: Future<Output = Result<bool, StoreError>>,
+    H: FnMut(StoreError, u32) -> HF,
+    HF: Future<Output = Result<(), E>>,
+{
+    let mut failures = 0;
+    let ids = loop {
+        match unless_stopped(stop, running()).await? {
+            Ok(ids) => break ids,
+            Err(e) => {
+                failures += 1;
+                unless_stopped(stop, on_error(e, failures)).await??;
+            }
+        }
+    };
+    if ids.is_empty() {
+        return Ok(());
+    }
+    info!(
+        running = ids.len(),
+        ?tables,
+        "waiting for the inserts running now (an earlier process's?) to land"
+    );
+    let started = Instant::now();
+    loop {
+        match unless_stopped(stop, wait(ids.clone(), round)).await? {
+            Ok(true) => {
+                info!(
+                    running = ids.len(),
+                    ?tables,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "the inserts running before this process read its tables have finished"
+                );
+                return Ok(());
+            }
+            Ok(false) => warn!(
+                running = ids.len(),
+                ?tables,
+                waited_s = started.elapsed().as_secs(),
+                "inserts started before this process read its tables still run; waiting on \
+                 (read now, what they write would be missed or stored twice)"
+            ),
+            Err(e) => {
+                failures += 1;
+                unless_stopped(stop, on_error(e, failures)).await??;
+            }
+        }
+    }
+}
+
 /// Fail unless `table` has every column `T` writes: a clear start-up error instead of
 /// inserts that fail (or worse, misalign) later.
 pub async fn check_columns<T: Row>(store: &Store, table: &str) -> Result<(), StoreError> {
@@ -479,4 +591,176 @@ pub async fn insert<T: RowWrite>(
         ins.write(r).await.map_err(store.err())?;
     }
     ins.end().await.map_err(store.err())
+}
+
+#[cfg(test)]
+mod earlier_inserts_tests {
+    use super::*;
+    use std::cell::{Cell, RefCell};
+    use std::future::{ready, Ready};
+
+    /// A failure as ClickHouse down would give it (transient).
+    fn unreachable_error() -> StoreError {
+        StoreError::ClickHouse {
+            url: "http://127.0.0.1:1".into(),
+            source: clickhouse::error::Error::TimedOut,
+        }
+    }
+
+    /// [`wait_for_earlier`] on `weft_events` in rounds of 5 ms, ClickHouse played by
+    /// `running` and `wait`.
+    async fn play<E: From<Stopped>>(
+        stop: &watch::Receiver<bool>,
+        running: impl FnMut() -> Ready<Result<Vec<String>, StoreError>>,
+        wait: impl FnMut(Vec<String>, Duration) -> Ready<Result<bool, StoreError>>,
+        on_error: impl FnMut(StoreError, u32) -> Ready<Result<(), E>>,
+    ) -> Result<(), E> {
+        let round = Duration::from_millis(5);
+        wait_for_earlier(&["weft_events"], stop, round, running, wait, on_error).await
+    }
+
+    /// An `on_error` that asks again at once.
+    fn ask_again(_: StoreError, _: u32) -> Ready<Result<(), Stopped>> {
+        ready(Ok(()))
+    }
+
+    /// A predecessor's insert still running after a round is waited for in further rounds
+    /// (of the same insert only), not given up on.
+    #[tokio::test]
+    async fn an_earlier_insert_is_waited_for_until_it_has_finished() {
+        let (_tx, stop) = watch::channel(false);
+        let snapshots = Cell::new(0);
+        let rounds = RefCell::new(Vec::new());
+        let r = play(
+            &stop,
+            || {
+                snapshots.set(snapshots.get() + 1);
+                ready(Ok(vec!["killed-insert".to_owned()]))
+            },
+            |ids, limit| {
+                rounds.borrow_mut().push((ids, limit));
+                // Still running for three rounds, then finished.
+                ready(Ok(rounds.borrow().len() > 3))
+            },
+            ask_again,
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(
+            snapshots.get(),
+            1,
+            "one snapshot: later inserts are not waited for"
+        );
+        let rounds = rounds.into_inner();
+        assert_eq!(rounds.len(), 4, "waited until the insert finished");
+        assert!(rounds
+            .iter()
+            .all(|(ids, limit)| ids == &["killed-insert"] && *limit == Duration::from_millis(5)));
+    }
+
+    /// Waiting on gives way to a stop.
+    #[tokio::test]
+    async fn waiting_for_an_earlier_insert_gives_way_to_a_stop() {
+        let (tx, stop) = watch::channel(false);
+        let rounds = Cell::new(0);
+        let r = play(
+            &stop,
+            || ready(Ok(vec!["never-ends".to_owned()])),
+            |_, _| {
+                rounds.set(rounds.get() + 1);
+                if rounds.get() == 2 {
+                    let _ = tx.send(true);
+                }
+                ready(Ok(false))
+            },
+            ask_again,
+        )
+        .await;
+        assert_eq!(r, Err(Stopped));
+        assert_eq!(rounds.get(), 2);
+    }
+
+    /// A process asked to stop before the wait does not even ask for the running inserts.
+    #[tokio::test]
+    async fn a_stop_before_the_wait_ends_it_at_once() {
+        let (tx, stop) = watch::channel(false);
+        let _ = tx.send(true);
+        let listed = Cell::new(false);
+        let r = wait_for_earlier(
+            &["weft_events"],
+            &stop,
+            Duration::from_millis(5),
+            || async {
+                listed.set(true);
+                Ok(vec!["running".to_owned()])
+            },
+            |_, _| ready(Ok(true)),
+            ask_again,
+        )
+        .await;
+        assert_eq!(r, Err(Stopped));
+        assert!(!listed.get());
+    }
+
+    /// Failures (listing, then a round) go to `on_error`, counted; asking again after a
+    /// failed round waits for the same inserts, without a new snapshot.
+    #[tokio::test]
+    async fn a_failure_is_asked_again_for_the_same_inserts() {
+        let (_tx, stop) = watch::channel(false);
+        let snapshots = Cell::new(0);
+        let rounds = RefCell::new(Vec::new());
+        let errors = RefCell::new(Vec::new());
+        let r = play(
+            &stop,
+            || {
+                snapshots.set(snapshots.get() + 1);
+                ready(if snapshots.get() == 1 {
+                    Err(unreachable_error())
+                } else {
+                    Ok(vec!["killed-insert".to_owned()])
+                })
+            },
+            |ids, _| {
+                rounds.borrow_mut().push(ids);
+                ready(match rounds.borrow().len() {
+                    1 => Err(unreachable_error()),
+                    2 => Ok(false),
+                    _ => Ok(true),
+                })
+            },
+            |e: StoreError, failures| {
+                errors.borrow_mut().push((e.is_transient(), failures));
+                ready(Ok::<(), Stopped>(()))
+            },
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(snapshots.get(), 2, "the failed listing was asked again");
+        assert_eq!(errors.into_inner(), [(true, 1), (true, 2)]);
+        assert_eq!(rounds.into_inner().len(), 3);
+    }
+
+    /// `on_error` giving up ends the wait with its error.
+    #[tokio::test]
+    async fn on_error_gives_up_with_its_error() {
+        #[derive(Debug, PartialEq)]
+        enum Gave {
+            Up(u32),
+            Stopped,
+        }
+        impl From<Stopped> for Gave {
+            fn from(_: Stopped) -> Self {
+                Gave::Stopped
+            }
+        }
+        let (_tx, stop) = watch::channel(false);
+        let r = play(
+            &stop,
+            || ready(Ok(vec!["killed-insert".to_owned()])),
+            |_, _| ready(Err(unreachable_error())),
+            |_, failures| ready(Err(Gave::Up(failures))),
+        )
+        .await;
+        assert_eq!(r, Err(Gave::Up(1)));
+    }
 }

@@ -109,3 +109,14 @@ pub async fn series(addr: &str, name: &str, labels: &[(&str, &str)]) -> Option<V
             .collect(),
     )
 }
+
+/// The findings of `invariant` (`"I-02"`, `"orphan"`, …) in the report of
+/// `weft audit check --format json`.
+pub fn findings<'r>(report: &'r serde_json::Value, invariant: &str) -> Vec<&'r serde_json::Value> {
+    report["findings"]
+        .as_array()
+        .expect("an audit check report lists its findings")
+        .iter()
+        .filter(|f| f["invariant"] == invariant)
+        .collect()
+}

@@ -7,7 +7,7 @@ use tracing::{error, info_span, Instrument};
 use super::dead_letter::DeadLetter;
 use super::flush::{FlusherSlot, Stopped};
 use super::resume::SeekBack;
-use super::{retry_store, Ingestor, Role};
+use super::{retry_store, IngestError, Ingestor, Role};
 use crate::decode::Fact;
 use crate::facts::{self, copy_hash, identity_key, DedupCache, Identity, Seen};
 use weft_store::ids::id_hash;
@@ -263,12 +263,14 @@ impl Ingestor {
                 continue;
             }
             let (store, topic, partition) = (&self.store, st.topic.as_str(), st.partition);
-            let found = retry_store(&self.cfg, &self.metrics, "check identities", || {
+            let found = retry_store(&self.backoff, &self.metrics, "check identities", || {
                 facts::check_stored(store, topic, partition, window, &unsure)
             })
             .await
             .map_err(|e| {
-                error!(error = %e, "checking identities failed; stopping");
+                if !matches!(e, IngestError::Stopped) {
+                    error!(error = %e, "checking identities failed; stopping");
+                }
                 Stopped
             })?;
             self.metrics.dedup_checked.inc_by(unsure.len() as u64);

@@ -14,9 +14,8 @@ use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
 use super::resume::{self, SeekBack, Verdict};
-use super::{
-    backoff, retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role,
-};
+use super::retry::backoff;
+use super::{retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role};
 use crate::decode::{self, Fact, Record};
 use crate::facts::{self, DedupCache};
 
@@ -167,12 +166,9 @@ impl Ingestor {
         after: i64,
     ) -> Result<(), IngestError> {
         let consumer = &self.consumer;
-        let (_, high) = retry_kafka(
-            "read a partition's high watermark",
-            self.cfg.max_backoff_ms,
-            &self.stop,
-            || consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)),
-        )
+        let (_, high) = retry_kafka("read a partition's high watermark", &self.backoff, || {
+            consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
+        })
         .await?;
         if after > high {
             return Err(IngestError::Rewound {
@@ -227,12 +223,9 @@ impl Ingestor {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
         let consumer = &self.consumer;
-        let committed = retry_kafka(
-            "read a partition's committed offset",
-            self.cfg.max_backoff_ms,
-            &self.stop,
-            || consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)),
-        )
+        let committed = retry_kafka("read a partition's committed offset", &self.backoff, || {
+            consumer.committed_offsets(tpl.clone(), Duration::from_secs(10))
+        })
         .await?;
         let committed = committed
             .find_partition(topic, partition)
@@ -250,11 +243,11 @@ impl Ingestor {
         let (stored, dedup) = if self.cfg.role != Role::Narratives {
             let limits = self.cfg.dedup_limits();
             let store = &self.store;
-            let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
+            let stored = retry_store(&self.backoff, &self.metrics, "read progress", || {
                 facts::stored_max_offset(store, topic, partition)
             })
             .await?;
-            let dedup = retry_store(&self.cfg, &self.metrics, "load dedup window", || {
+            let dedup = retry_store(&self.backoff, &self.metrics, "load dedup window", || {
                 facts::load_dedup(store, topic, partition, limits)
             })
             .await?;
@@ -333,7 +326,7 @@ impl Ingestor {
             self.wait_for_previous_owners(&assigned).await?;
         }
         for st in self.parts.values_mut() {
-            let stored = retry_store(&self.cfg, &self.metrics, "read progress", || {
+            let stored = retry_store(&self.backoff, &self.metrics, "read progress", || {
                 facts::stored_max_offset(&self.store, &st.topic, st.partition)
             })
             .await?;
@@ -377,7 +370,7 @@ impl Ingestor {
             .filter(|k| !self.parts.contains_key(*k))
             .count();
         let started = Instant::now();
-        wait_for_earlier_inserts(&self.cfg, &self.metrics, &self.stop, &self.store).await?;
+        wait_for_earlier_inserts(&self.backoff, &self.metrics, &self.store).await?;
         info!(
             partitions = assigned.len(),
             new,
@@ -495,12 +488,9 @@ impl Ingestor {
         }
         let (topic, partition) = (rec.topic.as_str(), rec.partition);
         let consumer = &self.consumer;
-        let (low, _) = retry_kafka(
-            "read a partition's low watermark",
-            self.cfg.max_backoff_ms,
-            &self.stop,
-            || consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)),
-        )
+        let (low, _) = retry_kafka("read a partition's low watermark", &self.backoff, || {
+            consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
+        })
         .await?;
         let verdict = resume::past(expected, rec.offset, pending, low);
         let Verdict::Seek(s) = verdict else {

@@ -24,6 +24,7 @@ use tracing::{error, info, instrument, warn};
 use super::config::{kafka_config, IngestConfig};
 use super::flush::{Flusher, Stopped};
 use super::now_micros;
+use super::retry::unless_stopped;
 use crate::decode::Rejection;
 use crate::telemetry::{DeadLetterRow, Sample};
 use weft_store::insert;
@@ -334,19 +335,16 @@ impl Flusher {
         refused: &KafkaError,
     ) -> Result<(), Stopped> {
         let row = d.quarantine_row(self.cfg.max_message_bytes, source, refused);
-        let mut attempt = 0;
-        loop {
-            match insert::<QuarantineRow>(&self.store, QUARANTINE, std::slice::from_ref(&row)).await
-            {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    attempt += 1;
+        self.backoff
+            .retry(
+                || insert::<QuarantineRow>(&self.store, QUARANTINE, std::slice::from_ref(&row)),
+                |e, attempt| {
                     self.metrics.insert_retries.inc();
                     warn!(error = %e, attempt, "quarantine insert failed; offsets held, retrying");
-                    self.back_off(attempt).await?;
-                }
-            }
-        }
+                    Ok(())
+                },
+            )
+            .await
     }
 
     /// Send `d` in `form` until the broker acknowledges it (`Ok(Ok)`), refuses it for good
@@ -375,14 +373,14 @@ impl Flusher {
             if let Some(k) = &key {
                 rec = rec.key(k);
             }
-            match send_once(&mut self.dlq, &self.cfg, rec, &self.stop).await? {
+            match send_once(&mut self.dlq, &self.cfg, rec, self.backoff.stop()).await? {
                 Ok(()) => return Ok(Ok(())),
                 Err(e) if is_permanent(&e) => return Ok(Err(e)),
                 Err(e) => {
                     attempt += 1;
                     self.metrics.dead_letter_retries.inc();
                     warn!(error = %e, attempt, "dead-letter publish failed; retrying with a new producer (offsets held)");
-                    self.back_off(attempt).await?;
+                    self.backoff.pause(attempt).await?;
                 }
             }
         }
@@ -401,12 +399,8 @@ async fn send_once(
     rec: FutureRecord<'_, Vec<u8>, Vec<u8>>,
     stop: &watch::Receiver<bool>,
 ) -> Result<Result<(), KafkaError>, Stopped> {
-    let mut stop = stop.clone();
-    let outcome = tokio::select! {
-        r = dlq.send(rec, std::time::Duration::from_secs(5)) => r,
-        _ = stop.wait_for(|s| *s) => return Err(Stopped),
-    };
-    match outcome {
+    let send = dlq.send(rec, std::time::Duration::from_secs(5));
+    match unless_stopped(stop, send).await? {
         Ok(_) => Ok(Ok(())),
         Err((e, _)) if is_permanent(&e) => Ok(Err(e)),
         Err((e, _)) => {

@@ -5,15 +5,15 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::FutureProducer;
-use tokio::sync::watch;
 use tracing::{debug, error, info, instrument, warn};
 
 use super::batch::FlushPart;
 use super::consume::RebalanceWatch;
-use super::{backoff, now_micros, IngestConfig, Role};
+use super::retry::{unless_stopped, Backoff};
+use super::{now_micros, IngestConfig, Role};
 use crate::facts;
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::{ProjectBatch, Projector};
+use crate::narrative::projector::{LoadError, ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
 use weft_store::{insert_native_as, EventRow, FloorRow, Store, StoreError, INGEST_FLOOR};
 
@@ -36,7 +36,8 @@ pub(super) struct Flusher {
     pub(super) dlq: FutureProducer,
     pub(super) metrics: Arc<IngestMetrics>,
     pub(super) projector: Option<Projector>,
-    pub(super) stop: watch::Receiver<bool>,
+    /// The pause between attempts, cut short when the process is asked to stop.
+    pub(super) backoff: Backoff,
     pub(super) telemetry: Telemetry,
 }
 
@@ -54,8 +55,7 @@ pub(super) struct FlushDone {
 pub(super) type Span = (String, i32, std::ops::Range<usize>, i64);
 
 /// A flush abandoned because the process is stopping; its records are replayed next time.
-#[derive(Debug)]
-pub(super) struct Stopped;
+pub(super) use super::retry::Stopped;
 
 pub(super) type FlushResult = Result<FlushDone, Stopped>;
 
@@ -143,24 +143,15 @@ impl Flusher {
         if floors.is_empty() {
             return Ok(());
         }
-        let mut attempt = 0;
-        while let Err(e) = weft_store::insert::<FloorRow>(&self.store, INGEST_FLOOR, &floors).await
-        {
-            attempt += 1;
-            warn!(error = %e, attempt, "recording how far dead-lettered partitions are done failed; retrying");
-            self.back_off(attempt).await?;
-        }
-        Ok(())
-    }
-
-    /// Wait before retry `attempt`, or give up as soon as the process is told to stop: a
-    /// stop must not wait out a backoff of up to `max_backoff_ms`.
-    pub(super) async fn back_off(&self, attempt: u32) -> Result<(), Stopped> {
-        let mut stop = self.stop.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(backoff(attempt, self.cfg.max_backoff_ms)) => Ok(()),
-            _ = stop.wait_for(|s| *s) => Err(Stopped),
-        }
+        self.backoff
+            .retry(
+                || weft_store::insert::<FloorRow>(&self.store, INGEST_FLOOR, &floors),
+                |e, attempt| {
+                    warn!(error = %e, attempt, "recording how far dead-lettered partitions are done failed; retrying");
+                    Ok(())
+                },
+            )
+            .await
     }
 
     /// One narrative pass over a flush's facts, retried until it lands. A failed pass may have
@@ -197,10 +188,14 @@ impl Flusher {
                     // pass is retried only on a graph reloaded from ClickHouse.
                     let (max_nodes, shard) = (self.cfg.narrative_max_nodes, projector.shard());
                     loop {
-                        self.back_off(attempt).await?;
-                        match Projector::load_shard(self.store.clone(), max_nodes, shard).await {
+                        self.backoff.pause(attempt).await?;
+                        let stop = self.backoff.stop();
+                        match Projector::load_shard(self.store.clone(), max_nodes, shard, stop)
+                            .await
+                        {
                             Ok(fresh) => break *projector = fresh,
-                            Err(e) => {
+                            Err(LoadError::Stopped) => return Err(Stopped),
+                            Err(LoadError::Store(e)) => {
                                 attempt += 1;
                                 warn!(error = %e, attempt, "reloading the narrative graph failed; retrying");
                             }
@@ -293,7 +288,7 @@ impl Flusher {
         attempt: &mut u32,
     ) -> Result<Vec<EventRow<'r>>, Stopped> {
         loop {
-            self.back_off(*attempt).await?;
+            self.backoff.pause(*attempt).await?;
             let waited = Instant::now();
             match self.attempt_finished(query_id).await? {
                 Ok(true) => {
@@ -329,11 +324,8 @@ impl Flusher {
     /// ClickHouse: `Ok(true)` once it does not, `Ok(false)` while it still does. Gives up as
     /// soon as the process is told to stop.
     async fn attempt_finished(&self, query_id: &str) -> Result<Result<bool, StoreError>, Stopped> {
-        let mut stop = self.stop.clone();
-        tokio::select! {
-            r = self.store.wait_for_query(query_id, ATTEMPT_WAIT) => Ok(r),
-            _ = stop.wait_for(|s| *s) => Err(Stopped),
-        }
+        let attempt = self.store.wait_for_query(query_id, ATTEMPT_WAIT);
+        unless_stopped(self.backoff.stop(), attempt).await
     }
 
     /// The rows of `rows` beyond what ClickHouse has stored for their partition.

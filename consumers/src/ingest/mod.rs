@@ -26,6 +26,7 @@ mod flush;
 mod headers;
 mod lag;
 mod resume;
+mod retry;
 mod schema_ids;
 
 use std::collections::BTreeMap;
@@ -40,13 +41,14 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::metrics::IngestMetrics;
-use crate::narrative::projector::Projector;
+use crate::narrative::projector::{LoadError, Projector};
 use crate::telemetry::Telemetry;
 use batch::PartitionState;
 use config::{ensure_topics, kafka_config};
 use consume::RebalanceWatch;
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
+use retry::{sparse, Backoff, Stopped};
 use weft_schemas::wire::header::CONTENT_TYPE;
 use weft_store::telemetry::{QuarantineRow, QUARANTINE};
 use weft_store::{EventRow, Store, StoreError};
@@ -117,6 +119,21 @@ pub enum IngestError {
     },
 }
 
+impl From<Stopped> for IngestError {
+    fn from(_: Stopped) -> Self {
+        IngestError::Stopped
+    }
+}
+
+impl From<LoadError> for IngestError {
+    fn from(e: LoadError) -> Self {
+        match e {
+            LoadError::Store(e) => IngestError::Store(e),
+            LoadError::Stopped => IngestError::Stopped,
+        }
+    }
+}
+
 /// Counts reported when ingest stops, and by tests.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub struct IngestTotals {
@@ -155,14 +172,12 @@ pub struct Ingestor {
     positions: Arc<std::sync::Mutex<BTreeMap<(String, i32), i64>>>,
     /// Set on SIGINT/SIGTERM: retry loops give up (nothing is committed, so nothing is lost).
     stop: watch::Receiver<bool>,
+    /// The pause between attempts of a retry loop, cut short by `stop`.
+    backoff: Backoff,
     /// Best-effort figures for ClickHouse (batches, dead letters, lag); never blocks.
     telemetry: Telemetry,
     /// Nonconforming payload keys logged already (each is logged once).
     reported: weft_schemas::extensions::Reported,
-}
-
-fn backoff(attempt: u32, max_ms: u64) -> Duration {
-    Duration::from_millis((100u64 << attempt.min(10)).min(max_ms))
 }
 
 impl Ingestor {
@@ -179,21 +194,22 @@ impl Ingestor {
         metrics.narrative.shard_index.set(i64::from(shard.index()));
         metrics.narrative.shard_count.set(i64::from(shard.count()));
         ensure_topics(&cfg).await?;
+        let backoff = Backoff::new(cfg.max_backoff_ms, stop.clone());
         if cfg.role != Role::Narratives {
-            retry_store(&cfg, &metrics, "check weft_events", || {
+            retry_store(&backoff, &metrics, "check weft_events", || {
                 weft_store::check_columns::<EventRow>(&store, "weft_events")
             })
             .await?;
         }
-        retry_store(&cfg, &metrics, "check weft_quarantine", || {
+        retry_store(&backoff, &metrics, "check weft_quarantine", || {
             weft_store::check_columns::<QuarantineRow>(&store, QUARANTINE)
         })
         .await?;
         if cfg.role == Role::All {
             // The only writer of weft_events in this role: an insert running now is a killed
-            // predecessor's, and the resume points must be read after it lands. (The facts
-            // role waits at each assignment instead: `after_rebalance`.)
-            wait_for_earlier_inserts(&cfg, &metrics, &stop, &store).await?;
+            // predecessor's (see `Store::wait_for_earlier_inserts`). The facts role waits at
+            // each assignment instead: `after_rebalance`.
+            wait_for_earlier_inserts(&backoff, &metrics, &store).await?;
         }
         let watch = RebalanceWatch::default();
         let rebalanced = watch.0.clone();
@@ -232,11 +248,12 @@ impl Ingestor {
         let projector = match cfg.role {
             Role::Facts => None,
             Role::All | Role::Narratives => Some(
-                retry_store(&cfg, &metrics, "load narratives", || {
+                retry_store(&backoff, &metrics, "load narratives", || {
                     Projector::load_shard(
                         store.clone(),
                         cfg.narrative_max_nodes,
                         cfg.narrative_shard,
+                        &stop,
                     )
                 })
                 .await?,
@@ -251,7 +268,7 @@ impl Ingestor {
             dlq,
             metrics: metrics.clone(),
             projector,
-            stop: stop.clone(),
+            backoff: backoff.clone(),
             telemetry: telemetry.clone(),
         };
         let mut me = Self {
@@ -268,6 +285,7 @@ impl Ingestor {
             totals: IngestTotals::default(),
             positions: Arc::default(),
             stop,
+            backoff,
             telemetry,
             reported: Default::default(),
         };
@@ -450,126 +468,68 @@ fn ended(stopping: bool, totals: IngestTotals) -> Result<IngestTotals, IngestErr
 }
 
 /// Retry a ClickHouse operation while ClickHouse is unreachable (start-up reads must not give
-/// up while it restarts); a query it rejects is returned at once.
-async fn retry_store<T, F, Fut>(
-    cfg: &IngestConfig,
+/// up while it restarts), or until the process is asked to stop; a query it rejects is
+/// returned at once. `f` may fail with any error that says whether ClickHouse failed or the
+/// process stopped ([`StoreError`], a projector's [`LoadError`]).
+async fn retry_store<T, E, F, Fut>(
+    backoff: &Backoff,
     metrics: &IngestMetrics,
     what: &str,
-    mut f: F,
+    f: F,
 ) -> Result<T, IngestError>
 where
+    E: Into<IngestError>,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
-    let mut attempt = 0;
-    loop {
-        match f().await {
-            Ok(v) => return Ok(v),
-            Err(e) if !e.is_transient() => {
-                error!(error = %e, "{what}: ClickHouse rejected the query (did `weft migrate` run?)");
-                return Err(e.into());
-            }
-            Err(e) => {
-                attempt += 1;
-                metrics.clickhouse_up.set(0);
-                if attempt == 1 || attempt % 10 == 0 {
-                    error!(error = %e, attempt, "{what}: clickhouse unavailable; retrying");
-                }
-                tokio::time::sleep(backoff(attempt, cfg.max_backoff_ms)).await;
-            }
-        }
-    }
+    backoff
+        .retry(f, |e, attempt| {
+            store_failed(metrics, what, e.into(), attempt)
+        })
+        .await
 }
 
-/// How long one round of waiting for a predecessor's running inserts lasts before a warning
-/// says it goes on waiting.
-const EARLIER_INSERTS_ROUND: Duration = Duration::from_secs(60);
+/// After failed attempt `attempt` at `what`: `Ok` to retry a transient ClickHouse failure
+/// (logged sparsely; ClickHouse counts as down), `Err` to give up on anything else (a
+/// rejected query logged as such).
+fn store_failed(
+    metrics: &IngestMetrics,
+    what: &str,
+    e: IngestError,
+    attempt: u32,
+) -> Result<(), IngestError> {
+    match &e {
+        IngestError::Store(s) if s.is_transient() => {
+            metrics.clickhouse_up.set(0);
+            if sparse(attempt) {
+                error!(error = %s, attempt, "{what}: clickhouse unavailable; retrying");
+            }
+            Ok(())
+        }
+        IngestError::Store(s) => {
+            error!(error = %s, "{what}: ClickHouse rejected the query (did `weft migrate` run?)");
+            Err(e)
+        }
+        _ => Err(e),
+    }
+}
 
 /// Wait until the facts inserts running now into `weft_events` (a killed predecessor's, or a
-/// partition's previous owner's) have finished, however long that takes (a warning every
-/// [`EARLIER_INSERTS_ROUND`]), or `Err(Stopped)` once the process is asked to stop. Resume
-/// points read before such an insert lands would store its rows twice. Only the inserts
-/// running at the call are waited for: later ones are other writers', not a predecessor's.
+/// partition's previous owner's) have finished ([`Store::wait_for_earlier_inserts`]: however
+/// long that takes, only those running now), or `Err(Stopped)` once the process is asked to
+/// stop. ClickHouse unreachable meanwhile: asked again as [`retry_store`] does.
 pub(super) async fn wait_for_earlier_inserts(
-    cfg: &IngestConfig,
+    backoff: &Backoff,
     metrics: &IngestMetrics,
-    stop: &watch::Receiver<bool>,
     store: &Store,
 ) -> Result<(), IngestError> {
-    let tables = ["weft_events"];
-    wait_for_inserts(
-        cfg,
-        metrics,
-        stop,
-        EARLIER_INSERTS_ROUND,
-        || store.running_inserts(&tables),
-        |ids, limit| async move { store.wait_for_queries(&ids, limit).await },
-    )
-    .await
-}
-
-/// [`wait_for_earlier_inserts`] with the snapshot of running inserts (`running`) and one
-/// bounded round of waiting for them (`wait`, `Ok(false)` when they still run after `round`)
-/// given, for tests.
-async fn wait_for_inserts<R, RF, W, WF>(
-    cfg: &IngestConfig,
-    metrics: &IngestMetrics,
-    stop: &watch::Receiver<bool>,
-    round: Duration,
-    running: R,
-    mut wait: W,
-) -> Result<(), IngestError>
-where
-    R: FnMut() -> RF,
-    RF: std::future::Future<Output = Result<Vec<String>, StoreError>>,
-    W: FnMut(Vec<String>, Duration) -> WF,
-    WF: std::future::Future<Output = Result<bool, StoreError>>,
-{
-    let mut halt = stop.clone();
-    let ids = tokio::select! {
-        biased;
-        _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
-        r = retry_store(cfg, metrics, "list the inserts running now", running) => r?,
-    };
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let started = std::time::Instant::now();
-    let mut attempt = 0;
-    loop {
-        let r = tokio::select! {
-            biased;
-            _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
-            r = wait(ids.clone(), round) => r,
-        };
-        match r {
-            Ok(true) => {
-                info!(
-                    running = ids.len(),
-                    waited_ms = started.elapsed().as_millis() as u64,
-                    "the inserts running before this process read its resume points have finished"
-                );
-                return Ok(());
-            }
-            Ok(false) => warn!(
-                running = ids.len(),
-                waited_s = started.elapsed().as_secs(),
-                "facts inserts started before this process read its resume points still run; \
-                 waiting on (read now, their rows would be stored twice)"
-            ),
-            Err(e) if !e.is_transient() => return Err(e.into()),
-            Err(e) => {
-                attempt += 1;
-                metrics.clickhouse_up.set(0);
-                warn!(error = %e, attempt, "cannot tell whether the earlier inserts still run; asking again");
-                tokio::select! {
-                    biased;
-                    _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
-                    _ = tokio::time::sleep(backoff(attempt, cfg.max_backoff_ms)) => {}
-                }
-            }
-        }
-    }
+    let what = "wait for the inserts running earlier";
+    store
+        .wait_for_earlier_inserts(&["weft_events"], backoff.stop(), |e, attempt| async move {
+            store_failed(metrics, what, e.into(), attempt)?;
+            Ok(backoff.pause(attempt).await?)
+        })
+        .await
 }
 
 /// Ask Kafka (`fetch`: a blocking call with its own timeout) until it answers, backing off
@@ -577,31 +537,23 @@ where
 /// `Err(Stopped)` once the process is asked to stop.
 pub(super) async fn retry_kafka<T>(
     what: &str,
-    max_backoff_ms: u64,
-    stop: &watch::Receiver<bool>,
+    backoff: &Backoff,
     mut fetch: impl FnMut() -> Result<T, KafkaError>,
 ) -> Result<T, IngestError> {
-    let mut halt = stop.clone();
-    let mut attempt = 0;
-    loop {
-        if *halt.borrow() {
-            return Err(IngestError::Stopped);
-        }
-        match fetch() {
-            Ok(v) => return Ok(v),
-            Err(e) => {
-                attempt += 1;
-                if attempt == 1 || attempt % 10 == 0 {
+    if backoff.stopping() {
+        return Err(IngestError::Stopped);
+    }
+    backoff
+        .retry(
+            || std::future::ready(fetch()),
+            |e, attempt| {
+                if sparse(attempt) {
                     warn!(error = %e, attempt, "{what}: kafka did not answer; retrying");
                 }
-                tokio::select! {
-                    biased;
-                    _ = halt.wait_for(|s| *s) => return Err(IngestError::Stopped),
-                    _ = tokio::time::sleep(backoff(attempt, max_backoff_ms)) => {}
-                }
-            }
-        }
-    }
+                Ok(())
+            },
+        )
+        .await
 }
 
 #[cfg(test)]
@@ -609,73 +561,78 @@ mod tests {
     use super::*;
     use rdkafka::error::RDKafkaErrorCode;
 
-    fn quick() -> IngestConfig {
-        IngestConfig {
-            max_backoff_ms: 0,
-            ..IngestConfig::default()
+    /// Retries with no pause, ended by `stop`.
+    fn quick(stop: watch::Receiver<bool>) -> Backoff {
+        Backoff::new(0, stop)
+    }
+
+    /// A ClickHouse failure as an unreachable server gives it.
+    fn unreachable() -> StoreError {
+        StoreError::ClickHouse {
+            url: "http://127.0.0.1:1".into(),
+            source: clickhouse::error::Error::TimedOut,
         }
     }
 
-    /// A predecessor's insert still running after a round is waited for in further rounds
-    /// (of the same insert only), not given up on.
-    #[tokio::test]
-    async fn an_earlier_insert_is_waited_for_until_it_has_finished() {
-        let (_tx, stop) = watch::channel(false);
-        let metrics = IngestMetrics::new();
-        let snapshots = std::cell::Cell::new(0);
-        let rounds = std::cell::RefCell::new(Vec::new());
-        let r = wait_for_inserts(
-            &quick(),
-            &metrics,
-            &stop,
-            Duration::from_millis(5),
-            || {
-                snapshots.set(snapshots.get() + 1);
-                std::future::ready(Ok(vec!["killed-insert".to_owned()]))
-            },
-            |ids, limit| {
-                rounds.borrow_mut().push((ids, limit));
-                // Still running for three rounds, then finished.
-                std::future::ready(Ok(rounds.borrow().len() > 3))
-            },
-        )
+    /// [`retry_store`] of an operation whose call `n` (from 1) answers `answer(n)`: its
+    /// result, and how many calls were made.
+    async fn store_retried<T, E: Into<IngestError>>(
+        stop: &watch::Receiver<bool>,
+        metrics: &IngestMetrics,
+        answer: impl Fn(u32) -> Result<T, E>,
+    ) -> (Result<T, IngestError>, u32) {
+        let mut calls = 0;
+        let r = retry_store(&quick(stop.clone()), metrics, "read progress", || {
+            calls += 1;
+            std::future::ready(answer(calls))
+        })
         .await;
-        assert!(r.is_ok(), "{r:?}");
-        assert_eq!(
-            snapshots.get(),
-            1,
-            "one snapshot: later inserts are not waited for"
-        );
-        let rounds = rounds.into_inner();
-        assert_eq!(rounds.len(), 4, "waited until the insert finished");
-        assert!(rounds
-            .iter()
-            .all(|(ids, limit)| ids == &["killed-insert"] && *limit == Duration::from_millis(5)));
+        (r, calls)
     }
 
-    /// Waiting on gives way to a stop.
+    /// ClickHouse unreachable: retried (and counted as down) until it answers; a query it
+    /// rejects is not retried.
     #[tokio::test]
-    async fn waiting_for_an_earlier_insert_gives_way_to_a_stop() {
+    async fn clickhouse_is_asked_again_until_it_answers_but_not_after_a_rejection() {
+        let (_tx, stop) = watch::channel(false);
+        let metrics = IngestMetrics::new();
+        metrics.clickhouse_up.set(1);
+        let answer = |n| if n < 3 { Err(unreachable()) } else { Ok(7) };
+        let (r, calls) = store_retried(&stop, &metrics, answer).await;
+        assert_eq!((r.ok(), calls), (Some(7), 3));
+        assert_eq!(metrics.clickhouse_up.get(), 0);
+        let rejected = |_| Err::<(), _>(StoreError::BadDatabase("x-y".into()));
+        let (r, calls) = store_retried(&stop, &metrics, rejected).await;
+        assert!(matches!(r, Err(IngestError::Store(_))), "{r:?}");
+        assert_eq!(calls, 1);
+    }
+
+    /// ClickHouse down for good: the retries end with the stop (they went on for ever).
+    #[tokio::test]
+    async fn retrying_clickhouse_gives_way_to_a_stop() {
         let (tx, stop) = watch::channel(false);
         let metrics = IngestMetrics::new();
-        let rounds = std::cell::Cell::new(0);
-        let r = wait_for_inserts(
-            &quick(),
-            &metrics,
-            &stop,
-            Duration::from_millis(5),
-            || std::future::ready(Ok(vec!["never-ends".to_owned()])),
-            |_, _| {
-                rounds.set(rounds.get() + 1);
-                if rounds.get() == 2 {
-                    let _ = tx.send(true);
-                }
-                std::future::ready(Ok(false))
-            },
-        )
-        .await;
+        let down = |n| {
+            if n == 3 {
+                let _ = tx.send(true);
+            }
+            Err::<(), _>(unreachable())
+        };
+        let (r, calls) = store_retried(&stop, &metrics, down).await;
         assert!(matches!(r, Err(IngestError::Stopped)), "{r:?}");
-        assert_eq!(rounds.get(), 2);
+        assert_eq!(calls, 3);
+    }
+
+    /// A projector load stopped while it waits for earlier inserts is a stop, not a failure
+    /// to retry.
+    #[tokio::test]
+    async fn a_stopped_load_is_not_retried() {
+        let (_tx, stop) = watch::channel(false);
+        let metrics = IngestMetrics::new();
+        let stopped = |_| Err::<(), _>(LoadError::Stopped);
+        let (r, calls) = store_retried(&stop, &metrics, stopped).await;
+        assert!(matches!(r, Err(IngestError::Stopped)), "{r:?}");
+        assert_eq!(calls, 1);
     }
 
     /// A watermark request that times out (a broker restarting) is asked again, not fatal.
@@ -683,7 +640,7 @@ mod tests {
     async fn a_kafka_timeout_is_retried_until_kafka_answers() {
         let (_tx, stop) = watch::channel(false);
         let mut calls = 0;
-        let r = retry_kafka("high watermark", 0, &stop, || {
+        let r = retry_kafka("high watermark", &quick(stop), || {
             calls += 1;
             if calls == 1 {
                 Err(KafkaError::MetadataFetch(
@@ -703,7 +660,7 @@ mod tests {
     async fn retrying_kafka_gives_way_to_a_stop() {
         let (tx, stop) = watch::channel(false);
         let mut calls = 0;
-        let r: Result<(), _> = retry_kafka("high watermark", 0, &stop, || {
+        let r: Result<(), _> = retry_kafka("high watermark", &quick(stop), || {
             calls += 1;
             if calls == 3 {
                 let _ = tx.send(true);

@@ -13,7 +13,8 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 
-use tracing::{info, instrument, warn};
+use tokio::sync::watch;
+use tracing::{info, instrument};
 use weft_schemas::links::{Link, NodeKind};
 
 use super::direct::direct_facts;
@@ -24,7 +25,7 @@ use super::moves::move_rows;
 use super::shard::NarrativeShard;
 use weft_store::ids::{chunks_by_bytes, MAX_PARAM_BYTES};
 use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
-use weft_store::{check_columns, insert, insert_native, Fact, Store, StoreError};
+use weft_store::{check_columns, insert, insert_native, Fact, Stopped, Store, StoreError};
 
 /// The tables the projector writes, and only it.
 const NARRATIVE_TABLES: &[&str] = &[
@@ -34,6 +35,24 @@ const NARRATIVE_TABLES: &[&str] = &[
     "weft_links_from",
     "weft_projector_progress",
 ];
+
+/// Why [`Projector::load_shard`] returned without a projector.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// ClickHouse failed; [`StoreError::is_transient`] says whether to load again.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The process was asked to stop while the load waited for the narrative inserts of an
+    /// earlier process (before it read any narrative state or wrote anything).
+    #[error("stopped while waiting for the narrative inserts running before this process")]
+    Stopped,
+}
+
+impl From<Stopped> for LoadError {
+    fn from(_: Stopped) -> Self {
+        LoadError::Stopped
+    }
+}
 
 /// Nodes the graph keeps in memory by default (measured: about 600 bytes of resident memory
 /// each with their keys, links and index, so ~180 MB).
@@ -126,39 +145,41 @@ pub struct Projector {
 impl Projector {
     /// Load the projector's state from ClickHouse: progress, a killed pass's placements and
     /// the id filter. The graph starts empty and keeps at most `max_nodes` nodes between
-    /// passes (a pass may exceed it while its own components are larger). Every tenant:
-    /// [`Projector::load_shard`] with [`NarrativeShard::WHOLE`].
-    pub async fn load(store: Store, max_nodes: usize) -> Result<Self, StoreError> {
-        Self::load_shard(store, max_nodes, NarrativeShard::WHOLE).await
+    /// passes (a pass may exceed it while its own components are larger). Every tenant, and
+    /// no stop: [`Projector::load_shard`] with [`NarrativeShard::WHOLE`], for tools and tests.
+    pub async fn load(store: Store, max_nodes: usize) -> Result<Self, LoadError> {
+        // Kept until the load returns: a stop signal whose sender is gone reads as a stop.
+        let (_never, stop) = watch::channel(false);
+        Self::load_shard(store, max_nodes, NarrativeShard::WHOLE, &stop).await
     }
 
     /// [`Projector::load`] for the tenants of one narrative shard: its own progress rows,
     /// and only its own tenants' rows restored and in the id filter. Another shard's passes,
     /// finished or killed, are none of its business (they write other tenants' rows, with
-    /// versions from another clock).
-    #[instrument(skip(store), fields(shard = %shard))]
+    /// versions from another clock). `Err(LoadError::Stopped)` once `stop` turns true while
+    /// it waits for an earlier process's inserts.
+    #[instrument(skip(store, stop), fields(shard = %shard))]
     pub async fn load_shard(
         store: Store,
         max_nodes: usize,
         shard: NarrativeShard,
-    ) -> Result<Self, StoreError> {
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Self, LoadError> {
         check_columns::<NarrativeRow>(&store, "weft_narratives").await?;
         check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
         check_columns::<LinkRow>(&store, "weft_links").await?;
         check_columns::<LinkRow>(&store, "weft_links_from").await?;
         check_columns::<ProgressRow>(&store, "weft_projector_progress").await?;
         // The projector is the only writer of these tables: an insert running now is a dead
-        // predecessor's, and reading before it lands would place its members wrongly. (With
-        // several shards it may be another shard's too; waiting for it costs a moment.) Not
-        // given up on: a member row landing after the restore below would be live in a
-        // narrative no node row names. A dead client's insert ends when ClickHouse sees the
-        // connection gone, so the wait ends too.
-        while !store
-            .wait_for_running_inserts(NARRATIVE_TABLES, std::time::Duration::from_secs(60))
-            .await?
-        {
-            warn!("narrative inserts started before this process still run after 60 s; waiting on");
-        }
+        // predecessor's (with several shards, maybe another shard's: waiting for it costs a
+        // moment), and must land before the restore below reads them; why, in
+        // `Store::wait_for_earlier_inserts`. A ClickHouse failure meanwhile ends the load (its
+        // caller loads again).
+        store
+            .wait_for_earlier_inserts(NARRATIVE_TABLES, stop, |e, _| async move {
+                Err(LoadError::Store(e))
+            })
+            .await?;
         let c = store.client();
         let progress: Vec<ProgressRow> = c
             .query(
