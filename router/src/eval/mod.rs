@@ -105,6 +105,10 @@ pub const FOLDS: usize = 5;
 /// action's mean, and an action's mean toward the overall mean.
 pub const SHRINK: f64 = 2.0;
 
+/// One action of a record: its cell id and action id (None when never logged) and the
+/// target's probability of it.
+type ActionRef = (Option<usize>, Option<usize>, f64);
+
 /// The records in the form the estimators and the bootstrap need: the direct-method model's
 /// cells and actions are keyed by dense ids, so a resample can refit it with one pass over
 /// a `Vec`.
@@ -113,9 +117,8 @@ struct Indexed {
     fold: Vec<usize>,
     /// Cell and action ids of each record's logged action.
     chosen: Vec<(usize, usize)>,
-    /// Per record, (cell id, action id: None when never logged, target probability) of
-    /// each action.
-    actions: Vec<Vec<(Option<usize>, Option<usize>, f64)>>,
+    /// Per record, each action's [`ActionRef`].
+    actions: Vec<Vec<ActionRef>>,
     weight: Vec<f64>,
     reward: Vec<f64>,
     cells: usize,
