@@ -25,7 +25,7 @@ use axum::{Json, Router as AxumRouter};
 use parking_lot::{Mutex, RwLock};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys, Unauthorized};
+use weft_http::{ApiError, ApiKeys, BodyError, Caller, HasApiKeys, Unauthorized};
 use weft_producers::{PublishError, Publisher};
 use weft_schemas::{Envelope, EnvelopeError, Kind};
 
@@ -67,12 +67,20 @@ pub struct ServiceConfig {
     /// The most `/v1/*` requests handled at once; one more is answered 503 `busy` at once
     /// ([`weft_http::limit_in_hand`]).
     pub max_concurrent_requests: usize,
+    /// The longest a request's whole body may take to arrive; slower: 408 `body_timeout`,
+    /// and its slot (of `max_concurrent_requests`) freed ([`weft_http::read_body`]).
+    pub body_timeout: Duration,
 }
 
 /// The default [`ServiceConfig::max_concurrent_requests`]: 512 route bodies of at most
 /// 256 KiB hold 128 MiB, as the gateway's 16 of 8 MiB; far more than a decision's
 /// microseconds need to serve thousands a second.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
+
+/// The default [`ServiceConfig::body_timeout`], in seconds: a route body (256 KiB at most)
+/// takes milliseconds on any working link; 10 s leaves room for a slow one, while a client
+/// trickling bytes holds a slot 10 s, not for ever.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 10;
 
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
@@ -454,7 +462,8 @@ impl Service {
         })
     }
 
-    /// Authenticate, then read a JSON body of at most `limit` bytes.
+    /// Authenticate, then read a JSON body of at most `limit` bytes, within
+    /// [`ServiceConfig::body_timeout`].
     async fn read<T: serde::de::DeserializeOwned>(
         &self,
         caller: Result<Caller, ApiError>,
@@ -462,17 +471,21 @@ impl Service {
         limit: usize,
     ) -> Result<(String, T), RouterError> {
         let tenant = self.authenticate(caller)?;
-        let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-            self.metrics.rejected.inc();
-            if weft_http::over_length_limit(&e) {
-                RouterError::BodyTooLarge {
-                    got: limit + 1,
-                    limit,
+        let bytes = weft_http::read_body(body, limit, self.cfg.body_timeout)
+            .await
+            .map_err(|e| {
+                self.metrics.rejected.inc();
+                match e {
+                    BodyError::TooLarge { limit } => RouterError::BodyTooLarge {
+                        got: limit + 1,
+                        limit,
+                    },
+                    BodyError::Timeout { timeout } => RouterError::BodyTimeout(timeout),
+                    BodyError::Unreadable(e) => {
+                        RouterError::BadRequest(format!("the request body could not be read: {e}"))
+                    }
                 }
-            } else {
-                RouterError::BadRequest(format!("the request body could not be read: {e}"))
-            }
-        })?;
+            })?;
         // One reading of a payload: a key given twice is refused, as at every entry.
         let v = std::str::from_utf8(&bytes)
             .map_err(|e| e.to_string())
