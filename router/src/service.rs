@@ -136,6 +136,41 @@ pub struct Service {
     rebuilding: tokio::sync::Mutex<Option<crate::live::Rebuild>>,
 }
 
+/// A decision's choice counted in flight ([`Live::decided`]) before the decision is
+/// published: dropped without [`InFlight::keep`] (the decision failed: not built, not
+/// published), the count is taken back, so a refused decision spends no risk budget.
+struct InFlight<'a> {
+    live: &'a Live,
+    tenant: &'a str,
+    candidate: String,
+    kept: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn reserve(live: &'a Live, tenant: &'a str, candidate: &str) -> Self {
+        live.decided(tenant, candidate);
+        InFlight {
+            live,
+            tenant,
+            candidate: candidate.to_owned(),
+            kept: false,
+        }
+    }
+
+    /// The decision was made: it stays in flight until its outcome.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.live.settled(self.tenant, &self.candidate);
+        }
+    }
+}
+
 /// 128 random bits from the OS, as the decision id `erd-<32 hex>`.
 fn random_decision_id() -> Result<String, RouterError> {
     let mut b = [0u8; 16];
@@ -196,20 +231,37 @@ impl Service {
         req: RouteRequest,
         rng: &mut Rng,
     ) -> Result<Box<RawValue>, Response> {
+        self.decide_with(tenant, req, rng, |request_id, raw| {
+            self.publish_decision(tenant, request_id, raw)
+        })
+    }
+
+    /// [`Service::decide`] with the publishing step given (the tests' seam).
+    fn decide_with(
+        &self,
+        tenant: &str,
+        req: RouteRequest,
+        rng: &mut Rng,
+        publish: impl FnOnce(Option<String>, Box<RawValue>) -> Result<(), Response>,
+    ) -> Result<Box<RawValue>, Response> {
         let cfg = &self.cfg.policy;
         let policy = decide::check(&req, tenant, cfg.policy).map_err(|e| {
             self.metrics.rejected.inc();
             e.into_response()
         })?;
-        // A constrained request's risk budget is checked at admission and counted once the
-        // decision is made: the tenant's constrained decisions are made one at a time, so
-        // that concurrent requests cannot all pass the check before any is counted.
+        // A constrained request's risk budget is checked at admission and counted as soon as
+        // the choice is made: the tenant's constrained decisions are admitted and chosen one
+        // at a time, so that concurrent requests cannot all pass the check before any is
+        // counted. The gate is released before the decision is published: publishing may wait
+        // on a slow broker (the publisher's pacing, up to its message timeout), and a
+        // blocking lock held across that wait would stall every worker thread that serves a
+        // constrained request of the tenant.
         let gate = req
             .constraints
             .as_ref()
             .is_some_and(|c| !c.is_empty())
             .then(|| self.live.constrained_gate(tenant));
-        let _one_at_a_time = gate.as_ref().map(|g| g.lock());
+        let one_at_a_time = gate.as_ref().map(|g| g.lock());
         let live = self.live.model(tenant);
         let snap = self.snapshot();
         // The contextual policy reads this replica's outcomes from its model; the others
@@ -231,6 +283,12 @@ impl Service {
             return Err(self.no_fit(&req, &adm, has_data, stale));
         }
         let ch = decide::choose(policy, cfg, &adm, &req, &live, &self.memo, rng);
+        let in_flight = InFlight::reserve(
+            &self.live,
+            tenant,
+            &req.candidates[adm.admissible[ch.chosen]].candidate_id,
+        );
+        drop(one_at_a_time);
         let live_n = |id: &str| live.arms.get(id).map_or(0.0, |a| a.n);
         let cx = Context {
             policy,
@@ -252,11 +310,10 @@ impl Service {
         let decision = decide::build(&cx, decision_id.clone(), req, adm, &ch, reasons)
             .map_err(IntoResponse::into_response)?;
         let remembered = Arc::new(Remembered::of(&decision, ctx_features, key));
-        let chosen = decision.candidate.candidate_id.clone();
         let raw = serde_json::value::to_raw_value(&decision)
             .map_err(|e| RouterError::Internal(e.to_string()).into_response())?;
-        self.publish_decision(tenant, request_id, raw.clone())?;
-        self.live.decided(tenant, &chosen);
+        publish(request_id, raw.clone())?;
+        in_flight.keep();
         self.recent.lock().insert(tenant, decision_id, remembered);
         self.metrics.decisions.inc();
         Ok(raw)

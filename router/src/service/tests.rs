@@ -165,6 +165,51 @@ async fn offline_service(
     )
 }
 
+/// The tenant's constrained gate is not held while a decision is published (a slow broker
+/// makes publishing wait up to the message timeout, and the gate is a blocking lock): the
+/// choice is counted in flight before, under the gate, and taken back when publishing fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_is_free_while_publishing_and_a_failed_decision_spends_no_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = offline_service(dir.path(), 8, Duration::from_secs(5)).await;
+    let req = || -> RouteRequest {
+        serde_json::from_value(json!({
+            "context": {"intent": "x"},
+            "candidates": [{"candidate_id": "a", "candidate_type": "tool"}],
+            "constraints": {"max_latency_ms": 1000},
+        }))
+        .unwrap()
+    };
+    let mut rng = Rng::new(1);
+    let refused = s.decide_with("ta", req(), &mut rng, |_, _| {
+        assert!(
+            s.live.constrained_gate("ta").try_lock().is_some(),
+            "the gate is held while publishing"
+        );
+        assert_eq!(s.live.inflight("ta", "a"), 1, "counted before publishing");
+        Err(StatusCode::SERVICE_UNAVAILABLE.into_response())
+    });
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        s.live.inflight("ta", "a"),
+        0,
+        "a failed decision is taken back"
+    );
+    let made = s.decide_with("ta", req(), &mut rng, |_, _| {
+        assert!(s.live.constrained_gate("ta").try_lock().is_some());
+        Ok(())
+    });
+    assert!(made.is_ok());
+    assert_eq!(
+        s.live.inflight("ta", "a"),
+        1,
+        "a decision made stays in flight"
+    );
+}
+
 /// One request, HTTP/1.1 over `stream`: the answer's status line and body.
 async fn send(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
