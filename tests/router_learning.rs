@@ -300,12 +300,20 @@ async fn thompson_router_learns_the_best_candidate_through_the_pipeline() {
         m["ips"], m["snips"], m["dr"], art["uncertainty"]["dr_ci"]
     );
     assert_eq!(target, BEST);
-    for (got, want) in [(&m["ips"], ips), (&m["snips"], snips), (&m["dr"], dr)] {
+    for (got, want) in [(&m["ips"], ips), (&m["snips"], snips)] {
         assert!(
             (got.as_f64().unwrap() - want).abs() < 1e-9,
             "{got} vs {want}"
         );
     }
+    // DR's model is cross-fitted (each record's from the other folds, shrunk toward the
+    // candidate's mean), so it differs from this in-sample reference by the model's
+    // difference, O(1/n) per candidate here (one context, ~1000 outcomes per candidate).
+    let got = m["dr"].as_f64().unwrap();
+    assert!(
+        (got - dr).abs() < 0.01,
+        "DR {got} vs in-sample reference {dr}"
+    );
 
     // The fitted state exports as a versioned snapshot that a router can start from.
     let snap_file = p.path("snapshot.json");

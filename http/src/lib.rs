@@ -6,6 +6,8 @@
 //! - [`Caller`]: the one auth extractor (tenant and key id of the bearer key);
 //! - [`ApiError`]: the one error body, `{"error": {"code": "...", "message": "..."}}`;
 //! - [`limit_in_hand`]: at most N requests in hand, one more answered 503 `busy`;
+//! - [`read_body`]: a request body within a size limit and a deadline (408 `body_timeout`),
+//!   so a slow body cannot hold a request slot for ever;
 //! - [`MetricsRegistry`]: the one `prometheus` registry helper behind `GET /metrics`;
 //! - [`cpu`]: CPU seconds from procfs (`process_cpu_seconds_total`, the benchmarks);
 //! - [`bind`]: listen on an address, refusing non-loopback addresses unless asked, because
@@ -17,6 +19,7 @@
 use std::net::SocketAddr;
 
 mod auth;
+mod body;
 pub mod cpu;
 mod error;
 mod keys;
@@ -25,6 +28,7 @@ mod listen;
 mod metrics;
 
 pub use auth::{Caller, HasApiKeys};
+pub use body::{read_body, BodyError};
 pub use error::{check_len, error_response, over_length_limit, ApiError, ErrorDetail};
 pub use keys::{ApiKeys, AuthError, KeySources, Unauthorized};
 pub use limit::{busy, limit_in_hand};

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{to_bytes, Body};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -536,7 +536,7 @@ async fn ingest(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Body) -
 
 /// The body, at most `max_body_bytes` (413 beyond, whether declared or streamed), within
 /// `body_timeout` (408 `body_timeout` after it); a body that fails otherwise is 400
-/// `body_unreadable`.
+/// `body_unreadable` (the shared reader, [`weft_http::read_body`]).
 async fn read_body(
     g: &Gateway,
     headers: &HeaderMap,
@@ -549,30 +549,9 @@ async fn read_body(
     if declared.is_some_and(|n| n > g.max_body_bytes) {
         return Err(weft_http::ApiError::too_large(g.max_body_bytes));
     }
-    let read = to_bytes(body, g.max_body_bytes).instrument(info_span!("read_body"));
-    match tokio::time::timeout(g.body_timeout, read).await {
-        Ok(body) => body.map_err(|e| body_error(&e, g.max_body_bytes)),
-        Err(_) => Err(weft_http::ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "body_timeout",
-            format!(
-                "the request body did not arrive within {} s",
-                g.body_timeout.as_secs_f64()
-            ),
-        )),
-    }
-}
-
-/// The answer to a body that could not be read: 413 `body_too_large` when it ran over the
-/// limit, else 400 `body_unreadable` (the client reset the connection, a bad chunk).
-fn body_error(e: &axum::Error, max_body_bytes: usize) -> weft_http::ApiError {
-    if weft_http::over_length_limit(e) {
-        return weft_http::ApiError::too_large(max_body_bytes);
-    }
-    weft_http::ApiError::bad_request(
-        "body_unreadable",
-        format!("the request body could not be read: {e}"),
-    )
+    weft_http::read_body(body, g.max_body_bytes, g.body_timeout)
+        .await
+        .map_err(weft_http::ApiError::from)
 }
 
 /// Validate and publish each item, await durability, and answer per item.

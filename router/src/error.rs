@@ -23,6 +23,10 @@ pub enum RouterError {
         /// The limit.
         limit: usize,
     },
+    /// The whole body did not arrive within the body timeout
+    /// ([`crate::service::ServiceConfig::body_timeout`]).
+    #[error("the request body did not arrive within {} s", .0.as_secs_f64())]
+    BodyTimeout(std::time::Duration),
     /// A field is over its documented limit.
     #[error("{field}: {message}")]
     TooLarge {
@@ -70,6 +74,7 @@ impl RouterError {
             }
             RouterError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             RouterError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            RouterError::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
             RouterError::TooLarge { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "over_limit"),
             RouterError::NoCandidates => (StatusCode::BAD_REQUEST, "no_candidates"),
             RouterError::DuplicateCandidate(_) => {

@@ -90,23 +90,32 @@ impl Base {
     /// same outcome; it is held, not learnt); `true` when it came out of the visibility
     /// order (before the last row learnt). `evicted` counts the arms it made room by.
     fn learn(&mut self, cfg: &LearnerConfig, row: &Stored, evicted: &AtomicU64) -> bool {
-        if !self.applied.insert(&row.obs.feedback_id) {
+        let Some(late) = self.admit(row) else {
             return false;
+        };
+        if self.model.learn(cfg, &row.obs) {
+            evicted.fetch_add(1, Relaxed);
+        }
+        late
+    }
+
+    /// The bookkeeping of [`Base::learn`] without the model: `None` when the row is not to
+    /// be learnt (identity held, or its decision's candidate answered), else `Some(late)`.
+    fn admit(&mut self, row: &Stored) -> Option<bool> {
+        if !self.applied.insert(&row.obs.feedback_id) {
+            return None;
         }
         if !self
             .answered
             .insert(&outcome_key(&row.decision_id, &row.obs.candidate_id))
         {
-            return false;
-        }
-        if self.model.learn(cfg, &row.obs) {
-            evicted.fetch_add(1, Relaxed);
+            return None;
         }
         let late = row.key < self.last;
         if !late {
             self.last = row.key.clone();
         }
-        late
+        Some(late)
     }
 }
 
@@ -169,6 +178,9 @@ struct TenantState {
     inflight: HashMap<String, (u32, Instant)>,
     /// Held while a constrained decision is made ([`Live::constrained_gate`]).
     gate: Arc<parking_lot::Mutex<()>>,
+    /// Held by the bulk learners ([`Live::reconcile`], [`Live::install`], [`Live::load`]),
+    /// never by a request: one at a time may have the base's model out of the state.
+    bulk: Arc<parking_lot::Mutex<()>>,
 }
 
 impl TenantState {
@@ -281,10 +293,32 @@ impl Live {
         let mut late = false;
         for (tenant, rows) in by_tenant {
             let t = self.tenant(&tenant);
-            let mut t = t.write();
-            for row in &rows {
-                late |= t.base.learn(cfg, row, &self.evicted);
+            let bulk = t.read().bulk.clone();
+            let _one_bulk_learner = bulk.lock();
+            // Under the state's lock, only the bookkeeping (hash lookups): the identities
+            // are booked at once, so feedback posted meanwhile is not learnt again, and the
+            // base's model is taken out. The rows are learnt into it with the lock released
+            // (a page of a catch-up is seconds of O(slots²) updates, and every decision and
+            // feedback of the tenant takes this lock); decisions meanwhile read the served
+            // model, which is untouched until the model is put back and served anew.
+            let (mut model, admitted) = {
+                let mut t = t.write();
+                let mut admitted = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if let Some(l) = t.base.admit(row) {
+                        late |= l;
+                        admitted.push(row);
+                    }
+                }
+                (std::mem::take(&mut t.base.model), admitted)
+            };
+            for row in admitted {
+                if model.learn(cfg, &row.obs) {
+                    self.evicted.fetch_add(1, Relaxed);
+                }
             }
+            let mut t = t.write();
+            t.base.model = model;
             t.reserve(cfg);
         }
         late
@@ -298,6 +332,8 @@ impl Live {
         names.extend(fresh.tenants.keys().cloned());
         for name in names {
             let t = self.tenant(&name);
+            let bulk = t.read().bulk.clone();
+            let _one_bulk_learner = bulk.lock();
             let mut t = t.write();
             t.base = fresh.tenants.remove(&name).unwrap_or_default();
             t.reserve(cfg);
@@ -308,6 +344,8 @@ impl Live {
     pub fn load(&self, models: impl IntoIterator<Item = (String, TenantModel)>) {
         for (tenant, m) in models {
             let t = self.tenant(&tenant);
+            let bulk = t.read().bulk.clone();
+            let _one_bulk_learner = bulk.lock();
             let mut t = t.write();
             t.served = Arc::new(m.clone());
             t.base.model = m;
@@ -466,6 +504,66 @@ mod tests {
             decision_id: format!("d-{id}"),
             obs: obs(id, reward),
         }
+    }
+
+    /// A large catch-up does not hold the tenant's lock while it learns: decisions
+    /// (`model`, `inflight`, `decided`) and feedback (`learn_now`) go on meanwhile, and the
+    /// result is the model learnt in one go, each outcome once.
+    #[test]
+    fn reconcile_learns_without_holding_the_tenants_lock() {
+        use crate::features::Feature;
+        let cfg = LearnerConfig::default();
+        let ctx: Vec<Feature> = (0..24)
+            .map(|h| Feature {
+                hash: 1000 + h,
+                value: 1.0,
+            })
+            .collect();
+        let heavy = |i: usize| {
+            let mut r = stored(&format!("f{i}"), i as i64, (i % 3) as f64 / 2.0);
+            r.obs.example = example(&ctx, &candidate_features("a", "tool", None));
+            r
+        };
+        let rows: Vec<Stored> = (0..3000).map(heavy).collect();
+        let live = Arc::new(Live::default());
+        live.decided("t", "warm");
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, d) = (live.clone(), done.clone());
+        let prober = std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            while !d.load(Relaxed) {
+                let at = Instant::now();
+                let _ = l.model("t");
+                l.decided("t", "b");
+                l.settled("t", "b");
+                worst = worst.max(at.elapsed());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            worst
+        });
+        let started = Instant::now();
+        live.reconcile(&cfg, rows.clone());
+        let took = started.elapsed();
+        done.store(true, Relaxed);
+        let worst = prober.join().unwrap();
+        assert!(
+            worst < took / 4,
+            "a request waited {worst:?} of the catch-up's {took:?}"
+        );
+        let whole = Live::default();
+        let mut base = Base::default();
+        let evicted = AtomicU64::new(0);
+        for r in &rows {
+            base.learn(&cfg, r, &evicted);
+        }
+        whole.load([("t".to_owned(), base.model)]);
+        assert!(
+            live.served("t") == whole.served("t"),
+            "the model learnt in one go"
+        );
+        // Read again, every row is held: nothing changes.
+        live.reconcile(&cfg, rows);
+        assert!(live.served("t") == whole.served("t"), "each outcome once");
     }
 
     #[test]

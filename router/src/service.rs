@@ -25,7 +25,7 @@ use axum::{Json, Router as AxumRouter};
 use parking_lot::{Mutex, RwLock};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use weft_http::{ApiError, ApiKeys, Caller, HasApiKeys, Unauthorized};
+use weft_http::{ApiError, ApiKeys, BodyError, Caller, HasApiKeys, Unauthorized};
 use weft_producers::{PublishError, Publisher};
 use weft_schemas::{Envelope, EnvelopeError, Kind};
 
@@ -67,12 +67,20 @@ pub struct ServiceConfig {
     /// The most `/v1/*` requests handled at once; one more is answered 503 `busy` at once
     /// ([`weft_http::limit_in_hand`]).
     pub max_concurrent_requests: usize,
+    /// The longest a request's whole body may take to arrive; slower: 408 `body_timeout`,
+    /// and its slot (of `max_concurrent_requests`) freed ([`weft_http::read_body`]).
+    pub body_timeout: Duration,
 }
 
 /// The default [`ServiceConfig::max_concurrent_requests`]: 512 route bodies of at most
 /// 256 KiB hold 128 MiB, as the gateway's 16 of 8 MiB; far more than a decision's
 /// microseconds need to serve thousands a second.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
+
+/// The default [`ServiceConfig::body_timeout`], in seconds: a route body (256 KiB at most)
+/// takes milliseconds on any working link; 10 s leaves room for a slow one, while a client
+/// trickling bytes holds a slot 10 s, not for ever.
+pub const DEFAULT_BODY_TIMEOUT_SECS: u64 = 10;
 
 /// A memoised posterior state is drawn `MEMO_DRAW_FACTOR * mc_samples` times.
 const MEMO_DRAW_FACTOR: usize = 4;
@@ -126,6 +134,41 @@ pub struct Service {
     memo: PosteriorMemo,
     /// The full rebuild under way, resumed by the next refresh ([`crate::live::Rebuild`]).
     rebuilding: tokio::sync::Mutex<Option<crate::live::Rebuild>>,
+}
+
+/// A decision's choice counted in flight ([`Live::decided`]) before the decision is
+/// published: dropped without [`InFlight::keep`] (the decision failed: not built, not
+/// published), the count is taken back, so a refused decision spends no risk budget.
+struct InFlight<'a> {
+    live: &'a Live,
+    tenant: &'a str,
+    candidate: String,
+    kept: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn reserve(live: &'a Live, tenant: &'a str, candidate: &str) -> Self {
+        live.decided(tenant, candidate);
+        InFlight {
+            live,
+            tenant,
+            candidate: candidate.to_owned(),
+            kept: false,
+        }
+    }
+
+    /// The decision was made: it stays in flight until its outcome.
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.live.settled(self.tenant, &self.candidate);
+        }
+    }
 }
 
 /// 128 random bits from the OS, as the decision id `erd-<32 hex>`.
@@ -188,20 +231,37 @@ impl Service {
         req: RouteRequest,
         rng: &mut Rng,
     ) -> Result<Box<RawValue>, Response> {
+        self.decide_with(tenant, req, rng, |request_id, raw| {
+            self.publish_decision(tenant, request_id, raw)
+        })
+    }
+
+    /// [`Service::decide`] with the publishing step given (the tests' seam).
+    fn decide_with(
+        &self,
+        tenant: &str,
+        req: RouteRequest,
+        rng: &mut Rng,
+        publish: impl FnOnce(Option<String>, Box<RawValue>) -> Result<(), Response>,
+    ) -> Result<Box<RawValue>, Response> {
         let cfg = &self.cfg.policy;
         let policy = decide::check(&req, tenant, cfg.policy).map_err(|e| {
             self.metrics.rejected.inc();
             e.into_response()
         })?;
-        // A constrained request's risk budget is checked at admission and counted once the
-        // decision is made: the tenant's constrained decisions are made one at a time, so
-        // that concurrent requests cannot all pass the check before any is counted.
+        // A constrained request's risk budget is checked at admission and counted as soon as
+        // the choice is made: the tenant's constrained decisions are admitted and chosen one
+        // at a time, so that concurrent requests cannot all pass the check before any is
+        // counted. The gate is released before the decision is published: publishing may wait
+        // on a slow broker (the publisher's pacing, up to its message timeout), and a
+        // blocking lock held across that wait would stall every worker thread that serves a
+        // constrained request of the tenant.
         let gate = req
             .constraints
             .as_ref()
             .is_some_and(|c| !c.is_empty())
             .then(|| self.live.constrained_gate(tenant));
-        let _one_at_a_time = gate.as_ref().map(|g| g.lock());
+        let one_at_a_time = gate.as_ref().map(|g| g.lock());
         let live = self.live.model(tenant);
         let snap = self.snapshot();
         // The contextual policy reads this replica's outcomes from its model; the others
@@ -223,6 +283,12 @@ impl Service {
             return Err(self.no_fit(&req, &adm, has_data, stale));
         }
         let ch = decide::choose(policy, cfg, &adm, &req, &live, &self.memo, rng);
+        let in_flight = InFlight::reserve(
+            &self.live,
+            tenant,
+            &req.candidates[adm.admissible[ch.chosen]].candidate_id,
+        );
+        drop(one_at_a_time);
         let live_n = |id: &str| live.arms.get(id).map_or(0.0, |a| a.n);
         let cx = Context {
             policy,
@@ -244,11 +310,10 @@ impl Service {
         let decision = decide::build(&cx, decision_id.clone(), req, adm, &ch, reasons)
             .map_err(IntoResponse::into_response)?;
         let remembered = Arc::new(Remembered::of(&decision, ctx_features, key));
-        let chosen = decision.candidate.candidate_id.clone();
         let raw = serde_json::value::to_raw_value(&decision)
             .map_err(|e| RouterError::Internal(e.to_string()).into_response())?;
-        self.publish_decision(tenant, request_id, raw.clone())?;
-        self.live.decided(tenant, &chosen);
+        publish(request_id, raw.clone())?;
+        in_flight.keep();
         self.recent.lock().insert(tenant, decision_id, remembered);
         self.metrics.decisions.inc();
         Ok(raw)
@@ -454,7 +519,8 @@ impl Service {
         })
     }
 
-    /// Authenticate, then read a JSON body of at most `limit` bytes.
+    /// Authenticate, then read a JSON body of at most `limit` bytes, within
+    /// [`ServiceConfig::body_timeout`].
     async fn read<T: serde::de::DeserializeOwned>(
         &self,
         caller: Result<Caller, ApiError>,
@@ -462,17 +528,21 @@ impl Service {
         limit: usize,
     ) -> Result<(String, T), RouterError> {
         let tenant = self.authenticate(caller)?;
-        let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-            self.metrics.rejected.inc();
-            if weft_http::over_length_limit(&e) {
-                RouterError::BodyTooLarge {
-                    got: limit + 1,
-                    limit,
+        let bytes = weft_http::read_body(body, limit, self.cfg.body_timeout)
+            .await
+            .map_err(|e| {
+                self.metrics.rejected.inc();
+                match e {
+                    BodyError::TooLarge { limit } => RouterError::BodyTooLarge {
+                        got: limit + 1,
+                        limit,
+                    },
+                    BodyError::Timeout { timeout } => RouterError::BodyTimeout(timeout),
+                    BodyError::Unreadable(e) => {
+                        RouterError::BadRequest(format!("the request body could not be read: {e}"))
+                    }
                 }
-            } else {
-                RouterError::BadRequest(format!("the request body could not be read: {e}"))
-            }
-        })?;
+            })?;
         // One reading of a payload: a key given twice is refused, as at every entry.
         let v = std::str::from_utf8(&bytes)
             .map_err(|e| e.to_string())

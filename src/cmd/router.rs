@@ -90,6 +90,12 @@ pub struct RouterArgs {
           default_value_t = service::DEFAULT_MAX_CONCURRENT_REQUESTS)]
     pub max_concurrent_requests: usize,
 
+    /// Seconds a /v1 request's whole body may take to arrive; slower: 408 `body_timeout`,
+    /// and its slot freed, so clients trickling bodies cannot hold every slot.
+    #[arg(long, value_name = "SECS", env = "WEFT_ROUTER_BODY_TIMEOUT_SECS",
+          default_value_t = service::DEFAULT_BODY_TIMEOUT_SECS)]
+    pub body_timeout_secs: u64,
+
     #[command(flatten)]
     pub fit: FitArgs,
 
@@ -285,6 +291,7 @@ pub async fn run(args: RouterArgs, settings: Settings) -> anyhow::Result<()> {
         max_cells: args.fit.max_cells,
         source: format!("clickhouse:{}", settings.clickhouse.database),
         max_concurrent_requests: args.max_concurrent_requests,
+        body_timeout: Duration::from_secs(args.body_timeout_secs.max(1)),
     };
     let mut pub_settings = settings.for_router();
     pub_settings.publisher.linger_ms = args.publish_linger_ms;

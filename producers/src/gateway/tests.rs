@@ -2,6 +2,7 @@
 //! request errors, limits, message cuts.
 
 use super::*;
+use axum::body::to_bytes;
 
 #[test]
 fn a_request_refused_only_for_retriable_reasons_is_503() {

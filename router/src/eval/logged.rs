@@ -43,8 +43,9 @@ impl Skipped {
 /// statistics fitted on the same pairs (in-sample). For `squarecb` the target is contextual:
 /// its model (the snapshot's, or one learnt from the pairs in order) scores each decision's
 /// candidates from the decision's logged `x_weft_features`, and the records' context (the
-/// direct-method model's key) is those features; for the other policies it is the
-/// decision's `x_weft_context`.
+/// direct-method model's cell) is a coarse key of those features ([`cell_of`]); for the
+/// other policies it is the decision's `x_weft_context`. The records' group (support, best
+/// in hindsight) is the decision's `x_weft_context` for every policy.
 pub fn records(
     pairs: &[LoggedPair],
     tenant: &str,
@@ -92,8 +93,7 @@ pub fn records(
             let w = &cfg.weights;
             let (_, p) =
                 model.probabilities(&cfg.learner, &refs, w.success.max(0.0) + w.quality.max(0.0));
-            let ctx = d["metadata"]["x_weft_features"].to_string();
-            (ctx, p)
+            (cell_of(&d["metadata"]["x_weft_features"]), p)
         } else {
             let ctx = d["metadata"]["x_weft_context"].as_str().unwrap_or_default();
             let ests = policy::estimates(
@@ -116,8 +116,13 @@ pub fn records(
             lat += l;
             lat_n += 1.0;
         }
+        let group = d["metadata"]["x_weft_context"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         out.push(Logged {
             context,
+            group,
             actions,
             chosen,
             propensity: prop,
@@ -132,6 +137,40 @@ pub fn records(
         if lat_n > 0.0 { lat / lat_n } else { 0.0 },
     ];
     (out, skipped, rates)
+}
+
+/// The direct-method model's cell of a contextual decision: its logged features without
+/// what identifies one request (keys ending in `_id`, as the model's features leave out),
+/// numbers by their order of magnitude (`round(ln(1 + |x|))` with the sign, the scale the
+/// model's numeric features use), the rest as logged, keys sorted. Per-request values
+/// (`doc_tokens: 12000` and `12001`) then share a cell; a cell still thin backs off to the
+/// action's mean (`eval::SHRINK`).
+pub fn cell_of(features: &Value) -> String {
+    fn coarse(v: &Value) -> Value {
+        match v {
+            Value::Number(n) => match n.as_f64() {
+                Some(x) => json!(format!(
+                    "~{}",
+                    (x.signum() * (1.0 + x.abs()).ln().round()) as i64
+                )),
+                None => Value::Null,
+            },
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .filter(|(k, _)| !k.ends_with("_id"))
+                    .map(|(k, v)| (k.clone(), coarse(v)))
+                    .collect::<BTreeMap<_, _>>()
+                    .into_iter()
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(coarse).collect()),
+            other => other.clone(),
+        }
+    }
+    match features {
+        Value::Object(_) => coarse(features).to_string(),
+        _ => String::new(),
+    }
 }
 
 /// The admissible set of a logged decision, with each candidate's metadata: in request
@@ -335,6 +374,22 @@ mod tests {
             }),
             feedback: json!({"decision_id": "d", "candidate_id": feedback_for, "success": true}),
         }
+    }
+
+    /// Per-request fields do not isolate a contextual record in the reward model's cells:
+    /// ids are left out and numbers count by their order of magnitude.
+    #[test]
+    fn the_cell_of_a_contextual_record_is_coarse() {
+        let a = json!({"tier": "pro", "doc_tokens": 12000, "user_id": "u1", "urgent": false,
+                       "meta": {"pages": 3, "trace_id": "t1"}});
+        let b = json!({"urgent": false, "user_id": "u2", "doc_tokens": 12345, "tier": "pro",
+                       "meta": {"trace_id": "t2", "pages": 3}});
+        assert_eq!(cell_of(&a), cell_of(&b));
+        let c = json!({"tier": "free", "doc_tokens": 12000, "urgent": false});
+        assert_ne!(cell_of(&a), cell_of(&c));
+        let small = json!({"tier": "pro", "doc_tokens": 12, "urgent": false,
+                           "meta": {"pages": 3}});
+        assert_ne!(cell_of(&a), cell_of(&small));
     }
 
     /// The target policy sees the candidates in the order the logging policy saw them: the

@@ -279,7 +279,8 @@ impl Service {
         };
         let resume = rb.resume_point();
         let fresh = rb.finish();
-        self.live.install(&pc.learner, fresh);
+        // Serving anew replays the pending outcomes (O(slots²) each): not on an async worker.
+        crate::live::off_the_runtime(|| self.live.install(&pc.learner, fresh));
         self.metrics.rebuild_rows.set(0);
         Ok(Some(resume))
     }
