@@ -42,7 +42,9 @@ pub struct Finding {
 pub struct CheckOptions {
     /// A trace event whose decision, frame or handle is missing is an orphan only once it
     /// was ingested at least this long ago (the referenced event may still be in flight);
-    /// likewise a PolicyDecision no trace event names (I-02 `decision_untraced`).
+    /// likewise a PolicyDecision no trace event names (I-02 `decision_untraced`), and an
+    /// execution whose decision or `capability_authorized` is missing or late (I-02
+    /// `decision_missing`, `not_authorized_event`, `authorized_after_execution`).
     pub grace_secs: u64,
     /// How far outside the range referenced events are looked up.
     pub lookaround_secs: u64,
@@ -132,6 +134,17 @@ struct I02Row {
 // finding only if the other decision's events mask it: about one chance in 2^64 / (decisions
 // in the range) per decision for ids made independently. cityHash64 is not keyed, so a producer able to choose its ids
 // could craft a collision on purpose (the orphan check's hashed sets share this limit).
+//
+// Grace, as for orphans: an execution ingested less than `grace` ago is judged only by the
+// rules no late event can undo: `no_decision` (it names no decision) and
+// `execution_after_deny` with its decision stored (a stored deny, or a stored
+// `capability_denied`). `decision_missing`, `not_authorized_event` and
+// `authorized_after_execution` wait: the PolicyDecision (another topic) or the
+// `capability_authorized` may still be in flight.
+//
+// A decision stored with several contents (an id conflict) is read conservatively and the
+// same way every run: a non-allow verdict in any version is its verdict (the least such, if
+// the versions disagree on which), so an allow version cannot hide `execution_after_deny`.
 const I02_SQL: &str = "
 WITH bad AS (
     SELECT cityHash64(if(kind = 'policy_decision', id, decision_id)) AS h
@@ -152,9 +165,12 @@ SELECT e.1 AS exec, d AS decision_id, pd, verdict, auth,
        toUInt8(auth != '' AND ats > e.2) AS auth_late, denied
 FROM (
     SELECT if(kind = 'policy_decision', id, decision_id) AS d,
-           arrayDistinct(groupArrayIf((id, ts), kind = 'trace_event' AND event_type = 'capability_executed' AND {TS})) AS ex,
+           arrayDistinct(groupArrayIf((id, ts, toUInt8(ingested_at < now64(6) - toIntervalSecond({grace:UInt64}))),
+                                      kind = 'trace_event' AND event_type = 'capability_executed' AND {TS})) AS ex,
            anyIf(id, kind = 'policy_decision') AS pd,
-           anyIf(decision, kind = 'policy_decision') AS verdict,
+           if(countIf(kind = 'policy_decision' AND decision != 'allow') > 0,
+              minIf(decision, kind = 'policy_decision' AND decision != 'allow'),
+              anyIf(decision, kind = 'policy_decision')) AS verdict,
            argMinIf(id, ts, event_type = 'capability_authorized') AS auth,
            minIf(ts, event_type = 'capability_authorized') AS ats,
            arrayDistinct(groupArrayIf(id, event_type = 'capability_denied')) AS denied
@@ -168,7 +184,8 @@ FROM (
     HAVING notEmpty(ex)
 )
 ARRAY JOIN ex AS e
-WHERE d = '' OR pd = '' OR verdict != 'allow' OR auth = '' OR ats > e.2 OR notEmpty(denied)
+WHERE d = '' OR (pd != '' AND (verdict != 'allow' OR notEmpty(denied)))
+   OR (e.3 = 1 AND (pd = '' OR auth = '' OR ats > e.2 OR notEmpty(denied)))
 ";
 
 // I-02's other half (weaver-spec `policy_decisions_are_traced`): a PolicyDecision in the
@@ -390,7 +407,11 @@ pub async fn run(
     // invariant order at the end. Sorting per check replaces one sort of all findings.
     let mut timings_ms: BTreeMap<String, u64> = BTreeMap::new();
     let mut groups = Vec::new();
-    let i02 = timed::<I02Row>(store, q(store, I02_SQL, tenant, range, opt)).await?;
+    let i02 = timed::<I02Row>(
+        store,
+        q(store, I02_SQL, tenant, range, opt).param("grace", opt.grace_secs),
+    )
+    .await?;
     timings_ms.insert("I-02".into(), i02.1);
     // I-02's decisions that no trace event names: its own query and timing, one group (and
     // so one sort, one `limit` and one count) with the executions' findings.
