@@ -464,6 +464,13 @@ FROM
 AS u
 GROUP BY u.token_id
 UNION ALL
+SELECT 'I-06', 'capability_token', token_id, any(request_id), min(ts), 'allowed with a token stored nowhere'
+FROM weft_events
+WHERE {T} AND kind = 'policy_decision' AND decision = 'allow' AND token_id != '' AND $__timeFilter(ts)
+  AND {PAST_GRACE}
+  AND token_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind = 'capability_token')
+GROUP BY token_id
+UNION ALL
 SELECT 'orphan', kind, id, request_id, ts,
        concat('references ', arrayStringConcat(arrayFilter(x -> x != '', [
            if(decision_id != '' AND decision_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind IN ('policy_decision', 'execution_routing_decision')), concat('decision ', decision_id), ''),
@@ -560,7 +567,7 @@ LIMIT 100
         "Invariant violations by rule",
         "I-01 raw output on a Frame; I-02 execution without allow + capability_authorized, "
         "or a PolicyDecision no TraceEvent names; "
-        "I-06 token expired, out of scope or single-use reused; orphan references; id conflicts.",
+        "I-06 token expired, out of scope, single-use reused or stored nowhere; orphan references; id conflicts.",
         "table",
         f"SELECT rule, count() AS violations FROM\n(\n{VIOLATIONS.strip()}\n)\nGROUP BY rule\nORDER BY rule",
         ["rule", "violations"],

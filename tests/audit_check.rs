@@ -740,6 +740,156 @@ fn trace_line(request: &str, id: &str, ty: &str, pd: &str, cap: &str, ts: &str) 
     )
 }
 
+/// I-06 over a range that starts days after the tokens were issued: the tokens are looked up
+/// by the ids the range's decisions name, not by their issue time. A token issued on Monday
+/// that expired an hour later, used by an allow decision and an execution on Wednesday, is
+/// `token_expired`; a long-lived token issued weeks before, used outside its scope on
+/// Wednesday, is `token_out_of_scope`. The check used to look tokens up only within a day of
+/// the range, and dropped both uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_issued_long_before_the_range_is_still_checked() {
+    let p = Pipeline::new("it_audit_old_token");
+    let token = |id: &str, issued: &str, expires: &str| {
+        format!(
+            r#"{{"kind":"capability_token","request_id":"r-old-token","payload":{{"token_id":"{id}","principal":"p","scope":["org.weaver.web_search"],"issued_at":"{issued}","expires_at":"{expires}"}}}}"#
+        )
+    };
+    let decision = |id: &str, tok: &str, cap: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-old-token","payload":{{"decision_id":"{id}","decision":"allow","capability_id":"{cap}","principal":"p","token_id":"{tok}","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let (search, code) = ("org.weaver.web_search", "org.weaver.code_exec");
+    let lines = [
+        // Monday 09:00, expires at 10:00.
+        token("tok-monday", "2026-11-02T09:00:00Z", "2026-11-02T10:00:00Z"),
+        // Three weeks before, valid for a year.
+        token("tok-long", "2026-10-12T00:00:00Z", "2027-10-12T00:00:00Z"),
+        // Wednesday.
+        decision(
+            "pd-expired",
+            "tok-monday",
+            search,
+            "2026-11-04T12:00:00.100Z",
+        ),
+        trace_line(
+            "r-old-token",
+            "te-auth-expired",
+            "capability_authorized",
+            "pd-expired",
+            search,
+            "2026-11-04T12:00:00.200Z",
+        ),
+        trace_line(
+            "r-old-token",
+            "te-exec-expired",
+            "capability_executed",
+            "pd-expired",
+            search,
+            "2026-11-04T12:00:00.300Z",
+        ),
+        decision("pd-scope", "tok-long", code, "2026-11-04T13:00:00.100Z"),
+        trace_line(
+            "r-old-token",
+            "te-auth-scope",
+            "capability_authorized",
+            "pd-scope",
+            code,
+            "2026-11-04T13:00:00.200Z",
+        ),
+        trace_line(
+            "r-old-token",
+            "te-exec-scope",
+            "capability_executed",
+            "pd-scope",
+            code,
+            "2026-11-04T13:00:00.300Z",
+        ),
+    ];
+    let file = p.path("old_token.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let ev = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let want = BTreeSet::from([
+        (
+            "token_expired".to_owned(),
+            "tok-monday".to_owned(),
+            ev(&[
+                "capability_token:tok-monday",
+                "policy_decision:pd-expired",
+                "trace_event:te-exec-expired",
+            ]),
+        ),
+        (
+            "token_out_of_scope".to_owned(),
+            "tok-long".to_owned(),
+            ev(&[
+                "capability_token:tok-long",
+                "policy_decision:pd-scope",
+                "trace_event:te-exec-scope",
+            ]),
+        ),
+    ]);
+    // Wednesday to Thursday: both tokens were issued before the range's lookaround.
+    let report = check_json(&p, "0", "2026-11-04T00:00:00Z", "2026-11-05T00:00:00Z");
+    assert_eq!(findings_of(&report, "I-06"), want, "{report:#}");
+    assert_eq!(report["counts"].get("I-02"), None, "{report:#}");
+    // The range that holds everything finds the same.
+    let report = check_json(&p, "0", "2026-10-01T00:00:00Z", "2027-01-01T00:00:00Z");
+    assert_eq!(findings_of(&report, "I-06"), want, "{report:#}");
+}
+
+/// I-06 `token_unknown`: an allow decision naming a token stored nowhere (not in the range,
+/// not in the whole history) is reported once it was ingested more than `--grace-secs` ago;
+/// before that, the token may still be in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_naming_a_token_stored_nowhere_is_token_unknown_past_grace() {
+    let p = Pipeline::new("it_audit_unknown_token");
+    let cap = "org.weaver.web_search";
+    let decision = |id: &str, verdict: &str, tok: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-ghost","payload":{{"decision_id":"{id}","decision":"{verdict}","capability_id":"{cap}","principal":"p","token_id":"{tok}","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let lines = [
+        // Issued three weeks before the range: stored, so known.
+        r#"{"kind":"capability_token","request_id":"r-ghost","payload":{"token_id":"tok-known","principal":"p","scope":["org.weaver.web_search"],"issued_at":"2026-10-12T00:00:00Z","expires_at":"2027-10-12T00:00:00Z"}}"#.to_owned(),
+        decision("pd-known", "allow", "tok-known", "2026-11-04T14:00:00.100Z"),
+        trace_line("r-ghost", "te-auth-known", "capability_authorized", "pd-known", cap, "2026-11-04T14:00:00.200Z"),
+        decision("pd-ghost", "allow", "tok-ghost", "2026-11-04T14:00:01.100Z"),
+        trace_line("r-ghost", "te-auth-ghost", "capability_authorized", "pd-ghost", cap, "2026-11-04T14:00:01.200Z"),
+        // A deny is no use of its token.
+        decision("pd-ghost-deny", "deny", "tok-ghost-deny", "2026-11-04T14:00:02.100Z"),
+        trace_line("r-ghost", "te-denied", "capability_denied", "pd-ghost-deny", cap, "2026-11-04T14:00:02.200Z"),
+    ];
+    let file = p.path("unknown_token.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let (from, to) = ("2026-11-04T00:00:00Z", "2026-11-05T00:00:00Z");
+    let report = check_json(&p, "0", from, to);
+    assert_eq!(
+        findings_of(&report, "I-06"),
+        BTreeSet::from([(
+            "token_unknown".to_owned(),
+            "tok-ghost".to_owned(),
+            vec![
+                "capability_token:tok-ghost".to_owned(),
+                "policy_decision:pd-ghost".to_owned()
+            ],
+        )]),
+        "{report:#}"
+    );
+    assert!(report["timings_ms"].get("I-06 unknown").is_some());
+    let report = check_json(&p, "3600", from, to);
+    assert_eq!(report["counts"].get("I-06"), None, "{report:#}");
+}
+
 /// I-02's execution rules wait `--grace-secs` like the orphan check: an execution whose
 /// PolicyDecision (another topic) or `capability_authorized` has not arrived may only be
 /// early. Within the grace period only what no late event can undo is reported (an execution

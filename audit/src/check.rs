@@ -1,11 +1,14 @@
 //! Invariant checks over a time range: `weft audit check`.
 //!
-//! Each check is one set-based ClickHouse query (I-02: two), joins and aggregates over the
+//! Each check is one set-based ClickHouse query (I-02 and I-06: two), joins and aggregates over the
 //! typed columns of `weft_events`, never a row-by-row walk in Rust: only the offending rows
 //! leave the server, and Rust only groups them into [`Finding`]s. All checks are scoped to
 //! one tenant; the events a check starts from (executions, policy decisions, frames, trace
 //! events) must fall in the range, and the events they point at are looked up within the
 //! range widened by [`CheckOptions::lookaround_secs`] on both sides.
+//!
+//! The one exception is I-06's tokens: a token is looked up by the id its decisions name,
+//! whenever it was issued (a long-lived token may be used months after its issue).
 //!
 //! Known limits: a single-use token counts only the uses inside the range; an id conflict is
 //! found through the ingest's `conflict` flag, so two versions further apart than the ingest's
@@ -225,6 +228,18 @@ struct I06Row {
 // finding is a capability whose 64-bit hash equals that of a different entry of the token's
 // scope (about 2^-64 per pair). The second stage is the exact check, over the suspects'
 // decisions, executions and tokens only (81k of 954k tokens in the 10M benchmark).
+//
+// Tokens (`tokens`) are those issued in the widened range, read by time, and those the
+// widened range's decisions name that are not among them (`far`, MATERIALIZED: usually few
+// or none), read by id from the whole history through the Bloom-filter index on `id`: a
+// token issued on Monday that expired an hour later and is used on Wednesday is checked by a
+// check of Wednesday. A use whose token is stored nowhere is dropped here, as an inner join would;
+// `I06_UNKNOWN_SQL` reports its allow decisions (`token_unknown`).
+//
+// A decision stored with several contents (an id conflict) is read the same way every run:
+// an allow in any version makes it a use (the conservative reading for I-06), and its token
+// and capability are the first stored version's, as is a token's scope, expiry and flag
+// (least `(ingested_at, topic, partition, offset)`, unique per fact).
 const I06_SQL: &str = "
 WITH uses1 AS (
     SELECT cityHash64(if(kind = 'policy_decision', id, decision_id)) AS pd,
@@ -247,6 +262,22 @@ WITH uses1 AS (
     GROUP BY pd
     HAVING in_range > 0 AND npd > 0
 ),
+far AS MATERIALIZED (
+    SELECT DISTINCT token_id FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'policy_decision' AND {WIDE} AND token_id != ''
+      AND cityHash64(token_id) NOT IN (
+          SELECT cityHash64(id) FROM weft_events
+          WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE})
+),
+tokens AS (
+    SELECT id, token_scope, token_expires_at, token_single_use, ingested_at, topic, partition, offset
+    FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
+    UNION ALL
+    SELECT id, token_scope, token_expires_at, token_single_use, ingested_at, topic, partition, offset
+    FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'capability_token' AND NOT ({WIDE}) AND id IN far
+),
 sus AS MATERIALIZED (
     SELECT tok FROM (
         SELECT arrayJoin(if(tmin = tmax, [tmax], [tmin, tmax])) AS tok, 1 AS is_use, nallow, pts, nexec, ets,
@@ -257,8 +288,7 @@ sus AS MATERIALIZED (
         UNION ALL
         SELECT cityHash64(id) AS tok, 0, 0, toDateTime64(0, 6, 'UTC'), 0, toDateTime64(0, 6, 'UTC'), CAST([], 'Array(UInt64)'), 0,
                arrayMap(x -> cityHash64(x), token_scope), token_expires_at, token_single_use
-        FROM weft_events
-        WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
+        FROM tokens
     )
     GROUP BY tok
     HAVING countIf(is_use = 0) > 0 AND countIf(is_use = 1) > 0
@@ -270,9 +300,10 @@ sus AS MATERIALIZED (
 ,
 uses AS (
     SELECT if(kind = 'policy_decision', id, decision_id) AS pd,
-           anyIf(token_id, kind = 'policy_decision') AS tok,
-           anyIf(capability_id, kind = 'policy_decision') AS cap,
-           anyIf(decision, kind = 'policy_decision') AS verdict,
+           argMinIf(token_id, (ingested_at, topic, partition, offset), kind = 'policy_decision') AS tok,
+           argMinIf(capability_id, (ingested_at, topic, partition, offset), kind = 'policy_decision') AS cap,
+           if(countIf(kind = 'policy_decision' AND decision = 'allow') > 0, 'allow',
+              argMinIf(decision, (ingested_at, topic, partition, offset), kind = 'policy_decision')) AS verdict,
            minIf(ts, kind = 'policy_decision') AS pts,
            countIf(kind = 'policy_decision' AND {TS}) AS in_range,
            groupUniqArrayIf(id, kind = 'trace_event') AS execs,
@@ -293,21 +324,23 @@ toks AS (
     -- this check's time over 10M events). A use whose token is not stored is dropped, as an
     -- inner join would.
     SELECT tok, groupArrayIf((pd, cap, verdict, pts, execs, ets, ecaps), is_tok = 0) AS us,
-           anyIf((scope, exp, su), is_tok = 1) AS tinfo, countIf(is_tok = 1) AS stored,
+           argMinIf((scope, exp, su), stored_at, is_tok = 1) AS tinfo, countIf(is_tok = 1) AS stored,
            arrayCount(x -> tupleElement(x, 3) = 'allow', us) AS allows
     FROM (
         SELECT tok, pd, cap, verdict, pts, execs, ets, ecaps,
                CAST([], 'Array(String)') AS scope,
                CAST(NULL AS Nullable(DateTime64(6, 'UTC'))) AS exp,
-               toUInt8(0) AS su, 0 AS is_tok
+               toUInt8(0) AS su, 0 AS is_tok,
+               (toDateTime64(0, 6, 'UTC'), '', toUInt32(0), toUInt64(0)) AS stored_at
         FROM uses
         UNION ALL
         SELECT id AS tok, '' AS pd, '' AS cap, '' AS verdict,
                toDateTime64(0, 6, 'UTC') AS pts, CAST([], 'Array(String)') AS execs,
                toDateTime64(0, 6, 'UTC') AS ets, CAST([], 'Array(String)') AS ecaps,
-               token_scope AS scope, token_expires_at AS exp, token_single_use AS su, 1 AS is_tok
-        FROM weft_events
-        WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE} AND cityHash64(id) IN sus
+               token_scope AS scope, token_expires_at AS exp, token_single_use AS su, 1 AS is_tok,
+               (ingested_at, toString(topic), partition, offset) AS stored_at
+        FROM tokens
+        WHERE cityHash64(id) IN sus
     )
     GROUP BY tok
     HAVING stored > 0 AND notEmpty(us)
@@ -320,6 +353,37 @@ SELECT tupleElement(u, 1) AS pd, tok,
 FROM toks
 ARRAY JOIN us AS u
 WHERE reused OR expired OR out_of_scope
+";
+
+#[derive(Debug, Row, Deserialize)]
+struct UnknownTokenRow {
+    tok: String,
+    pds: Vec<String>,
+}
+
+// I-06 `token_unknown`: an allow PolicyDecision in the range names a token that is stored
+// nowhere, so nothing shows the authorization was scoped and expiring. Decisions ingested
+// less than `grace` ago are left out (the token, on another topic, may still be in flight),
+// as for orphans. The tokens issued in the widened range are ruled out by their ids' hashes
+// (as the orphan check does: a missing token hides only behind a hash collision); the few
+// ids left are looked up by id in the whole history, through the Bloom-filter index on `id`.
+const I06_UNKNOWN_SQL: &str = "
+WITH far AS MATERIALIZED (
+    SELECT DISTINCT token_id FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'policy_decision' AND {TS} AND decision = 'allow'
+      AND token_id != '' AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+      AND cityHash64(token_id) NOT IN (
+          SELECT cityHash64(id) FROM weft_events
+          WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE})
+)
+SELECT token_id AS tok, arraySort(groupUniqArray(id)) AS pds FROM weft_events
+WHERE tenant = {t:String} AND kind = 'policy_decision' AND {TS} AND decision = 'allow'
+  AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+  AND token_id IN far
+  AND token_id NOT IN (
+      SELECT id FROM weft_events
+      WHERE tenant = {t:String} AND kind = 'capability_token' AND id IN far)
+GROUP BY token_id
 ";
 
 // The text search only spares `JSONHas` the frames that cannot hold a key: one written with
@@ -436,7 +500,22 @@ pub async fn run(
     )
     .await?;
     timings_ms.insert("I-06".into(), i06.1);
-    groups.push(("I-06", sorted_off_thread(move || i06_findings(i06.0))));
+    let unknown = timed::<UnknownTokenRow>(
+        store,
+        q(store, I06_UNKNOWN_SQL, tenant, range, opt)
+            .param("grace", opt.grace_secs)
+            .with_setting("enable_materialized_cte", "1"),
+    )
+    .await?;
+    timings_ms.insert("I-06 unknown".into(), unknown.1);
+    groups.push((
+        "I-06",
+        sorted_off_thread(move || {
+            let mut findings = i06_findings(i06.0);
+            findings.extend(unknown_token_findings(unknown.0, grace));
+            findings
+        }),
+    ));
     let i01 = timed::<String>(
         store,
         q(store, I01_SQL, tenant, range, opt).param("keys", RAW_OUTPUT_KEYS.to_vec()),
@@ -630,6 +709,32 @@ fn i02_findings(rows: Vec<I02Row>) -> Vec<Finding> {
                 subject: exec,
                 events,
                 detail,
+            }
+        })
+        .collect()
+}
+
+fn unknown_token_findings(rows: Vec<UnknownTokenRow>, grace_secs: u64) -> Vec<Finding> {
+    rows.into_iter()
+        .map(|r| {
+            let subject = EventRef::new("capability_token", r.tok.clone());
+            let mut events = vec![subject.clone()];
+            events.extend(
+                r.pds
+                    .iter()
+                    .map(|p| EventRef::new("policy_decision", p.clone())),
+            );
+            Finding {
+                invariant: "I-06".into(),
+                rule: "token_unknown".into(),
+                detail: format!(
+                    "token {} that {} allowed is stored nowhere, more than {grace_secs} s \
+                     after the decision was ingested",
+                    r.tok,
+                    r.pds.join(", ")
+                ),
+                subject,
+                events,
             }
         })
         .collect()
