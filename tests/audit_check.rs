@@ -987,62 +987,80 @@ async fn an_execution_is_judged_on_its_missing_decision_only_past_grace() {
 }
 
 /// A PolicyDecision stored as allow and again as deny (an id conflict) is read as a deny by
-/// I-02, whichever version any query meets first, so an execution of it is
-/// `execution_after_deny` in every run. The allow version is stored first: reading "any"
-/// version read it, and the execution passed.
+/// I-02, whichever version a query meets first, so an execution of it is
+/// `execution_after_deny` in every run. Two such decisions, one stored allow first and the
+/// other deny first: reading "any" version read one of them as an allow (which one depends
+/// on how ClickHouse reads the parts), and its execution passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_stored_as_allow_and_as_deny_counts_as_a_deny() {
     let p = Pipeline::new("it_audit_conflicting_decision");
     let cap = "org.weaver.web_search";
     let t = |ms: u32| format!("2026-11-01T00:00:00.{ms:03}Z");
-    let decision = |verdict: &str| {
+    let decision = |id: &str, verdict: &str| {
         format!(
-            r#"{{"kind":"policy_decision","request_id":"r-conflict","payload":{{"decision_id":"pd-both","decision":"{verdict}","capability_id":"{cap}","principal":"p","reason":"r","timestamp":"{}"}}}}"#,
+            r#"{{"kind":"policy_decision","request_id":"r-conflict","payload":{{"decision_id":"{id}","decision":"{verdict}","capability_id":"{cap}","principal":"p","reason":"r","timestamp":"{}"}}}}"#,
             t(100)
         )
     };
-    let first = [
-        decision("allow"),
-        trace_line(
+    let mut first = vec![
+        decision("pd-allow-first", "allow"),
+        decision("pd-deny-first", "deny"),
+    ];
+    for pd in ["pd-allow-first", "pd-deny-first"] {
+        let (auth, exec) = (format!("te-auth-{pd}"), format!("te-exec-{pd}"));
+        first.push(trace_line(
             "r-conflict",
-            "te-auth-both",
+            &auth,
             "capability_authorized",
-            "pd-both",
+            pd,
             cap,
             &t(200),
-        ),
-        trace_line(
+        ));
+        first.push(trace_line(
             "r-conflict",
-            "te-exec-both",
+            &exec,
             "capability_executed",
-            "pd-both",
+            pd,
             cap,
             &t(300),
-        ),
-    ];
+        ));
+    }
     let _ingest = p.ingest(None);
     let file = p.path("first.jsonl");
     std::fs::write(&file, first.join("\n") + "\n").unwrap();
     p.publish(&file);
     p.wait_for_facts(first.len() as u64, Duration::from_secs(120))
         .await;
+    let second = [
+        decision("pd-allow-first", "deny"),
+        decision("pd-deny-first", "allow"),
+    ];
     let file = p.path("second.jsonl");
-    std::fs::write(&file, decision("deny") + "\n").unwrap();
+    std::fs::write(&file, second.join("\n") + "\n").unwrap();
     p.publish(&file);
-    p.wait_for_facts(first.len() as u64 + 1, Duration::from_secs(120))
-        .await;
-    let want = BTreeSet::from([(
-        "execution_after_deny".to_owned(),
-        "te-exec-both".to_owned(),
-        vec![
-            "trace_event:te-exec-both".to_owned(),
-            "policy_decision:pd-both".to_owned(),
-        ],
-    )]);
+    p.wait_for_facts(
+        (first.len() + second.len()) as u64,
+        Duration::from_secs(120),
+    )
+    .await;
+    let want: BTreeSet<(String, String, Vec<String>)> = ["pd-allow-first", "pd-deny-first"]
+        .into_iter()
+        .map(|pd| {
+            let exec = format!("te-exec-{pd}");
+            (
+                "execution_after_deny".to_owned(),
+                exec.clone(),
+                vec![
+                    format!("trace_event:{exec}"),
+                    format!("policy_decision:{pd}"),
+                ],
+            )
+        })
+        .collect();
     for _ in 0..3 {
         let report = check_json(&p, "0", "2026-10-01T00:00:00Z", "2027-01-01T00:00:00Z");
         assert_eq!(findings_of(&report, "I-02"), want, "{report:#}");
-        assert_eq!(report["counts"]["id_conflict"], 1, "{report:#}");
+        assert_eq!(report["counts"]["id_conflict"], 2, "{report:#}");
     }
 }
 
