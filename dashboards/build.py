@@ -83,6 +83,26 @@ TENANT_VAR = query_var(
 )
 
 
+def textbox_var(name, label, default):
+    return {
+        "name": name,
+        "label": label,
+        "type": "textbox",
+        "query": default,
+        "current": {"text": default, "value": default},
+        "options": [{"selected": True, "text": default, "value": default}],
+        "hide": 0,
+    }
+
+
+# `weft audit check --grace-secs`: how long after ingest a missing reference (an orphan's
+# decision, frame or handle; an execution's PolicyDecision or capability_authorized) may
+# still be in flight. Same default as the check.
+GRACE_VAR = textbox_var("grace", "Grace (s)", "300")
+# An event ingested at least the grace period ago: judged on what has not arrived.
+PAST_GRACE = "ingested_at < now64(6) - toIntervalSecond(toUInt64OrZero(${grace:sqlstring}))"
+
+
 def dashboard(uid, title, desc, variables, panels, tags):
     out, expect = [], {}
     x = y = row_h = 0
@@ -381,21 +401,25 @@ SELECT 'I-02', e.kind, e.id, e.request_id, e.ts,
                'executed without capability_authorized')
 FROM
 (
-    SELECT kind, id, request_id, ts, decision_id
+    -- judged: ingested at least the grace period ago (its PolicyDecision, on another
+    -- topic, or its capability_authorized may still be in flight until then).
+    SELECT kind, id, request_id, ts, decision_id, {PAST_GRACE} AS judged
     FROM weft_events
     WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_executed' AND $__timeFilter(ts)
 ) AS e
 LEFT JOIN
 (
-    SELECT id, any(decision) AS decision
+    -- A decision stored with several contents is a deny if any version is not an allow.
+    SELECT id, if(countIf(decision != 'allow') > 0, minIf(decision, decision != 'allow'), 'allow') AS decision
     FROM weft_events
     WHERE {T} AND kind = 'policy_decision'
     GROUP BY id
 ) AS pd ON e.decision_id = pd.id
-WHERE e.decision_id = '' OR pd.decision != 'allow'
-   OR e.decision_id NOT IN (
-        SELECT decision_id FROM weft_events
-        WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_authorized')
+WHERE e.decision_id = '' OR (pd.decision != '' AND pd.decision != 'allow')
+   OR (e.judged AND (pd.decision = ''
+       OR e.decision_id NOT IN (
+            SELECT decision_id FROM weft_events
+            WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_authorized')))
 UNION ALL
 SELECT 'I-02', kind, id, any(request_id), min(ts), 'PolicyDecision named by no TraceEvent'
 FROM weft_events
@@ -440,6 +464,13 @@ FROM
 AS u
 GROUP BY u.token_id
 UNION ALL
+SELECT 'I-06', 'capability_token', token_id, any(request_id), min(ts), 'allowed with a token stored nowhere'
+FROM weft_events
+WHERE {T} AND kind = 'policy_decision' AND decision = 'allow' AND token_id != '' AND $__timeFilter(ts)
+  AND {PAST_GRACE}
+  AND token_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind = 'capability_token')
+GROUP BY token_id
+UNION ALL
 SELECT 'orphan', kind, id, request_id, ts,
        concat('references ', arrayStringConcat(arrayFilter(x -> x != '', [
            if(decision_id != '' AND decision_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind IN ('policy_decision', 'execution_routing_decision')), concat('decision ', decision_id), ''),
@@ -447,7 +478,7 @@ SELECT 'orphan', kind, id, request_id, ts,
            if(handle_id != '' AND handle_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind = 'handle'), concat('handle ', handle_id), '')]), ', '),
            ', never stored')
 FROM weft_events
-WHERE {T} AND kind = 'trace_event' AND $__timeFilter(ts)
+WHERE {T} AND kind = 'trace_event' AND $__timeFilter(ts) AND {PAST_GRACE}
   AND ((decision_id != '' AND decision_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind IN ('policy_decision', 'execution_routing_decision')))
     OR (frame_id != '' AND frame_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind = 'frame'))
     OR (handle_id != '' AND handle_id NOT IN (SELECT id FROM weft_events WHERE {T} AND kind = 'handle')))
@@ -467,7 +498,7 @@ WHERE {T} AND conflict = 1 AND $__timeFilter(ts)
        AND uniqExact(arraySort(arrayFilter(kv -> kv.1 NOT IN ('selected_item_id', 'selected_card_id'),
                                            JSONExtractKeysAndValuesRaw(payload)))) = 1)
 GROUP BY kind, id
-""".replace("{T}", TENANT)
+""".replace("{T}", TENANT).replace("{PAST_GRACE}", PAST_GRACE)
 
 COMPLIANCE = [
     ch_panel(
@@ -536,7 +567,7 @@ LIMIT 100
         "Invariant violations by rule",
         "I-01 raw output on a Frame; I-02 execution without allow + capability_authorized, "
         "or a PolicyDecision no TraceEvent names; "
-        "I-06 token expired, out of scope or single-use reused; orphan references; id conflicts.",
+        "I-06 token expired, out of scope, single-use reused or stored nowhere; orphan references; id conflicts.",
         "table",
         f"SELECT rule, count() AS violations FROM\n(\n{VIOLATIONS.strip()}\n)\nGROUP BY rule\nORDER BY rule",
         ["rule", "violations"],
@@ -903,7 +934,7 @@ def main():
             "weft-compliance", "weft / Compliance",
             "Authorizations and denials, invariant violations, token usage, failed narratives, "
             "narratives and a narrative trace.",
-            [ch_var, TENANT_VAR, NARRATIVE_VAR], COMPLIANCE, ["compliance", "audit"]),
+            [ch_var, TENANT_VAR, GRACE_VAR, NARRATIVE_VAR], COMPLIANCE, ["compliance", "audit"]),
         "router": dashboard(
             "weft-router", "weft / Router",
             "Decisions, success, latency, cost per candidate, exploration, latest offline estimates.",

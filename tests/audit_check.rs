@@ -156,6 +156,19 @@ async fn audit_finds_exactly_the_injected_violations() {
     let range = RANGE;
     // --- check: every injected violation, nothing else, with the same proof ---
     let report = check(&p, "0", range, &[], "audit check");
+    let final_i02 = findings_of(&report, "I-02")
+        .into_iter()
+        .filter(|(rule, _, _)| rule == "no_decision" || rule == "execution_after_deny")
+        .collect::<BTreeSet<_>>();
+    let waiting_i02 = findings_of(&report, "I-02")
+        .iter()
+        .filter(|(rule, _, _)| rule == "not_authorized_event")
+        .count();
+    assert!(
+        !final_i02.is_empty() && waiting_i02 > 0,
+        "{}",
+        report["counts"]
+    );
     let mut want: BTreeMap<Key, BTreeSet<(String, String)>> = BTreeMap::new();
     for (_, v) in truth.violations() {
         let key = (
@@ -201,12 +214,15 @@ async fn audit_finds_exactly_the_injected_violations() {
     // A grace period longer than the test: the handles may still arrive, no orphan yet.
     let report = check(&p, "3600", range, &[], "audit check (grace)");
     assert_eq!(report["counts"].get("orphan"), None, "{}", report["counts"]);
-    // ... nor the trace events naming a decision: only the executions' I-02 findings remain.
-    let i02_execs = truth
-        .violations()
-        .filter(|(_, v)| v.invariant == Invariant::I02 && !untraced(v))
-        .count();
-    assert_eq!(report["counts"]["I-02"], i02_execs, "{}", report["counts"]);
+    // ... nor the decisions no trace event names, nor the executions whose decision or
+    // capability_authorized may still arrive: only the executions' final findings remain
+    // (no decision named, executed after a deny).
+    assert_eq!(
+        findings_of(&report, "I-02"),
+        final_i02,
+        "{}",
+        report["counts"]
+    );
     assert_eq!(
         report["counts"]["I-01"],
         truth.totals.violations[&Invariant::I01]
@@ -581,6 +597,396 @@ async fn a_decision_no_trace_event_names_is_untraced_once_past_grace() {
     // Ingested less than an hour ago: its trace events may still be in flight.
     let report = check(&p, "3600", hour, &[], "audit check (grace)");
     assert_eq!(report["counts"].get("I-02"), None, "{report:#}");
+}
+
+/// `(rule, subject id, proving events as kind:id)` of the findings of one invariant.
+fn findings_of(report: &Value, inv: &str) -> BTreeSet<(String, String, Vec<String>)> {
+    common::findings(report, inv)
+        .into_iter()
+        .map(|f| {
+            let events = f["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}:{}",
+                        e["kind"].as_str().unwrap(),
+                        e["id"].as_str().unwrap()
+                    )
+                })
+                .collect();
+            (
+                f["rule"].as_str().unwrap().to_owned(),
+                f["subject"]["id"].as_str().unwrap().to_owned(),
+                events,
+            )
+        })
+        .collect()
+}
+
+/// One `capability_*` trace event of request `r-i06`-style tests.
+fn trace_line(request: &str, id: &str, ty: &str, pd: &str, cap: &str, ts: &str) -> String {
+    format!(
+        r#"{{"kind":"trace_event","request_id":"{request}","payload":{{"event_id":"{id}","event_type":"{ty}","timestamp":"{ts}","capability_id":"{cap}","principal":"p","decision_id":"{pd}","outcome":"success"}}}}"#
+    )
+}
+
+/// I-06 over a range that starts days after the tokens were issued: the tokens are looked up
+/// by the ids the range's decisions name, not by their issue time. A token issued on Monday
+/// that expired an hour later, used by an allow decision and an execution on Wednesday, is
+/// `token_expired`; a long-lived token issued weeks before, used outside its scope on
+/// Wednesday, is `token_out_of_scope`. The check used to look tokens up only within a day of
+/// the range, and dropped both uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_issued_long_before_the_range_is_still_checked() {
+    let p = Pipeline::new("it_audit_old_token");
+    let token = |id: &str, issued: &str, expires: &str| {
+        format!(
+            r#"{{"kind":"capability_token","request_id":"r-old-token","payload":{{"token_id":"{id}","principal":"p","scope":["org.weaver.web_search"],"issued_at":"{issued}","expires_at":"{expires}"}}}}"#
+        )
+    };
+    let decision = |id: &str, tok: &str, cap: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-old-token","payload":{{"decision_id":"{id}","decision":"allow","capability_id":"{cap}","principal":"p","token_id":"{tok}","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let (search, code) = ("org.weaver.web_search", "org.weaver.code_exec");
+    let lines = [
+        // Monday 09:00, expires at 10:00.
+        token("tok-monday", "2026-11-02T09:00:00Z", "2026-11-02T10:00:00Z"),
+        // Three weeks before, valid for a year.
+        token("tok-long", "2026-10-12T00:00:00Z", "2027-10-12T00:00:00Z"),
+        // Wednesday.
+        decision(
+            "pd-expired",
+            "tok-monday",
+            search,
+            "2026-11-04T12:00:00.100Z",
+        ),
+        trace_line(
+            "r-old-token",
+            "te-auth-expired",
+            "capability_authorized",
+            "pd-expired",
+            search,
+            "2026-11-04T12:00:00.200Z",
+        ),
+        trace_line(
+            "r-old-token",
+            "te-exec-expired",
+            "capability_executed",
+            "pd-expired",
+            search,
+            "2026-11-04T12:00:00.300Z",
+        ),
+        decision("pd-scope", "tok-long", code, "2026-11-04T13:00:00.100Z"),
+        trace_line(
+            "r-old-token",
+            "te-auth-scope",
+            "capability_authorized",
+            "pd-scope",
+            code,
+            "2026-11-04T13:00:00.200Z",
+        ),
+        trace_line(
+            "r-old-token",
+            "te-exec-scope",
+            "capability_executed",
+            "pd-scope",
+            code,
+            "2026-11-04T13:00:00.300Z",
+        ),
+    ];
+    let file = p.path("old_token.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let ev = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let want = BTreeSet::from([
+        (
+            "token_expired".to_owned(),
+            "tok-monday".to_owned(),
+            ev(&[
+                "capability_token:tok-monday",
+                "policy_decision:pd-expired",
+                "trace_event:te-exec-expired",
+            ]),
+        ),
+        (
+            "token_out_of_scope".to_owned(),
+            "tok-long".to_owned(),
+            ev(&[
+                "capability_token:tok-long",
+                "policy_decision:pd-scope",
+                "trace_event:te-exec-scope",
+            ]),
+        ),
+    ]);
+    // Wednesday to Thursday: both tokens were issued before the range's lookaround.
+    let report = check(
+        &p,
+        "0",
+        [
+            "--from",
+            "2026-11-04T00:00:00Z",
+            "--to",
+            "2026-11-05T00:00:00Z",
+        ],
+        &[],
+        "audit check",
+    );
+    assert_eq!(findings_of(&report, "I-06"), want, "{report:#}");
+    assert_eq!(report["counts"].get("I-02"), None, "{report:#}");
+    // The range that holds everything finds the same.
+    let report = check(
+        &p,
+        "0",
+        [
+            "--from",
+            "2026-10-01T00:00:00Z",
+            "--to",
+            "2027-01-01T00:00:00Z",
+        ],
+        &[],
+        "audit check",
+    );
+    assert_eq!(findings_of(&report, "I-06"), want, "{report:#}");
+}
+
+/// I-06 `token_unknown`: an allow decision naming a token stored nowhere (not in the range,
+/// not in the whole history) is reported once it was ingested more than `--grace-secs` ago;
+/// before that, the token may still be in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_naming_a_token_stored_nowhere_is_token_unknown_past_grace() {
+    let p = Pipeline::new("it_audit_unknown_token");
+    let cap = "org.weaver.web_search";
+    let decision = |id: &str, verdict: &str, tok: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-ghost","payload":{{"decision_id":"{id}","decision":"{verdict}","capability_id":"{cap}","principal":"p","token_id":"{tok}","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let lines = [
+        // Issued three weeks before the range: stored, so known.
+        r#"{"kind":"capability_token","request_id":"r-ghost","payload":{"token_id":"tok-known","principal":"p","scope":["org.weaver.web_search"],"issued_at":"2026-10-12T00:00:00Z","expires_at":"2027-10-12T00:00:00Z"}}"#.to_owned(),
+        decision("pd-known", "allow", "tok-known", "2026-11-04T14:00:00.100Z"),
+        trace_line("r-ghost", "te-auth-known", "capability_authorized", "pd-known", cap, "2026-11-04T14:00:00.200Z"),
+        decision("pd-ghost", "allow", "tok-ghost", "2026-11-04T14:00:01.100Z"),
+        trace_line("r-ghost", "te-auth-ghost", "capability_authorized", "pd-ghost", cap, "2026-11-04T14:00:01.200Z"),
+        // A deny is no use of its token.
+        decision("pd-ghost-deny", "deny", "tok-ghost-deny", "2026-11-04T14:00:02.100Z"),
+        trace_line("r-ghost", "te-denied", "capability_denied", "pd-ghost-deny", cap, "2026-11-04T14:00:02.200Z"),
+    ];
+    let file = p.path("unknown_token.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let (from, to) = ("2026-11-04T00:00:00Z", "2026-11-05T00:00:00Z");
+    let report = check(&p, "0", ["--from", from, "--to", to], &[], "audit check");
+    assert_eq!(
+        findings_of(&report, "I-06"),
+        BTreeSet::from([(
+            "token_unknown".to_owned(),
+            "tok-ghost".to_owned(),
+            vec![
+                "capability_token:tok-ghost".to_owned(),
+                "policy_decision:pd-ghost".to_owned()
+            ],
+        )]),
+        "{report:#}"
+    );
+    assert!(report["timings_ms"].get("I-06 unknown").is_some());
+    let report = check(&p, "3600", ["--from", from, "--to", to], &[], "audit check");
+    assert_eq!(report["counts"].get("I-06"), None, "{report:#}");
+}
+
+/// I-02's execution rules wait `--grace-secs` like the orphan check: an execution whose
+/// PolicyDecision (another topic) or `capability_authorized` has not arrived may only be
+/// early. Within the grace period only what no late event can undo is reported (an execution
+/// naming no decision, an execution after a stored deny); past it, every rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_is_judged_on_its_missing_decision_only_past_grace() {
+    let p = Pipeline::new("it_audit_exec_grace");
+    let cap = "org.weaver.web_search";
+    let decision = |id: &str, verdict: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-grace","payload":{{"decision_id":"{id}","decision":"{verdict}","capability_id":"{cap}","principal":"p","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let t = |ms: u32| format!("2026-11-01T00:00:00.{ms:03}Z");
+    let lines = [
+        // Its decision has not arrived (yet).
+        trace_line(
+            "r-grace",
+            "te-missing",
+            "capability_executed",
+            "pd-in-flight",
+            cap,
+            &t(100),
+        ),
+        // Allowed, but its capability_authorized has not arrived (yet).
+        decision("pd-allow", "allow", &t(200)),
+        trace_line(
+            "r-grace",
+            "te-unauthorized",
+            "capability_executed",
+            "pd-allow",
+            cap,
+            &t(300),
+        ),
+        // Denied, and executed anyway: final.
+        decision("pd-deny", "deny", &t(400)),
+        trace_line(
+            "r-grace",
+            "te-denied",
+            "capability_denied",
+            "pd-deny",
+            cap,
+            &t(500),
+        ),
+        trace_line(
+            "r-grace",
+            "te-after-deny",
+            "capability_executed",
+            "pd-deny",
+            cap,
+            &t(600),
+        ),
+        // Names no decision at all: final.
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-grace","payload":{{"event_id":"te-bypass","event_type":"capability_executed","timestamp":"{}","capability_id":"{cap}","principal":"p","outcome":"success"}}}}"#,
+            t(700)
+        ),
+    ];
+    let file = p.path("grace.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+    let rules = |report: &Value| -> BTreeSet<(String, String)> {
+        findings_of(report, "I-02")
+            .into_iter()
+            .map(|(rule, subject, _)| (rule, subject))
+            .collect()
+    };
+    let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    let (from, to) = ("2026-10-01T00:00:00Z", "2027-01-01T00:00:00Z");
+    // Ingested less than an hour ago.
+    let report = check(&p, "3600", ["--from", from, "--to", to], &[], "audit check");
+    assert_eq!(
+        rules(&report),
+        BTreeSet::from([
+            pair("execution_after_deny", "te-after-deny"),
+            pair("no_decision", "te-bypass"),
+        ]),
+        "{report:#}"
+    );
+    // Past the grace period.
+    let report = check(&p, "0", ["--from", from, "--to", to], &[], "audit check");
+    assert_eq!(
+        rules(&report),
+        BTreeSet::from([
+            pair("decision_missing", "te-missing"),
+            pair("execution_after_deny", "te-after-deny"),
+            pair("no_decision", "te-bypass"),
+            pair("not_authorized_event", "te-unauthorized"),
+        ]),
+        "{report:#}"
+    );
+}
+
+/// A PolicyDecision stored as allow and again as deny (an id conflict) is read as a deny by
+/// I-02, whichever version a query meets first, so an execution of it is
+/// `execution_after_deny` in every run. Two such decisions, one stored allow first and the
+/// other deny first: reading "any" version read one of them as an allow (which one depends
+/// on how ClickHouse reads the parts), and its execution passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_stored_as_allow_and_as_deny_counts_as_a_deny() {
+    let p = Pipeline::new("it_audit_conflicting_decision");
+    let cap = "org.weaver.web_search";
+    let t = |ms: u32| format!("2026-11-01T00:00:00.{ms:03}Z");
+    let decision = |id: &str, verdict: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-conflict","payload":{{"decision_id":"{id}","decision":"{verdict}","capability_id":"{cap}","principal":"p","reason":"r","timestamp":"{}"}}}}"#,
+            t(100)
+        )
+    };
+    let mut first = vec![
+        decision("pd-allow-first", "allow"),
+        decision("pd-deny-first", "deny"),
+    ];
+    for pd in ["pd-allow-first", "pd-deny-first"] {
+        let (auth, exec) = (format!("te-auth-{pd}"), format!("te-exec-{pd}"));
+        first.push(trace_line(
+            "r-conflict",
+            &auth,
+            "capability_authorized",
+            pd,
+            cap,
+            &t(200),
+        ));
+        first.push(trace_line(
+            "r-conflict",
+            &exec,
+            "capability_executed",
+            pd,
+            cap,
+            &t(300),
+        ));
+    }
+    let _ingest = p.ingest(None);
+    let file = p.path("first.jsonl");
+    std::fs::write(&file, first.join("\n") + "\n").unwrap();
+    p.publish(&file);
+    p.wait_for_facts(first.len() as u64, Duration::from_secs(120))
+        .await;
+    let second = [
+        decision("pd-allow-first", "deny"),
+        decision("pd-deny-first", "allow"),
+    ];
+    let file = p.path("second.jsonl");
+    std::fs::write(&file, second.join("\n") + "\n").unwrap();
+    p.publish(&file);
+    p.wait_for_facts(
+        (first.len() + second.len()) as u64,
+        Duration::from_secs(120),
+    )
+    .await;
+    let want: BTreeSet<(String, String, Vec<String>)> = ["pd-allow-first", "pd-deny-first"]
+        .into_iter()
+        .map(|pd| {
+            let exec = format!("te-exec-{pd}");
+            (
+                "execution_after_deny".to_owned(),
+                exec.clone(),
+                vec![
+                    format!("trace_event:{exec}"),
+                    format!("policy_decision:{pd}"),
+                ],
+            )
+        })
+        .collect();
+    for _ in 0..3 {
+        let report = check(
+            &p,
+            "0",
+            [
+                "--from",
+                "2026-10-01T00:00:00Z",
+                "--to",
+                "2027-01-01T00:00:00Z",
+            ],
+            &[],
+            "audit check",
+        );
+        assert_eq!(findings_of(&report, "I-02"), want, "{report:#}");
+        assert_eq!(report["counts"]["id_conflict"], 2, "{report:#}");
+    }
 }
 
 /// A search page stops at `PAGE_MAX_BYTES` of payload (16 MiB) and hands out a cursor,

@@ -1,11 +1,14 @@
 //! Invariant checks over a time range: `weft audit check`.
 //!
-//! Each check is one set-based ClickHouse query (I-02: two), joins and aggregates over the
+//! Each check is one set-based ClickHouse query (I-02 and I-06: two), joins and aggregates over the
 //! typed columns of `weft_events`, never a row-by-row walk in Rust: only the offending rows
 //! leave the server, and Rust only groups them into [`Finding`]s. All checks are scoped to
 //! one tenant; the events a check starts from (executions, policy decisions, frames, trace
 //! events) must fall in the range, and the events they point at are looked up within the
 //! range widened by [`CheckOptions::lookaround_secs`] on both sides.
+//!
+//! The one exception is I-06's tokens: a token is looked up by the id its decisions name,
+//! whenever it was issued (a long-lived token may be used months after its issue).
 //!
 //! Known limits: a single-use token counts only the uses inside the range; an id conflict is
 //! found through the ingest's `conflict` flag, so two versions further apart than the ingest's
@@ -42,7 +45,9 @@ pub struct Finding {
 pub struct CheckOptions {
     /// A trace event whose decision, frame or handle is missing is an orphan only once it
     /// was ingested at least this long ago (the referenced event may still be in flight);
-    /// likewise a PolicyDecision no trace event names (I-02 `decision_untraced`).
+    /// likewise a PolicyDecision no trace event names (I-02 `decision_untraced`), and an
+    /// execution whose decision or `capability_authorized` is missing or late (I-02
+    /// `decision_missing`, `not_authorized_event`, `authorized_after_execution`).
     pub grace_secs: u64,
     /// How far outside the range referenced events are looked up.
     pub lookaround_secs: u64,
@@ -132,6 +137,17 @@ struct I02Row {
 // finding only if the other decision's events mask it: about one chance in 2^64 / (decisions
 // in the range) per decision for ids made independently. cityHash64 is not keyed, so a producer able to choose its ids
 // could craft a collision on purpose (the orphan check's hashed sets share this limit).
+//
+// Grace, as for orphans: an execution ingested less than `grace` ago is judged only by the
+// rules no late event can undo: `no_decision` (it names no decision) and
+// `execution_after_deny` with its decision stored (a stored deny, or a stored
+// `capability_denied`). `decision_missing`, `not_authorized_event` and
+// `authorized_after_execution` wait: the PolicyDecision (another topic) or the
+// `capability_authorized` may still be in flight.
+//
+// A decision stored with several contents (an id conflict) is read conservatively and the
+// same way every run: a non-allow verdict in any version is its verdict (the least such, if
+// the versions disagree on which), so an allow version cannot hide `execution_after_deny`.
 const I02_SQL: &str = "
 WITH bad AS (
     SELECT cityHash64(if(kind = 'policy_decision', id, decision_id)) AS h
@@ -152,9 +168,12 @@ SELECT e.1 AS exec, d AS decision_id, pd, verdict, auth,
        toUInt8(auth != '' AND ats > e.2) AS auth_late, denied
 FROM (
     SELECT if(kind = 'policy_decision', id, decision_id) AS d,
-           arrayDistinct(groupArrayIf((id, ts), kind = 'trace_event' AND event_type = 'capability_executed' AND {TS})) AS ex,
+           arrayDistinct(groupArrayIf((id, ts, toUInt8(ingested_at < now64(6) - toIntervalSecond({grace:UInt64}))),
+                                      kind = 'trace_event' AND event_type = 'capability_executed' AND {TS})) AS ex,
            anyIf(id, kind = 'policy_decision') AS pd,
-           anyIf(decision, kind = 'policy_decision') AS verdict,
+           if(countIf(kind = 'policy_decision' AND decision != 'allow') > 0,
+              minIf(decision, kind = 'policy_decision' AND decision != 'allow'),
+              anyIf(decision, kind = 'policy_decision')) AS verdict,
            argMinIf(id, ts, event_type = 'capability_authorized') AS auth,
            minIf(ts, event_type = 'capability_authorized') AS ats,
            arrayDistinct(groupArrayIf(id, event_type = 'capability_denied')) AS denied
@@ -168,7 +187,8 @@ FROM (
     HAVING notEmpty(ex)
 )
 ARRAY JOIN ex AS e
-WHERE d = '' OR pd = '' OR verdict != 'allow' OR auth = '' OR ats > e.2 OR notEmpty(denied)
+WHERE d = '' OR (pd != '' AND (verdict != 'allow' OR notEmpty(denied)))
+   OR (e.3 = 1 AND (pd = '' OR auth = '' OR ats > e.2 OR notEmpty(denied)))
 ";
 
 // I-02's other half (weaver-spec `policy_decisions_are_traced`): a PolicyDecision in the
@@ -208,6 +228,18 @@ struct I06Row {
 // finding is a capability whose 64-bit hash equals that of a different entry of the token's
 // scope (about 2^-64 per pair). The second stage is the exact check, over the suspects'
 // decisions, executions and tokens only (81k of 954k tokens in the 10M benchmark).
+//
+// Tokens (`tokens`) are those issued in the widened range, read by time, and those the
+// widened range's decisions name that are not among them (`far`, MATERIALIZED: usually few
+// or none), read by id from the whole history through the Bloom-filter index on `id`: a
+// token issued on Monday that expired an hour later and is used on Wednesday is checked by a
+// check of Wednesday. A use whose token is stored nowhere is dropped here, as an inner join would;
+// `I06_UNKNOWN_SQL` reports its allow decisions (`token_unknown`).
+//
+// A decision stored with several contents (an id conflict) is read the same way every run:
+// an allow in any version makes it a use (the conservative reading for I-06), and its token
+// and capability are the first stored version's, as is a token's scope, expiry and flag
+// (least `(ingested_at, topic, partition, offset)`, unique per fact).
 const I06_SQL: &str = "
 WITH uses1 AS (
     SELECT cityHash64(if(kind = 'policy_decision', id, decision_id)) AS pd,
@@ -230,6 +262,22 @@ WITH uses1 AS (
     GROUP BY pd
     HAVING in_range > 0 AND npd > 0
 ),
+far AS MATERIALIZED (
+    SELECT DISTINCT token_id FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'policy_decision' AND {WIDE} AND token_id != ''
+      AND cityHash64(token_id) NOT IN (
+          SELECT cityHash64(id) FROM weft_events
+          WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE})
+),
+tokens AS (
+    SELECT id, token_scope, token_expires_at, token_single_use, ingested_at, topic, partition, offset
+    FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
+    UNION ALL
+    SELECT id, token_scope, token_expires_at, token_single_use, ingested_at, topic, partition, offset
+    FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'capability_token' AND NOT ({WIDE}) AND id IN far
+),
 sus AS MATERIALIZED (
     SELECT tok FROM (
         SELECT arrayJoin(if(tmin = tmax, [tmax], [tmin, tmax])) AS tok, 1 AS is_use, nallow, pts, nexec, ets,
@@ -240,8 +288,7 @@ sus AS MATERIALIZED (
         UNION ALL
         SELECT cityHash64(id) AS tok, 0, 0, toDateTime64(0, 6, 'UTC'), 0, toDateTime64(0, 6, 'UTC'), CAST([], 'Array(UInt64)'), 0,
                arrayMap(x -> cityHash64(x), token_scope), token_expires_at, token_single_use
-        FROM weft_events
-        WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE}
+        FROM tokens
     )
     GROUP BY tok
     HAVING countIf(is_use = 0) > 0 AND countIf(is_use = 1) > 0
@@ -253,9 +300,10 @@ sus AS MATERIALIZED (
 ,
 uses AS (
     SELECT if(kind = 'policy_decision', id, decision_id) AS pd,
-           anyIf(token_id, kind = 'policy_decision') AS tok,
-           anyIf(capability_id, kind = 'policy_decision') AS cap,
-           anyIf(decision, kind = 'policy_decision') AS verdict,
+           argMinIf(token_id, (ingested_at, topic, partition, offset), kind = 'policy_decision') AS tok,
+           argMinIf(capability_id, (ingested_at, topic, partition, offset), kind = 'policy_decision') AS cap,
+           if(countIf(kind = 'policy_decision' AND decision = 'allow') > 0, 'allow',
+              argMinIf(decision, (ingested_at, topic, partition, offset), kind = 'policy_decision')) AS verdict,
            minIf(ts, kind = 'policy_decision') AS pts,
            countIf(kind = 'policy_decision' AND {TS}) AS in_range,
            groupUniqArrayIf(id, kind = 'trace_event') AS execs,
@@ -276,21 +324,23 @@ toks AS (
     -- this check's time over 10M events). A use whose token is not stored is dropped, as an
     -- inner join would.
     SELECT tok, groupArrayIf((pd, cap, verdict, pts, execs, ets, ecaps), is_tok = 0) AS us,
-           anyIf((scope, exp, su), is_tok = 1) AS tinfo, countIf(is_tok = 1) AS stored,
+           argMinIf((scope, exp, su), stored_at, is_tok = 1) AS tinfo, countIf(is_tok = 1) AS stored,
            arrayCount(x -> tupleElement(x, 3) = 'allow', us) AS allows
     FROM (
         SELECT tok, pd, cap, verdict, pts, execs, ets, ecaps,
                CAST([], 'Array(String)') AS scope,
                CAST(NULL AS Nullable(DateTime64(6, 'UTC'))) AS exp,
-               toUInt8(0) AS su, 0 AS is_tok
+               toUInt8(0) AS su, 0 AS is_tok,
+               (toDateTime64(0, 6, 'UTC'), '', toUInt32(0), toUInt64(0)) AS stored_at
         FROM uses
         UNION ALL
         SELECT id AS tok, '' AS pd, '' AS cap, '' AS verdict,
                toDateTime64(0, 6, 'UTC') AS pts, CAST([], 'Array(String)') AS execs,
                toDateTime64(0, 6, 'UTC') AS ets, CAST([], 'Array(String)') AS ecaps,
-               token_scope AS scope, token_expires_at AS exp, token_single_use AS su, 1 AS is_tok
-        FROM weft_events
-        WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE} AND cityHash64(id) IN sus
+               token_scope AS scope, token_expires_at AS exp, token_single_use AS su, 1 AS is_tok,
+               (ingested_at, toString(topic), partition, offset) AS stored_at
+        FROM tokens
+        WHERE cityHash64(id) IN sus
     )
     GROUP BY tok
     HAVING stored > 0 AND notEmpty(us)
@@ -303,6 +353,37 @@ SELECT tupleElement(u, 1) AS pd, tok,
 FROM toks
 ARRAY JOIN us AS u
 WHERE reused OR expired OR out_of_scope
+";
+
+#[derive(Debug, Row, Deserialize)]
+struct UnknownTokenRow {
+    tok: String,
+    pds: Vec<String>,
+}
+
+// I-06 `token_unknown`: an allow PolicyDecision in the range names a token that is stored
+// nowhere, so nothing shows the authorization was scoped and expiring. Decisions ingested
+// less than `grace` ago are left out (the token, on another topic, may still be in flight),
+// as for orphans. The tokens issued in the widened range are ruled out by their ids' hashes
+// (as the orphan check does: a missing token hides only behind a hash collision); the few
+// ids left are looked up by id in the whole history, through the Bloom-filter index on `id`.
+const I06_UNKNOWN_SQL: &str = "
+WITH far AS MATERIALIZED (
+    SELECT DISTINCT token_id FROM weft_events
+    WHERE tenant = {t:String} AND kind = 'policy_decision' AND {TS} AND decision = 'allow'
+      AND token_id != '' AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+      AND cityHash64(token_id) NOT IN (
+          SELECT cityHash64(id) FROM weft_events
+          WHERE tenant = {t:String} AND kind = 'capability_token' AND {WIDE})
+)
+SELECT token_id AS tok, arraySort(groupUniqArray(id)) AS pds FROM weft_events
+WHERE tenant = {t:String} AND kind = 'policy_decision' AND {TS} AND decision = 'allow'
+  AND ingested_at < now64(6) - toIntervalSecond({grace:UInt64})
+  AND token_id IN far
+  AND token_id NOT IN (
+      SELECT id FROM weft_events
+      WHERE tenant = {t:String} AND kind = 'capability_token' AND id IN far)
+GROUP BY token_id
 ";
 
 // The text search only spares `JSONHas` the frames that cannot hold a key: one written with
@@ -390,7 +471,11 @@ pub async fn run(
     // invariant order at the end. Sorting per check replaces one sort of all findings.
     let mut timings_ms: BTreeMap<String, u64> = BTreeMap::new();
     let mut groups = Vec::new();
-    let i02 = timed::<I02Row>(store, q(store, I02_SQL, tenant, range, opt)).await?;
+    let i02 = timed::<I02Row>(
+        store,
+        q(store, I02_SQL, tenant, range, opt).param("grace", opt.grace_secs),
+    )
+    .await?;
     timings_ms.insert("I-02".into(), i02.1);
     // I-02's decisions that no trace event names: its own query and timing, one group (and
     // so one sort, one `limit` and one count) with the executions' findings.
@@ -415,7 +500,22 @@ pub async fn run(
     )
     .await?;
     timings_ms.insert("I-06".into(), i06.1);
-    groups.push(("I-06", sorted_off_thread(move || i06_findings(i06.0))));
+    let unknown = timed::<UnknownTokenRow>(
+        store,
+        q(store, I06_UNKNOWN_SQL, tenant, range, opt)
+            .param("grace", opt.grace_secs)
+            .with_setting("enable_materialized_cte", "1"),
+    )
+    .await?;
+    timings_ms.insert("I-06 unknown".into(), unknown.1);
+    groups.push((
+        "I-06",
+        sorted_off_thread(move || {
+            let mut findings = i06_findings(i06.0);
+            findings.extend(unknown_token_findings(unknown.0, grace));
+            findings
+        }),
+    ));
     let i01 = timed::<String>(
         store,
         q(store, I01_SQL, tenant, range, opt).param("keys", RAW_OUTPUT_KEYS.to_vec()),
@@ -609,6 +709,32 @@ fn i02_findings(rows: Vec<I02Row>) -> Vec<Finding> {
                 subject: exec,
                 events,
                 detail,
+            }
+        })
+        .collect()
+}
+
+fn unknown_token_findings(rows: Vec<UnknownTokenRow>, grace_secs: u64) -> Vec<Finding> {
+    rows.into_iter()
+        .map(|r| {
+            let subject = EventRef::new("capability_token", r.tok.clone());
+            let mut events = vec![subject.clone()];
+            events.extend(
+                r.pds
+                    .iter()
+                    .map(|p| EventRef::new("policy_decision", p.clone())),
+            );
+            Finding {
+                invariant: "I-06".into(),
+                rule: "token_unknown".into(),
+                detail: format!(
+                    "token {} that {} allowed is stored nowhere, more than {grace_secs} s \
+                     after the decision was ingested",
+                    r.tok,
+                    r.pds.join(", ")
+                ),
+                subject,
+                events,
             }
         })
         .collect()

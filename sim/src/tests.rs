@@ -183,6 +183,16 @@ fn audit(events: &[(Kind, String, Value)]) -> BTreeSet<(Invariant, EventRef)> {
             }
         }
     }
+    // I-06 `token_unknown`: an allow decision names a token that is never emitted.
+    for (k, _, v) in events {
+        if *k == Kind::PolicyDecision && v["decision"] == "allow" {
+            if let Some(t) = str_at(v, "/token_id") {
+                if get(Kind::CapabilityToken, t).is_none() {
+                    found.insert((Invariant::I06, r(Kind::CapabilityToken, t)));
+                }
+            }
+        }
+    }
     for (k, id, v) in events {
         match k {
             Kind::Frame if RAW_OUTPUT_KEYS.iter().any(|key| v.get(key).is_some()) => {

@@ -168,7 +168,8 @@ pub enum Invariant {
     /// or a PolicyDecision is named by no TraceEvent.
     #[serde(rename = "I-02")]
     I02,
-    /// A token is used expired, reused while single-use, or outside its scope.
+    /// A token is used expired, reused while single-use, or outside its scope; or an allow
+    /// decision names a token stored nowhere (`token_unknown`: the simulator injects none).
     #[serde(rename = "I-06")]
     I06,
     /// A TraceEvent references a decision, frame or handle that never arrives.
