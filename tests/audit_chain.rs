@@ -817,3 +817,348 @@ async fn the_sealing_loop_seals_what_arrives_and_resumes_after_a_killed_seal() {
     assert!(m("weft_audit_seal_last_success_seconds").await > 1_700_000_000);
     assert_eq!(m("weft_audit_seal_rows_held").await, 0);
 }
+
+/// A signing key and its keyring in `p`'s folder: (key path, keyring path).
+fn sealing_key(p: &Pipeline) -> (String, String) {
+    let key = p.path("sealer.key");
+    let out = audit(p, &["keygen", "--kid", "s", "--out", key.to_str().unwrap()]);
+    assert!(out.status.success());
+    let ring = p.path("ring.json");
+    std::fs::write(&ring, &out.stdout).unwrap();
+    (
+        key.to_str().unwrap().to_owned(),
+        ring.to_str().unwrap().to_owned(),
+    )
+}
+
+/// `weft audit seal` of `tenant`, which must succeed.
+fn seal_tenant(p: &Pipeline, key: &str, tenant: &str) {
+    let out = audit(p, &["seal", "--tenant", tenant, "--sign-key", key]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `weft audit verify --format json --keyring RING --tenant TENANT ARGS`.
+fn verify_with(p: &Pipeline, ring: &str, tenant: &str, args: &[&str]) -> (Option<i32>, Value) {
+    let out = audit(
+        p,
+        &[
+            &[
+                "verify",
+                "--format",
+                "json",
+                "--keyring",
+                ring,
+                "--tenant",
+                tenant,
+            ],
+            args,
+        ]
+        .concat(),
+    );
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("verify: {e}\n{}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code(), v)
+}
+
+fn days_ago(d: i64) -> String {
+    let now = weft_schemas::time::parse_micros(&weft_schemas::time::now_rfc3339()).unwrap();
+    weft_schemas::time::micros_to_rfc3339(now - d * 86_400_000_000)
+}
+
+/// Each (topic, partition)'s last sealed offset of `tenant`.
+async fn last_links(p: &Pipeline, tenant: &str) -> Vec<(String, u32, u64)> {
+    p.client()
+        .query(
+            "SELECT topic, partition, max(offset) FROM weft_audit_chain WHERE tenant = ? \
+             GROUP BY topic, partition ORDER BY topic, partition",
+        )
+        .bind(tenant)
+        .fetch_all()
+        .await
+        .unwrap()
+}
+
+/// Delete `tenant`'s facts and links of `topic`/`partition` with an offset in `(after, upto]`.
+async fn delete_span(
+    p: &Pipeline,
+    tenant: &str,
+    topic: &str,
+    partition: u32,
+    after: i64,
+    upto: u64,
+) {
+    let c = p.client().with_setting("mutations_sync", "2");
+    for table in ["weft_events", "weft_audit_chain"] {
+        c.query(&format!(
+            "DELETE FROM {table} WHERE tenant = ? AND topic = ? AND partition = ? \
+             AND toInt64(offset) > ? AND offset <= ?"
+        ))
+        .bind(tenant)
+        .bind(topic)
+        .bind(partition)
+        .bind(after)
+        .bind(upto)
+        .execute()
+        .await
+        .unwrap();
+    }
+}
+
+/// Finding: a range verify took its offsets from the rows still stored with an event time in
+/// the range, and checked only the checkpoints among them. Deleting the facts and links of
+/// the range's last sealed batch ended the window early (the checkpoint at the old head was
+/// never read); deleting those of its first batch moved the anchor to that batch's own
+/// checkpoint. Both said INTACT. Three batches are sealed apart (six, three and two days
+/// old) for two tenants; a range from four days ago covers the last two. For tenant `tail`
+/// the last batch is deleted, for `head` the first in the range: each must be named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_verify_names_a_sealed_batch_deleted_at_either_end() {
+    let p = Pipeline::new("it_chain_ends");
+    let (key, ring) = sealing_key(&p);
+    let _ingest = p.ingest(None);
+    let mut stored = 0;
+    // The last sealed offsets after each seal, per tenant.
+    let mut after: Vec<Vec<Vec<(String, u32, u64)>>> = vec![Vec::new(), Vec::new()];
+    for (b, age) in [6, 3, 2].into_iter().enumerate() {
+        for (t, tenant) in ["tail", "head"].into_iter().enumerate() {
+            let seed = format!("{}", 60 + 10 * b + t);
+            let truth = p.simulate(&[
+                "--flows",
+                "6",
+                "--seed",
+                &seed,
+                "--tenant",
+                tenant,
+                "--start",
+                &days_ago(age),
+            ]);
+            p.publish(&p.path("events.jsonl"));
+            stored += truth.totals.distinct_events;
+            p.wait_for_facts(stored, Duration::from_secs(120)).await;
+            seal_tenant(&p, &key, tenant);
+            after[t].push(last_links(&p, tenant).await);
+        }
+    }
+    let from = days_ago(4);
+    let range = ["--from", from.as_str(), "--to", "now"];
+    for tenant in ["tail", "head"] {
+        let (code, r) = verify_with(&p, &ring, tenant, &range);
+        assert_eq!(code, Some(0), "{r}");
+        assert!(r["anchored"].as_u64().unwrap() > 0, "{r}");
+    }
+    let offset_at = |seals: &Vec<(String, u32, u64)>, topic: &str, partition: u32| -> i64 {
+        seals
+            .iter()
+            .find(|(t, p, _)| t == topic && *p == partition)
+            .map_or(-1, |x| x.2 as i64)
+    };
+
+    // The last batch of every partition of `tail`: facts and links past the second seal.
+    let mut deleted = 0;
+    for (topic, partition, last) in &after[0][2] {
+        let before = offset_at(&after[0][1], topic, *partition);
+        if before < *last as i64 {
+            delete_span(&p, "tail", topic, *partition, before, *last).await;
+            deleted += 1;
+        }
+    }
+    assert!(deleted > 0);
+    let (code, r) = verify_with(&p, &ring, "tail", &range);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["what"] == "checkpoint_mismatch"),
+        "{r}"
+    );
+
+    // The first batch in the range of every partition of `head`: facts and links between
+    // the first and the second seal.
+    let mut deleted = 0;
+    for (topic, partition, last) in &after[1][1] {
+        let before = offset_at(&after[1][0], topic, *partition);
+        if before < *last as i64 {
+            delete_span(&p, "head", topic, *partition, before, *last).await;
+            deleted += 1;
+        }
+    }
+    assert!(deleted > 0);
+    let (code, r) = verify_with(&p, &ring, "head", &range);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["what"] == "checkpoint_mismatch"),
+        "{r}"
+    );
+}
+
+/// Finding: the partitions verified were those of the tenant's facts and links, so deleting
+/// every fact and link of one partition (or a whole tenant) left its checkpoints unread and
+/// verify said INTACT. They are listed from the checkpoints too (ClickHouse's and an
+/// exported file's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_deleted_whole_is_named() {
+    let p = Pipeline::new("it_chain_part");
+    let (key, ring) = sealing_key(&p);
+    let _ingest = p.ingest(None);
+    let truth = p.simulate(&["--flows", "8", "--seed", "91"]);
+    p.publish(&p.path("events.jsonl"));
+    p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    seal_tenant(&p, &key, "default");
+    let cps = audit(&p, &["checkpoints"]);
+    assert!(cps.status.success());
+    let cps_file = p.path("checkpoints.json");
+    std::fs::write(&cps_file, &cps.stdout).unwrap();
+    let cps_file = cps_file.to_str().unwrap().to_owned();
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(0), "{r}");
+
+    let parts = last_links(&p, "default").await;
+    assert!(parts.len() > 1, "{parts:?}");
+    let (topic, partition, last) = parts[0].clone();
+    delete_span(&p, "default", &topic, partition, -1, last).await;
+    let named_part = |r: &Value| {
+        r["problems"].as_array().unwrap().iter().any(|x| {
+            x["what"] == "checkpoint_mismatch" && x["topic"] == topic && x["partition"] == partition
+        })
+    };
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named_part(&r), "{r}");
+    // A range too.
+    let (code, r) = verify_with(&p, &ring, "default", &["--from", "1d"]);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named_part(&r), "{r}");
+    // Its checkpoints deleted as well: the exported file still names it.
+    p.client()
+        .with_setting("mutations_sync", "2")
+        .query("DELETE FROM weft_audit_checkpoints WHERE topic = ? AND partition = ?")
+        .bind(&topic)
+        .bind(partition)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify_with(&p, &ring, "default", &["--checkpoints", &cps_file]);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named_part(&r), "{r}");
+}
+
+/// Finding: `pruned_before` is read from an unsigned row of `weft_audit_retention` (the one
+/// of the highest version), and nothing bounded it: a row forged with a huge version and
+/// `pruned_before` in 2200 made any deletion count as `pruned`. A tenant never given a
+/// retention has nothing pruned, and no value later than its shortest retention allows is
+/// used: verify names the row and the deletion. A version at the end of the range no longer
+/// overflows `retention set` (it is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_retention_row_does_not_hide_a_deletion() {
+    let p = Pipeline::new("it_chain_prune");
+    let (key, ring) = sealing_key(&p);
+    let _ingest = p.ingest(None);
+    let truth = p.simulate(&["--flows", "6", "--seed", "92"]);
+    p.publish(&p.path("events.jsonl"));
+    p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(120))
+        .await;
+    seal_tenant(&p, &key, "default");
+    let c = p.client().with_setting("mutations_sync", "2");
+    // `pruned` is an SQL expression.
+    let forge = |version: u64, days: u32, pruned: &str| {
+        let c = p.client();
+        let sql = format!(
+            "INSERT INTO weft_audit_retention (tenant, days, legal_hold, pruned_before, version, updated_at) \
+             SELECT 'default', ?, 0, {pruned}, ?, now64(6)"
+        );
+        async move {
+            c.query(&sql)
+                .bind(days)
+                .bind(version)
+                .execute()
+                .await
+                .unwrap();
+        }
+    };
+    forge(1 << 63, 0, "toDateTime64('2200-01-01 00:00:00', 6, 'UTC')").await;
+    let id: String = c
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 1")
+        .fetch_one()
+        .await
+        .unwrap();
+    c.query("DELETE FROM weft_events WHERE id = ?")
+        .bind(&id)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named(&r, "deleted", &id), "{r}");
+    assert_eq!(r["pruned"], 0, "{r}");
+    assert!(
+        r["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["what"] == "pruned_before_invalid"),
+        "{r}"
+    );
+    // With a retention set (30 days), a value in 2200 is still impossible.
+    assert!(audit(&p, &["retention", "set", "--days", "30"])
+        .status
+        .success());
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named(&r, "deleted", &id), "{r}");
+    // So is one an hour ago: no retention is shorter than a day.
+    forge((1 << 63) + 10, 1, "now64(6) - INTERVAL 1 HOUR").await;
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert!(named(&r, "deleted", &id), "{r}");
+    assert_eq!(r["pruned"], 0, "{r}");
+    // A version no write can follow is refused, not overflowed.
+    forge(u64::MAX, 30, "toDateTime64(0, 6, 'UTC')").await;
+    let out = audit(&p, &["retention", "set", "--days", "31"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("supersede"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Finding: a bounded verify (the API's `max_verify_rows`) did not count the copy lookup of
+/// unsealed facts, which scans the partition's facts ingested within the copy window. Nothing
+/// sealed: the spans hold the F facts, and the copy lookup scans the same F again. A budget
+/// of F was enough before; now 2F is needed, and F is refused as too large.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_verify_counts_the_copy_lookup() {
+    let p = Pipeline::new("it_chain_copies");
+    let _ingest = p.ingest(None);
+    let truth = p.simulate(&["--flows", "4", "--seed", "93"]);
+    p.publish(&p.path("events.jsonl"));
+    let f = truth.totals.distinct_events;
+    p.wait_for_facts(f, Duration::from_secs(120)).await;
+    let store = p.store();
+    let opt = |max| weft_audit::chain::VerifyOptions {
+        range: None,
+        copy_window_secs: weft_audit::chain::copy_window_secs(7 * 86_400),
+        max_rows: Some(max),
+    };
+    let r = weft_audit::chain::verify(&store, "default", &[], None, opt(2 * f))
+        .await
+        .unwrap();
+    assert!(r.ok(), "{r:?}");
+    assert_eq!(r.unsealed, f);
+    let r = weft_audit::chain::verify(&store, "default", &[], None, opt(f)).await;
+    assert!(
+        matches!(r, Err(weft_audit::AuditError::TooLarge(_))),
+        "{r:?}"
+    );
+}

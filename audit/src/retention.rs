@@ -68,6 +68,51 @@ async fn read(store: &Store, tenant: &str) -> Result<(Retention, u64), AuditErro
     }))
 }
 
+/// How far a clock may be ahead of another's (the apply's and the verify's) before
+/// [`check_pruned`] calls a `pruned_before` impossible: one hour.
+pub const CLOCK_SLACK_MICROS: i64 = 3_600_000_000;
+
+/// The `pruned_before` verification may use, or why the recorded one is impossible.
+///
+/// The retention table is not signed (and, a `ReplacingMergeTree`, keeps only each tenant's
+/// latest row once merged): whoever can write ClickHouse can insert a row, of the highest
+/// version, whose `pruned_before` makes every deletion look like pruning. What bounds it: an
+/// apply records `now - days` with `days` at least 1, so no genuine value is later than a day
+/// before now, give or take the clocks' difference ([`CLOCK_SLACK_MICROS`]). A later one
+/// (in the future, say) is refused. The bound is not the tenant's current retention: a
+/// retention lengthened after an apply leaves a genuine `pruned_before` later than the new
+/// one allows. So a value within the bound can still be forged, to count as pruned a fact
+/// deleted more than a day after its event time: verify reports the value it used
+/// (`pruned_before`), to be held against the retention runs' own records.
+pub fn check_pruned(pruned_before: i64, now_micros: i64) -> Result<i64, String> {
+    if pruned_before <= 0 {
+        return Ok(0);
+    }
+    let bound = now_micros
+        .saturating_sub(86_400_000_000)
+        .saturating_add(CLOCK_SLACK_MICROS);
+    if pruned_before > bound {
+        return Err(format!(
+            "the retention table records facts pruned before {}, later than any retention (at \
+             least one day) can have pruned by now: not used, so every missing sealed fact \
+             counts as deleted",
+            weft_schemas::time::micros_to_rfc3339(pruned_before),
+        ));
+    }
+    Ok(pruned_before)
+}
+
+/// The version after `v`, refused at the end of the range (a row written with the highest
+/// version, which no write of weft's makes, could not be superseded).
+fn next_version(v: u64) -> Result<u64, AuditError> {
+    v.checked_add(1).ok_or_else(|| {
+        AuditError::Refused(format!(
+            "the retention table holds a row of version {v}, which no later row can supersede: \
+             it was not written by weft; inspect weft_audit_retention"
+        ))
+    })
+}
+
 async fn write(store: &Store, tenant: &str, r: &Retention, version: u64) -> Result<(), AuditError> {
     let mut ins = store
         .client()
@@ -99,7 +144,7 @@ async fn put(
     read: u64,
 ) -> Result<Retention, AuditError> {
     let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
-    let version = now.max(read + 1);
+    let version = now.max(next_version(read)?);
     write(store, tenant, r, version).await?;
     let (held, pruned): (u8, i64) = store
         .client()
@@ -122,7 +167,7 @@ async fn put(
         ..r.clone()
     };
     let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
-    write(store, tenant, &kept, now.max(version + 1)).await?;
+    write(store, tenant, &kept, now.max(next_version(version)?)).await?;
     Ok(kept)
 }
 
@@ -304,5 +349,40 @@ impl Plan {
             cutoff: self.cutoff,
             deleted,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: i64 = 86_400_000_000;
+
+    #[test]
+    fn pruned_before_is_bounded_by_a_day_before_now() {
+        let now = 1_800_000_000_000_000;
+        assert_eq!(check_pruned(0, now), Ok(0));
+        assert_eq!(check_pruned(-5, now), Ok(0));
+        // What an apply of a one-day retention records, and earlier.
+        assert_eq!(check_pruned(now - DAY, now), Ok(now - DAY));
+        assert_eq!(check_pruned(now - 400 * DAY, now), Ok(now - 400 * DAY));
+        // Within the clocks' slack.
+        assert!(check_pruned(now - DAY + CLOCK_SLACK_MICROS, now).is_ok());
+        // Later than a day before now, in the future, or at the end of the range: impossible.
+        assert!(check_pruned(now - DAY + CLOCK_SLACK_MICROS + 1, now).is_err());
+        assert!(check_pruned(now - 3_600_000_000, now).is_err());
+        assert!(check_pruned(7_258_118_400_000_000, now).is_err());
+        assert!(check_pruned(i64::MAX, now).is_err());
+        assert!(check_pruned(i64::MAX, i64::MIN).is_err());
+    }
+
+    #[test]
+    fn the_version_after_the_last_is_refused() {
+        assert_eq!(next_version(0).ok(), Some(1));
+        assert_eq!(next_version(1 << 63).ok(), Some((1 << 63) + 1));
+        assert!(matches!(
+            next_version(u64::MAX),
+            Err(AuditError::Refused(_))
+        ));
     }
 }

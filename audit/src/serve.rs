@@ -17,8 +17,9 @@
 //! - `GET /v1/audit/bundle/{id}` — the request's TraceBundle (signed when a key is set);
 //!   422 `too_large` past 10,000 members or 16 MiB of payload;
 //! - `GET /v1/audit/verify?from&to` — recompute the tenant's hash chains over the range
-//!   (from the last checkpoint before it), refused with 422 `too_large` past
-//!   `max_verify_rows` rows read;
+//!   (from the checkpoint before its anchor, on to each partition's last checkpoint),
+//!   refused with 422 `too_large` past `max_verify_rows` rows read (the copy lookup of
+//!   unsealed facts included);
 //! - `GET /v1/audit/checkpoints?limit&cursor` — the signed checkpoints, for offline
 //!   verification, a page of at most `limit` (1,000; up to 10,000) at a time.
 
@@ -57,8 +58,8 @@ pub struct AppState {
     pub keyring: Option<Arc<Keyring>>,
     /// `/v1/audit/verify`'s copy window ([`chain::copy_window_secs`] of ingest's dedup window).
     pub copy_window_secs: u64,
-    /// The most stored facts, links and checkpoints one `/v1/audit/verify` may read
-    /// ([`chain::VerifyOptions::max_rows`]).
+    /// The most stored facts, links, checkpoints and copy-lookup rows one
+    /// `/v1/audit/verify` may read ([`chain::VerifyOptions::max_rows`]).
     pub max_verify_rows: u64,
     /// The most `/v1/audit` requests handled at once; one more is answered 503 `busy`
     /// ([`weft_http::limit_in_hand`]). Each is bounded by the read limits above; this bounds

@@ -205,7 +205,8 @@ pub(super) struct Part {
     pub(super) kind: String,
 }
 
-/// Every partition of the tenant's facts and links, with its [`Part::kind`].
+/// Every partition of the tenant's facts, links and checkpoints, with its [`Part::kind`]: a
+/// partition whose facts and links were all deleted is still listed by its checkpoints.
 pub(super) async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>, AuditError> {
     store
         .client()
@@ -216,7 +217,10 @@ pub(super) async fn partitions(store: &Store, tenant: &str) -> Result<Vec<Part>,
                  FROM weft_events WHERE tenant = {t:String} GROUP BY topic, partition \
                  UNION ALL \
                  SELECT topic, partition, groupUniqArray(2)(toString(kind)) \
-                 FROM weft_audit_chain WHERE tenant = {t:String} GROUP BY topic, partition) \
+                 FROM weft_audit_chain WHERE tenant = {t:String} GROUP BY topic, partition \
+                 UNION ALL \
+                 SELECT topic, partition, CAST([], 'Array(String)') \
+                 FROM weft_audit_checkpoints WHERE tenant = {t:String} GROUP BY topic, partition) \
                GROUP BY topic, partition) \
              ORDER BY topic, partition",
         )
@@ -326,7 +330,8 @@ pub async fn checkpoints_page(
 /// One broken link.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Problem {
-    /// `altered`, `deleted`, `inserted`, `chain_broken` or `checkpoint_mismatch`.
+    /// `altered`, `deleted`, `inserted`, `chain_broken`, `checkpoint_mismatch`, or
+    /// `pruned_before_invalid` (the tenant's, not a partition's: empty topic, partition 0).
     pub what: String,
     /// Topic of the broken chain.
     pub topic: String,

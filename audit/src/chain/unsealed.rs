@@ -36,6 +36,35 @@ HAVING count() > 1
 "
 );
 
+/// How many rows [`COPIES_SQL`] scans: the partition's facts (of its kind) ingested at most
+/// the window before the earliest unsealed one. What a bounded verify counts against its
+/// budget before the lookup (`VerifyOptions::max_rows`).
+const COPIES_COUNT_SQL: &str = concat!(
+    "WITH unsealed AS (SELECT ingested_at FROM weft_events WHERE ",
+    events_span_where!(),
+    ")
+SELECT count() FROM weft_events
+WHERE tenant = {t:String} AND topic = {topic:String} AND partition = {p:UInt32}
+  AND ",
+    kind_where!(),
+    "
+  AND ingested_at >= (SELECT min(ingested_at) FROM unsealed) - toIntervalMicrosecond({w:UInt64})
+"
+);
+
+/// How many rows the copy lookup of [`unsealed_problems`] over `span` scans.
+pub(super) async fn copies_rows(
+    store: &Store,
+    span: Span<'_>,
+    copy_window_secs: u64,
+) -> Result<u64, AuditError> {
+    span.query(store, COPIES_COUNT_SQL)
+        .param("w", copy_window_secs.saturating_mul(1_000_000))
+        .fetch_one()
+        .await
+        .map_err(ch_err(store))
+}
+
 /// How far apart two stored copies of one fact (same partition, identity, content and request
 /// id) must have been ingested for the second to be legitimate, given ingest's
 /// `dedup_window_secs`: half of it, the least its two-generation dedup cache is sure to

@@ -14,12 +14,17 @@ use super::{
 use crate::sign::Keyring;
 use crate::{ch_err, AuditError, Range, Store};
 
-/// How many facts, links and checkpoints a [`Span`] holds: what [`VerifyOptions::max_rows`]
-/// counts before the span is read.
-const SPAN_ROWS_SQL: &str = concat!(
-    "SELECT sum(n) FROM (SELECT count() AS n FROM weft_events WHERE ",
-    events_span_where!(),
-    " UNION ALL SELECT count() FROM weft_audit_chain WHERE ",
+/// How many facts a [`Span`] holds: counted against [`VerifyOptions::max_rows`] before the
+/// span is read.
+const SPAN_FACTS_SQL: &str = concat!(
+    "SELECT count() FROM weft_events WHERE ",
+    events_span_where!()
+);
+
+/// How many links and checkpoints a [`Span`] holds: counted likewise. A range reads the links
+/// and checkpoints further than the facts (up to the partition's last checkpoint).
+const SPAN_LINKS_SQL: &str = concat!(
+    "SELECT sum(n) FROM (SELECT count() AS n FROM weft_audit_chain WHERE ",
     span_where!(),
     " UNION ALL SELECT count() FROM weft_audit_checkpoints WHERE ",
     span_where!(),
@@ -68,6 +73,10 @@ pub struct VerifyReport {
     /// Partitions whose recomputation started from a checkpoint before the range rather
     /// than from genesis.
     pub anchored: u64,
+    /// The `pruned_before` (µs) retention recorded and this run used to tell pruned facts
+    /// from deleted ones (0: none, or an impossible one, reported as `pruned_before_invalid`).
+    #[serde(default)]
+    pub pruned_before: i64,
 }
 
 impl VerifyReport {
@@ -135,8 +144,9 @@ pub struct VerifyOptions {
     /// behind ingest's back: half of ingest's `dedup_window_secs` ([`super::copy_window_secs`]).
     pub copy_window_secs: u64,
     /// Refuse with [`AuditError::TooLarge`] rather than read more than this many stored facts,
-    /// links and checkpoints in all (counted before each partition is read, so the work done
-    /// is bounded by it); `None`: no limit (the CLI).
+    /// links and checkpoints in all, plus the rows the copy lookup of unsealed facts scans
+    /// (each counted before it is read, so the work done is bounded by it); `None`: no limit
+    /// (the CLI).
     pub max_rows: Option<u64>,
 }
 
@@ -144,12 +154,20 @@ pub struct VerifyOptions {
 /// the checkpoints (those in ClickHouse plus `extra`, e.g. an exported file). Signed
 /// checkpoints are verified against `keyring`; without one, signatures are not checked.
 ///
-/// Without a range, every chain is recomputed from genesis. With one, each partition is
-/// checked over the offsets from its first to its last fact (or link) with an event time in
-/// the range, anchored at the partition's latest checkpoint *before* that window: the chain
-/// is recomputed from that checkpoint's head (whose signature is checked when a keyring is
-/// given) to the end of the window, so a range costs the rows since the last seal before it,
-/// not the whole history. Partitions with nothing in the range are skipped.
+/// The partitions are those of the tenant's facts, links and checkpoints (ClickHouse's and
+/// `extra`'s): a partition whose facts and links were all deleted still has checkpoints,
+/// and each of them is a `checkpoint_mismatch`.
+///
+/// Without a range, every chain is recomputed from genesis. With one, each partition's facts
+/// are checked over the offsets from its first to its last fact (or link) with an event time
+/// in the range, after the partition's latest checkpoint *before* them (the *anchor*). The
+/// chain is recomputed from the checkpoint before the anchor (whose signature is checked
+/// when a keyring is given; genesis when there is none) through the anchor's own batch,
+/// whose links must all still have their facts, and on to the partition's last checkpoint:
+/// every checkpoint after that start is checked against the recomputed links. So deleting
+/// the facts and links of the range's first batch (which moves the anchor to that batch's
+/// checkpoint) or of its last (which ends the window early) leaves a checkpoint the links no
+/// longer reach. A range costs one batch before it, its own rows, and the links after it.
 #[instrument(skip(store, extra, keyring), fields(tenant = %tenant))]
 pub async fn verify(
     store: &Store,
@@ -164,8 +182,8 @@ pub async fn verify(
     };
     // The span reads are bounded by `max_rows`, counted before each partition is read; the
     // per-query read limit of `store` (the API's) is not sized for them. Every other query
-    // (the partitions, a range's offsets, the last link) scans a tenant's history whatever
-    // the range, so it keeps that limit.
+    // (the partitions, a range's offsets, the last link, the copy lookup's count) scans a
+    // tenant's history whatever the range, so it keeps that limit.
     let spans = match opt.max_rows {
         Some(_) => store.with_read_limit(0),
         None => store.clone(),
@@ -177,8 +195,23 @@ pub async fn verify(
         keyring,
         opt,
     };
+    let mut parts = partitions(store, tenant).await?;
+    // A partition known only from the exported checkpoints: everything of it in ClickHouse,
+    // its checkpoints too, was deleted.
+    for c in extra.iter().filter(|c| c.tenant == tenant) {
+        if !parts
+            .iter()
+            .any(|p| p.topic == c.topic && p.partition == c.partition)
+        {
+            parts.push(Part {
+                topic: c.topic.clone(),
+                partition: c.partition,
+                kind: String::new(),
+            });
+        }
+    }
     let mut read = 0;
-    for p in partitions(store, tenant).await? {
+    for p in parts {
         let extra = extra
             .iter()
             .filter(|c| c.tenant == tenant && c.topic == p.topic && c.partition == p.partition);
@@ -227,23 +260,50 @@ fn signature(keyring: Option<&Keyring>, c: &Checkpoint) -> Result<(), String> {
     }
 }
 
+/// Add `n` rows to `read` and refuse past `max`.
+fn charge(read: &mut u64, n: u64, max: Option<u64>) -> Result<(), AuditError> {
+    *read = read.saturating_add(n);
+    match max {
+        Some(max) if *read > max => Err(AuditError::TooLarge(format!(
+            "verifying this range reads at least {} stored facts, links, checkpoints and \
+             copy-lookup rows, over the limit of {max} per request: ask for a narrower range \
+             (from, to), or run `weft audit verify` where no limit applies",
+            *read
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// What one partition's verification reads, and from where ([`Run::start`]).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    /// The recomputation starts after this offset, from `root_head`: genesis (-1) or a
+    /// checkpoint, whose signature is then checked.
+    root: i64,
+    root_head: [u8; 32],
+    /// Facts at or below this offset (the anchor's own batch, before a range) are checked
+    /// for presence only: a link there whose fact is gone is `deleted`. Facts after it are
+    /// compared with their links, and checked as unsealed past the last link.
+    anchor: i64,
+    /// The anchor checkpoint's offset, when a range starts from one.
+    anchor_cp: Option<u64>,
+    /// The facts are read up to this offset; `None`: none are.
+    facts_upto: Option<u64>,
+    /// The links and checkpoints are read up to this offset (at least `facts_upto`).
+    links_upto: u64,
+    /// A range's last sealed offset, read before the links ([`Run::partition`]).
+    last_link: Option<u64>,
+}
+
 impl Run<'_> {
-    /// Where to start (after which offset, from which link) and where to stop in one
-    /// partition; `None` when a range is asked for and the partition has nothing in it.
-    async fn start(
+    /// The latest checkpoint of `p` at an offset below `below` (ClickHouse's or `extra`'s).
+    async fn latest_before(
         &self,
         p: &Part,
         extra: &[Checkpoint],
-        rep: &mut VerifyReport,
-    ) -> Result<Option<(i64, [u8; 32], u64)>, AuditError> {
-        let Some(r) = self.opt.range else {
-            return Ok(Some((-1, GENESIS, u64::MAX)));
-        };
-        let Some((lo, hi)) = window(self.store, self.tenant, p, r).await? else {
-            return Ok(None);
-        };
-        // The partition's latest stored checkpoint before the window: offsets [0, lo).
-        let stored: Option<Checkpoint> = match lo.checked_sub(1) {
+        below: u64,
+    ) -> Result<Option<Checkpoint>, AuditError> {
+        let stored: Option<Checkpoint> = match below.checked_sub(1) {
             None => None,
             Some(upto) => Span {
                 tenant: self.tenant,
@@ -257,22 +317,82 @@ impl Run<'_> {
             .await
             .map_err(ch_err(self.store))?,
         };
-        let anchor = stored
+        Ok(stored
             .into_iter()
-            .chain(extra.iter().filter(|c| c.offset < lo).cloned())
-            .max_by_key(|c| c.offset);
-        let Some(a) = anchor else {
-            return Ok(Some((-1, GENESIS, hi)));
+            .chain(extra.iter().filter(|c| c.offset < below).cloned())
+            .max_by_key(|c| c.offset))
+    }
+
+    /// Where to start and where to stop in one partition; `None` when a range is asked for
+    /// and the partition has nothing to check.
+    async fn start(
+        &self,
+        p: &Part,
+        extra: &[Checkpoint],
+        rep: &mut VerifyReport,
+    ) -> Result<Option<Bounds>, AuditError> {
+        let Some(r) = self.opt.range else {
+            return Ok(Some(Bounds {
+                root: -1,
+                root_head: GENESIS,
+                anchor: -1,
+                anchor_cp: None,
+                facts_upto: Some(u64::MAX),
+                links_upto: u64::MAX,
+                last_link: None,
+            }));
         };
-        rep.anchored += 1;
-        if self.keyring.is_some() {
-            if let Err(e) = signature(self.keyring, &a) {
-                let d = format!("anchor checkpoint at offset {}: signature: {e}", a.offset);
+        // Read before the links (a seal running beside may add some meanwhile).
+        let last_link = last_link(self.store, self.tenant, p).await?;
+        let window = window(self.store, self.tenant, p, r).await?;
+        // The window's first offset; without one, just after the last link: the anchor is
+        // then the partition's last checkpoint the links reach, and every checkpoint after
+        // it is still checked.
+        let lo = match (window, last_link) {
+            (Some((lo, _)), _) => lo,
+            (None, Some(l)) => l.saturating_add(1),
+            (None, None) => 0,
+        };
+        let anchor = self.latest_before(p, extra, lo).await?;
+        let root = match &anchor {
+            Some(a) => self.latest_before(p, extra, a.offset).await?,
+            None => None,
+        };
+        // The partition's last checkpoint: every one after the start is checked.
+        let last_cp = self
+            .latest_before(p, extra, u64::MAX)
+            .await?
+            .map(|c| c.offset);
+        let facts_upto = match (window, &anchor) {
+            (Some((_, hi)), a) => Some(a.as_ref().map_or(hi, |a| a.offset.max(hi))),
+            (None, Some(a)) => Some(a.offset),
+            (None, None) => None,
+        };
+        let Some(links_upto) = facts_upto.max(last_cp) else {
+            return Ok(None);
+        };
+        if anchor.is_some() {
+            rep.anchored += 1;
+        }
+        if let Some(c) = &root {
+            if let Err(e) = signature(self.keyring, c) {
+                let d = format!(
+                    "checkpoint at offset {} (where a range's check starts): signature: {e}",
+                    c.offset
+                );
                 rep.problems
-                    .push(problem(p, "checkpoint_mismatch", a.offset, "", "", d));
+                    .push(problem(p, "checkpoint_mismatch", c.offset, "", "", d));
             }
         }
-        Ok(Some((a.offset as i64, unhex32(&a.head), hi)))
+        Ok(Some(Bounds {
+            root: root.as_ref().map_or(-1, |c| c.offset as i64),
+            root_head: root.as_ref().map_or(GENESIS, |c| unhex32(&c.head)),
+            anchor: anchor.as_ref().map_or(-1, |c| c.offset as i64),
+            anchor_cp: anchor.map(|c| c.offset),
+            facts_upto,
+            links_upto,
+            last_link,
+        }))
     }
 
     /// Verify one partition's chain, its unsealed rows and its checkpoints into `rep`;
@@ -284,60 +404,56 @@ impl Run<'_> {
         read: &mut u64,
         rep: &mut VerifyReport,
     ) -> Result<(), AuditError> {
-        let Some((after, prev, upto)) = self.start(p, &extra, rep).await? else {
+        let Some(b) = self.start(p, &extra, rep).await? else {
             return Ok(());
         };
         let (store, tenant) = (self.spans, self.tenant);
-        let span = Span {
+        let links = Span {
             tenant,
             part: p,
-            after,
-            upto,
+            after: b.root,
+            upto: b.links_upto,
             parts: &[],
         };
-        if let Some(max) = self.opt.max_rows {
-            let n: u64 = span
-                .query(store, SPAN_ROWS_SQL)
+        // No facts to read: an empty span.
+        let facts = Span {
+            upto: b.facts_upto.unwrap_or(0),
+            after: if b.facts_upto.is_some() { b.root } else { 0 },
+            ..links
+        };
+        if self.opt.max_rows.is_some() {
+            let n: u64 = facts
+                .query(store, SPAN_FACTS_SQL)
                 .fetch_one()
                 .await
                 .map_err(ch_err(store))?;
-            *read += n;
-            if *read > max {
-                return Err(AuditError::TooLarge(format!(
-                    "verifying this range reads at least {} stored facts, links and checkpoints, \
-                     over the limit of {max} per request: ask for a narrower range (from, to), \
-                     or run `weft audit verify` where no limit applies",
-                    *read
-                )));
-            }
+            let m: u64 = links
+                .query(store, SPAN_LINKS_SQL)
+                .fetch_one()
+                .await
+                .map_err(ch_err(store))?;
+            charge(read, n.saturating_add(m), self.opt.max_rows)?;
         }
         // The checkpoints this run can check: those after its start, up to its end.
-        let cps: Vec<Checkpoint> = span
+        let cps: Vec<Checkpoint> = links
             .rows::<Checkpoint>(store, SPAN_CHECKPOINTS_SQL)
             .await?
             .into_iter()
             .chain(
                 extra
                     .into_iter()
-                    .filter(|c| c.offset as i64 > after && c.offset <= upto),
+                    .filter(|c| c.offset as i64 > b.root && c.offset <= b.links_upto),
             )
             .collect();
-        // A range's last sealed offset is read before its links: a seal running beside may
-        // write links past it meanwhile, and a fact they cover must then count as unsealed
-        // (read after, they made it "inside the sealed range but not in the chain").
-        let last_link_first = match self.opt.range {
-            None => None,
-            Some(_) => last_link(self.store, tenant, p).await?,
-        };
-        let chain: Vec<Link> = span.rows(store, LINKS_SQL).await?;
-        let found: SpanParts = span
+        let chain: Vec<Link> = links.rows(store, LINKS_SQL).await?;
+        let found: SpanParts = facts
             .query(store, SPAN_PARTS_SQL)
             .fetch_one()
             .await
             .map_err(ch_err(store))?;
         let span = Span {
             parts: &found.parts,
-            ..span
+            ..facts
         };
         let mut rows: Vec<ChainRow> = span.rows(store, ROWS_SQL).await?;
         if rows.len() as u64 != found.n {
@@ -347,15 +463,18 @@ impl Run<'_> {
         // Read after the facts: retention records how far it prunes before it deletes, so a
         // fact missing from the rows above is covered by the value read now (read before, a
         // retention run meanwhile made its deletions look like tampering).
-        let pruned_before = crate::retention::get(self.store, tenant)
-            .await?
-            .pruned_before;
-        let (heads, sealed) = self.walk(p, &chain, &rows, prev, pruned_before, rep)?;
+        let pruned_before = self.pruned_before(rep).await?;
+        let (heads, sealed) = self.walk(p, &chain, &rows, &b, pruned_before, rep)?;
         // The partition's last sealed offset, also when the window ends before it.
         let last_sealed = match self.opt.range {
             None => chain.last().map(|l| l.offset),
-            Some(_) => last_link_first,
+            Some(_) => b.last_link,
         };
+        // Facts up to the anchor are before the range: only their presence was checked.
+        let rows: Vec<ChainRow> = rows
+            .into_iter()
+            .filter(|r| r.offset as i64 > b.anchor)
+            .collect();
         for r in &rows {
             if sealed.contains(&(r.offset, r.kind.clone(), r.id.clone())) {
                 continue;
@@ -376,11 +495,19 @@ impl Run<'_> {
             .iter()
             .any(|r| last_sealed.is_none_or(|l| r.offset > l))
         {
-            let after = last_sealed.map_or(after, |l| (l as i64).max(after));
+            let after = last_sealed.map_or(b.anchor, |l| (l as i64).max(b.anchor));
             let window = self.opt.copy_window_secs;
             let expect = rows.iter().filter(|r| r.offset as i64 > after).count();
+            let unsealed = Span { after, ..span };
+            if self.opt.max_rows.is_some() {
+                // The copy lookup scans the partition's facts ingested within the window,
+                // wherever they are: counted like the span's rows (through the caller's
+                // store, whose per-query limit bounds the count itself).
+                let n = super::unsealed::copies_rows(self.store, unsealed, window).await?;
+                charge(read, n, self.opt.max_rows)?;
+            }
             for (what, r, detail) in
-                unsealed_problems(store, Span { after, ..span }, Some(expect), window).await?
+                unsealed_problems(store, unsealed, Some(expect), window).await?
             {
                 rep.problems
                     .push(problem(p, what, r.offset, &r.kind, &r.id, detail));
@@ -392,12 +519,18 @@ impl Run<'_> {
                 (true, Ok(())) => rep.checkpoints_ok += 1,
                 (h, s) => {
                     let d = format!(
-                        "checkpoint at offset {}: {}{}",
+                        "{}checkpoint at offset {}: {}{}",
+                        if b.anchor_cp == Some(c.offset) {
+                            "anchor "
+                        } else {
+                            ""
+                        },
                         c.offset,
                         if h {
                             ""
                         } else {
-                            "the recomputed chain differs from the checkpoint's head"
+                            "the recomputed chain differs from the checkpoint's head (or has no \
+                             link at its offset)"
                         },
                         s.err()
                             .map(|e| format!(" signature: {e}"))
@@ -411,17 +544,50 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Recompute the links from `prev` and compare each with its stored fact: returns the
-    /// head after each offset and the facts the chain covers. A sealed fact no longer stored
-    /// is `pruned` only when retention has pruned the tenant (`pruned_before` above 0) past
-    /// its link's time; a link's time is not part of its hash, so a tenant without retention
-    /// counts any such fact as `deleted`, whatever time its link claims.
+    /// The tenant's `pruned_before` if retention can have pruned that far
+    /// ([`crate::retention::check_pruned`]); an impossible value is reported once, as
+    /// `pruned_before_invalid`, and not used (every missing fact is then `deleted`).
+    async fn pruned_before(&self, rep: &mut VerifyReport) -> Result<i64, AuditError> {
+        let recorded = crate::retention::get(self.store, self.tenant)
+            .await?
+            .pruned_before;
+        let now = chrono::Utc::now().timestamp_micros();
+        match crate::retention::check_pruned(recorded, now) {
+            Ok(v) => {
+                rep.pruned_before = rep.pruned_before.max(v);
+                Ok(v)
+            }
+            Err(d) => {
+                if !rep.problems.iter().any(|x| x.what == PRUNED_INVALID) {
+                    rep.problems.push(Problem {
+                        what: PRUNED_INVALID.into(),
+                        topic: String::new(),
+                        partition: 0,
+                        offset: 0,
+                        kind: String::new(),
+                        id: String::new(),
+                        detail: d,
+                    });
+                }
+                Ok(0)
+            }
+        }
+    }
+
+    /// Recompute the links from the start's head and compare each with its stored fact:
+    /// returns the head after each offset and the facts the chain covers. A link after
+    /// `b.facts_upto` (a range's links up to the last checkpoint) is not compared with a fact;
+    /// one at or below `b.anchor` (the anchor's batch) only for the fact's presence. A sealed
+    /// fact no longer stored is `pruned` only when retention has pruned the tenant
+    /// (`pruned_before` above 0) past its link's time; a link's time is not part of its hash,
+    /// so a tenant without retention counts any such fact as `deleted`, whatever time its link
+    /// claims.
     fn walk(
         &self,
         p: &Part,
         chain: &[Link],
         rows: &[ChainRow],
-        mut prev: [u8; 32],
+        b: &Bounds,
         pruned_before: i64,
         rep: &mut VerifyReport,
     ) -> Result<Walked, AuditError> {
@@ -431,23 +597,27 @@ impl Run<'_> {
         }
         let mut heads = BTreeMap::new();
         let mut sealed = HashSet::new();
+        let mut prev = b.root_head;
         for l in chain {
             let stored_rh = unhex32(&l.row_hash);
             let (o, k, i) = (l.offset, l.kind.as_str(), l.id.as_str());
-            match by_offset
-                .get(&o)
-                .and_then(|v| v.iter().find(|r| r.kind == k && r.id == i))
-            {
-                None if pruned_before > 0 && l.ts < pruned_before => rep.pruned += 1,
-                None => {
-                    let d = format!("{k}:{i} sealed at offset {o} is no longer stored");
-                    rep.problems.push(problem(p, "deleted", o, k, i, d));
+            if b.facts_upto.is_some_and(|u| o <= u) {
+                match by_offset
+                    .get(&o)
+                    .and_then(|v| v.iter().find(|r| r.kind == k && r.id == i))
+                {
+                    None if pruned_before > 0 && l.ts < pruned_before => rep.pruned += 1,
+                    None => {
+                        let d = format!("{k}:{i} sealed at offset {o} is no longer stored");
+                        rep.problems.push(problem(p, "deleted", o, k, i, d));
+                    }
+                    Some(_) if o as i64 <= b.anchor => {}
+                    Some(r) if r.hash()? != stored_rh => {
+                        let d = format!("{k}:{i} at offset {o} differs from what was sealed");
+                        rep.problems.push(problem(p, "altered", o, k, i, d));
+                    }
+                    Some(_) => rep.verified += 1,
                 }
-                Some(r) if r.hash()? != stored_rh => {
-                    let d = format!("{k}:{i} at offset {o} differs from what was sealed");
-                    rep.problems.push(problem(p, "altered", o, k, i, d));
-                }
-                Some(_) => rep.verified += 1,
             }
             sealed.insert((o, l.kind.clone(), l.id.clone()));
             let next = link(&prev, &stored_rh);
@@ -462,3 +632,6 @@ impl Run<'_> {
         Ok((heads, sealed))
     }
 }
+
+/// The problem of a `pruned_before` retention cannot have recorded.
+pub const PRUNED_INVALID: &str = "pruned_before_invalid";
