@@ -195,8 +195,8 @@ pub struct ServeArgs {
     /// Seal every tenant's new facts this often (0 = never).
     #[arg(long, default_value_t = 0)]
     pub seal_every_secs: u64,
-    /// The most stored facts, links and checkpoints one `GET /v1/audit/verify` may read;
-    /// past it the request is refused (422 `too_large`) before the rest is read: ask for
+    /// The most stored facts, links and checkpoints one `GET /v1/audit/verify` may read
+    /// (and rows its copy lookup of unsealed facts scans); past it the request is refused (422 `too_large`) before the rest is read: ask for
     /// a narrower range, or run `weft audit verify`, which has no limit. Each partition's chain
     /// is recomputed from its last checkpoint before the range, so sealing often (see
     /// --seal-every-secs) keeps a range cheap.
