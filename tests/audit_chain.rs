@@ -957,48 +957,37 @@ async fn a_range_verify_names_a_sealed_batch_deleted_at_either_end() {
             .map_or(-1, |x| x.2 as i64)
     };
 
-    // The last batch of every partition of `tail`: facts and links past the second seal.
-    let mut deleted = 0;
-    for (topic, partition, last) in &after[0][2] {
-        let before = offset_at(&after[0][1], topic, *partition);
-        if before < *last as i64 {
-            delete_span(&p, "tail", topic, *partition, before, *last).await;
-            deleted += 1;
+    // Deletes, in every partition of `tenant`, the facts and links sealed between seal
+    // `from` and seal `to`; a verify of the range must then name a checkpoint mismatch.
+    let delete_between = |tenant: &'static str, seals: usize, from: usize, to: usize| {
+        let (p, ring, range, after) = (&p, &ring, &range, &after);
+        async move {
+            let mut deleted = 0;
+            for (topic, partition, last) in &after[seals][to] {
+                let before = offset_at(&after[seals][from], topic, *partition);
+                if before < *last as i64 {
+                    delete_span(p, tenant, topic, *partition, before, *last).await;
+                    deleted += 1;
+                }
+            }
+            assert!(deleted > 0);
+            let (code, r) = verify_with(p, ring, tenant, range);
+            assert_eq!(code, Some(1), "{r}");
+            assert!(
+                r["problems"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x["what"] == "checkpoint_mismatch"),
+                "{r}"
+            );
         }
-    }
-    assert!(deleted > 0);
-    let (code, r) = verify_with(&p, &ring, "tail", &range);
-    assert_eq!(code, Some(1), "{r}");
-    assert!(
-        r["problems"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x["what"] == "checkpoint_mismatch"),
-        "{r}"
-    );
-
+    };
+    // The last batch of every partition of `tail`: facts and links past the second seal.
+    delete_between("tail", 0, 1, 2).await;
     // The first batch in the range of every partition of `head`: facts and links between
     // the first and the second seal.
-    let mut deleted = 0;
-    for (topic, partition, last) in &after[1][1] {
-        let before = offset_at(&after[1][0], topic, *partition);
-        if before < *last as i64 {
-            delete_span(&p, "head", topic, *partition, before, *last).await;
-            deleted += 1;
-        }
-    }
-    assert!(deleted > 0);
-    let (code, r) = verify_with(&p, &ring, "head", &range);
-    assert_eq!(code, Some(1), "{r}");
-    assert!(
-        r["problems"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x["what"] == "checkpoint_mismatch"),
-        "{r}"
-    );
+    delete_between("head", 1, 0, 1).await;
 }
 
 /// Finding: the partitions verified were those of the tenant's facts and links, so deleting

@@ -741,18 +741,7 @@ async fn a_token_issued_long_before_the_range_is_still_checked() {
     assert_eq!(findings_of(&report, "I-06"), want, "{report:#}");
     assert_eq!(report["counts"].get("I-02"), None, "{report:#}");
     // The range that holds everything finds the same.
-    let report = check(
-        &p,
-        "0",
-        [
-            "--from",
-            "2026-10-01T00:00:00Z",
-            "--to",
-            "2027-01-01T00:00:00Z",
-        ],
-        &[],
-        "audit check",
-    );
+    let report = check(&p, "0", RANGE, &[], "audit check");
     assert_eq!(findings_of(&report, "I-06"), want, "{report:#}");
 }
 
@@ -972,18 +961,7 @@ async fn a_decision_stored_as_allow_and_as_deny_counts_as_a_deny() {
         })
         .collect();
     for _ in 0..3 {
-        let report = check(
-            &p,
-            "0",
-            [
-                "--from",
-                "2026-10-01T00:00:00Z",
-                "--to",
-                "2027-01-01T00:00:00Z",
-            ],
-            &[],
-            "audit check",
-        );
+        let report = check(&p, "0", RANGE, &[], "audit check");
         assert_eq!(findings_of(&report, "I-02"), want, "{report:#}");
         assert_eq!(report["counts"]["id_conflict"], 2, "{report:#}");
     }

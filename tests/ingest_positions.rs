@@ -9,27 +9,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::kafka::{producer, send};
+use common::kafka::{consumer, event, producer, send};
 use common::pipeline::{free_port, wait_for_port, Pipeline};
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-/// A spec-valid trace event.
-fn event(id: &str) -> Vec<u8> {
-    format!(
-        r#"{{"event_id":"{id}","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z"}}"#
-    )
-    .into_bytes()
-}
-
-fn consumer(group: Option<&str>) -> BaseConsumer {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", common::brokers());
-    if let Some(g) = group {
-        c.set("group.id", g).set("enable.auto.commit", "false");
-    }
-    c.create().unwrap()
-}
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
 
 /// The high watermark of partition 0 of `topic`, as the broker reports it.
 fn high(topic: &str) -> i64 {

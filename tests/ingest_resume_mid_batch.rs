@@ -15,28 +15,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::kafka::{consumer, event};
 use common::pipeline::{free_port, wait_for_port, Pipeline};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-/// A spec-valid trace event.
-fn event(id: &str) -> Vec<u8> {
-    format!(
-        r#"{{"event_id":"{id}","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z"}}"#
-    )
-    .into_bytes()
-}
-
-fn consumer(group: Option<&str>) -> BaseConsumer {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", common::brokers());
-    if let Some(g) = group {
-        c.set("group.id", g).set("enable.auto.commit", "false");
-    }
-    c.create().unwrap()
-}
 
 /// Wait until ingest has created `topic` with its partitions (it does at start).
 fn wait_for_topic(topic: &str) {

@@ -1,10 +1,29 @@
-//! A plain Kafka producer for tests that write records by hand (poison, positions), where
-//! the Publisher would refuse or reshape them.
+//! A plain Kafka producer and consumer for tests that write and read records by hand
+//! (poison, positions, resume), where the Publisher would refuse or reshape them.
 
 use std::time::Duration;
 
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
+
+/// A spec-valid trace event's payload.
+pub fn event(id: &str) -> Vec<u8> {
+    format!(
+        r#"{{"event_id":"{id}","event_type":"flow_failed","timestamp":"2026-03-08T06:00:05Z"}}"#
+    )
+    .into_bytes()
+}
+
+/// A consumer on the local broker; in `group` (committing by hand only) when given.
+pub fn consumer(group: Option<&str>) -> BaseConsumer {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", super::brokers());
+    if let Some(g) = group {
+        c.set("group.id", g).set("enable.auto.commit", "false");
+    }
+    c.create().expect("a Kafka consumer")
+}
 
 /// A producer on the local broker that takes records up to 8 MB (the poison tests send
 /// larger ones than the default allows).
