@@ -310,7 +310,7 @@ mod tests {
     fn the_queries_select_their_rows_columns() {
         assert_eq!(selected(STATS_SQL), StatRow::COLUMN_NAMES);
         assert_eq!(selected(OUTCOMES_SQL), OutcomeRow::COLUMN_NAMES);
-        assert_eq!(selected(LOGGED_FEEDBACK_SQL), ["d", "payload"]);
-        assert_eq!(selected(LOGGED_DECISIONS_SQL), ["id", "payload"]);
+        assert_eq!(selected(LOGGED_FEEDBACK_SQL), ["d", "c", "payload"]);
+        assert_eq!(selected(LOGGED_DECISIONS_SQL), ["id", "c", "payload"]);
     }
 }
