@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::kafka::{consumer, event, producer, send};
+use common::kafka::{consumer, event, producer, send, wait_for_topic};
 use common::pipeline::{free_port, wait_for_port, Pipeline};
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -20,19 +20,6 @@ fn high(topic: &str) -> i64 {
         .fetch_watermarks(topic, 0, Duration::from_secs(10))
         .unwrap()
         .1
-}
-
-/// Wait until ingest has created `topic` with its partitions (it does at start).
-fn wait_for_topic(topic: &str) {
-    let c = consumer(None);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .is_ok_and(|md| md.topics().iter().any(|t| !t.partitions().is_empty()))
-    {
-        assert!(Instant::now() < deadline, "{topic} never created");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The consumer lag gauge of partition 0 of `topic` on `addr`'s `/metrics`, if shown.

@@ -15,25 +15,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::kafka::{consumer, event};
+use common::kafka::{consumer, event, wait_for_topic};
 use common::pipeline::{free_port, wait_for_port, Pipeline};
 use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
-/// Wait until ingest has created `topic` with its partitions (it does at start).
-fn wait_for_topic(topic: &str) {
-    let c = consumer(None);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .is_ok_and(|md| md.topics().iter().any(|t| !t.partitions().is_empty()))
-    {
-        assert!(Instant::now() < deadline, "{topic} never created");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// Produce events `ids` to partition 0 of `topic` as one record batch: all are handed to a
 /// lingering producer before any is awaited.

@@ -1,9 +1,9 @@
 //! A plain Kafka producer and consumer for tests that write and read records by hand
 //! (poison, positions, resume), where the Publisher would refuse or reshape them.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rdkafka::consumer::BaseConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
@@ -44,4 +44,17 @@ pub async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
     .await
     .map_err(|(e, _)| e)
     .expect("the broker took the record");
+}
+
+/// Wait (at most 60 s) until `topic` exists with its partitions (ingest creates them at start).
+pub fn wait_for_topic(topic: &str) {
+    let c = consumer(None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .is_ok_and(|md| md.topics().iter().any(|t| !t.partitions().is_empty()))
+    {
+        assert!(Instant::now() < deadline, "{topic} never created");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
