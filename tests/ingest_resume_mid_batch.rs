@@ -168,3 +168,69 @@ async fn a_restart_inside_a_record_batch_stores_every_event_once() {
 async fn a_facts_member_resuming_inside_a_record_batch_stores_every_event_once() {
     resume_inside_a_batch("it_mid_batch_facts", "facts").await;
 }
+
+/// The low and high watermarks of partition 0 of `topic`.
+fn watermarks(topic: &str) -> (i64, i64) {
+    consumer(None)
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .expect("watermarks")
+}
+
+/// A restart that had caught up goes on, whatever high watermark the broker reports for a
+/// log that holds the resume point. tansu's memory engine reports its last batch's base
+/// offset (here 0, for one batch of 0..9): ingest's recreated-topic guard used to take that
+/// for a rewound log and stop (`consumers/src/ingest/log_end.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caught_up_restart_goes_on_below_an_under_reported_high_watermark() {
+    let p = Pipeline::new("it_caught_up");
+    let topic = format!("{}trace_events", p.prefix);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let first = p.ingest_args(Some(&addr), &[], &[]);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    wait_for_topic(&topic);
+    send_batch(&topic, "a", 0..10).await;
+    p.wait_for_facts(10, Duration::from_secs(120)).await;
+    // Caught up: the narratives too, so the resume point is offset 9, the log's last record.
+    let projected = "SELECT toUInt64(argMax(offset, version) + 1) FROM weft_projector_progress \
+                     WHERE partition = 0 AND endsWith(topic, 'trace_events')";
+    p.wait_for_count(projected, 10, Duration::from_secs(120))
+        .await;
+    first.sigkill();
+    let (low, high) = watermarks(&topic);
+    eprintln!("a log of offsets 0..9 reports watermarks {low}..{high}");
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _second = p.ingest_args(Some(&addr), &[], &[]);
+    assert!(
+        wait_for_port(&addr, Duration::from_secs(60)),
+        "{}",
+        p.ingest_log()
+    );
+    // The guard runs before the assignment: only then may the log grow.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while p
+        .ingest_log_all()
+        .matches("assigned every partition")
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no assignment: {}",
+            p.ingest_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    send_batch(&topic, "b", 10..12).await;
+    p.wait_for_facts(12, Duration::from_secs(120)).await;
+    let q = "SELECT uniqExact(offset) FROM weft_events WHERE offset < 12";
+    assert_eq!(p.scalar(q).await, 12, "an offset missing or stored twice");
+    let log = p.ingest_log_all();
+    assert!(!log.contains("below weft's resume point"), "{log}");
+    if high < 10 {
+        assert!(
+            log.contains("resuming"),
+            "the guard's read was not logged: {log}"
+        );
+    }
+}

@@ -13,6 +13,7 @@ use super::batch::{nothing_waits, PartitionState};
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
+use super::log_end;
 use super::resume::{self, SeekBack, Verdict};
 use super::retry::backoff;
 use super::{retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role};
@@ -157,8 +158,9 @@ impl Ingestor {
 
     /// A resume point (`after`: the last offset done) past the log's end means the log is
     /// not the one weft stored: recreated or truncated (tansu answers fetches past its end
-    /// with nothing, so waiting would only hide it). One offset of slack: tansu's memory
-    /// engine reports a high watermark one short.
+    /// with nothing, so waiting would only hide it). A high watermark at or below `after` is
+    /// checked by reading the log from there ([`log_end::reaches`]): tansu's memory engine
+    /// reports its last batch's base offset as the watermark.
     async fn refuse_rewound(
         &self,
         topic: &str,
@@ -166,19 +168,28 @@ impl Ingestor {
         after: i64,
     ) -> Result<(), IngestError> {
         let consumer = &self.consumer;
-        let (_, high) = retry_kafka("read a partition's high watermark", &self.backoff, || {
+        let (low, high) = retry_kafka("read a partition's watermarks", &self.backoff, || {
             consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
         })
         .await?;
-        if after > high {
-            return Err(IngestError::Rewound {
-                topic: topic.to_owned(),
-                partition,
-                expected: after + 1,
-                got: high,
-            });
+        if after < high {
+            return Ok(());
         }
-        Ok(())
+        let mut probe = super::config::kafka_config(&self.cfg);
+        probe.set("group.id", format!("{}.probe", self.cfg.kafka_group()));
+        let marks = (low, high);
+        if log_end::reaches(probe, topic, partition, marks, after, log_end::PROBE_WAIT).await? {
+            info!(topic, partition, high_watermark = high, resume_after = after,
+                "the broker's high watermark is below a record its log holds (tansu's memory engine \
+                 reports its last batch's base offset); resuming");
+            return Ok(());
+        }
+        Err(IngestError::Rewound {
+            topic: topic.to_owned(),
+            partition,
+            expected: after + 1,
+            got: high,
+        })
     }
 
     pub(super) async fn partition_state(

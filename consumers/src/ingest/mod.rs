@@ -25,6 +25,7 @@ mod dead_letter;
 mod flush;
 mod headers;
 mod lag;
+mod log_end;
 mod resume;
 mod retry;
 mod schema_ids;
