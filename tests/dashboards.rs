@@ -462,6 +462,8 @@ async fn every_panel_query_runs_on_simulated_data() {
         "0.05",
         "--id-conflict",
         "0.05",
+        "--unknown-token",
+        "0.05",
         "--pending-routing",
         "0.1",
     ]);
@@ -472,6 +474,15 @@ async fn every_panel_query_runs_on_simulated_data() {
             "seed 77 injects no {inv}: pick another seed"
         );
     }
+    // I-06 `token_unknown` too (an allow decision naming a token never sent): the panel
+    // must show it like the check's other I-06 rules.
+    assert!(
+        truth
+            .requests
+            .iter()
+            .any(|r| r.scenario == weft_sim::Scenario::UnknownToken && !r.violations.is_empty()),
+        "seed 77 injects no unknown token: pick another seed"
+    );
     let _ingest = p.ingest(None);
     common::wait_for(Duration::from_secs(60), || {
         let log = p.ingest_log_all();
