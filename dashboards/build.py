@@ -96,8 +96,9 @@ def textbox_var(name, label, default):
 
 
 # `weft audit check --grace-secs`: how long after ingest a missing reference (an orphan's
-# decision, frame or handle; an execution's PolicyDecision or capability_authorized) may
-# still be in flight. Same default as the check.
+# decision, frame or handle; an execution's PolicyDecision or capability_authorized; the
+# trace events naming a PolicyDecision; an allowed token) may still be in flight. Same
+# default as the check.
 GRACE_VAR = textbox_var("grace", "Grace (s)", "300")
 # An event ingested at least the grace period ago: judged on what has not arrived.
 PAST_GRACE = "ingested_at < now64(6) - toIntervalSecond(toUInt64OrZero(${grace:sqlstring}))"
@@ -423,7 +424,9 @@ WHERE e.decision_id = '' OR (pd.decision != '' AND pd.decision != 'allow')
 UNION ALL
 SELECT 'I-02', kind, id, any(request_id), min(ts), 'PolicyDecision named by no TraceEvent'
 FROM weft_events
-WHERE {T} AND kind = 'policy_decision' AND $__timeFilter(ts)
+-- judged: ingested at least the grace period ago (its trace events may still be in flight),
+-- as the check's decision_untraced.
+WHERE {T} AND kind = 'policy_decision' AND $__timeFilter(ts) AND {PAST_GRACE}
   AND id NOT IN (
         SELECT decision_id FROM weft_events
         WHERE {T} AND kind = 'trace_event' AND decision_id != '')

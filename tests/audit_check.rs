@@ -113,6 +113,8 @@ async fn audit_finds_exactly_the_injected_violations() {
         "0.1",
         "--id-conflict",
         "0.06",
+        "--unknown-token",
+        "0.06",
     ]);
     for inv in [
         Invariant::I01,
@@ -146,6 +148,16 @@ async fn audit_finds_exactly_the_injected_violations() {
     assert!(truth
         .violations()
         .any(|(_, v)| v.invariant == Invariant::I02 && !untraced(v)));
+    // I-06 `token_unknown`: allow decisions naming a token that is never sent.
+    let unknown_tokens: BTreeSet<String> = truth
+        .violations()
+        .filter(|(r, _)| r.scenario == Scenario::UnknownToken)
+        .map(|(_, v)| v.subject.id.clone())
+        .collect();
+    assert!(
+        !unknown_tokens.is_empty(),
+        "seed 606 injects no unknown token"
+    );
     let _ingest = p.ingest(None);
     p.publish(&p.path("events.jsonl"));
     p.wait_for_facts(truth.totals.distinct_events, Duration::from_secs(180))
@@ -211,6 +223,13 @@ async fn audit_finds_exactly_the_injected_violations() {
     for (k, ev) in &want {
         assert_eq!(&got[k], ev, "proof of {k:?}");
     }
+    // ... and the unknown tokens are found by that rule, not by another I-06 rule.
+    let found_unknown: BTreeSet<String> = findings_of(&report, "I-06")
+        .into_iter()
+        .filter(|(rule, _, _)| rule == "token_unknown")
+        .map(|(_, subject, _)| subject)
+        .collect();
+    assert_eq!(found_unknown, unknown_tokens, "{}", report["counts"]);
     // A grace period longer than the test: the handles may still arrive, no orphan yet.
     let report = check(&p, "3600", range, &[], "audit check (grace)");
     assert_eq!(report["counts"].get("orphan"), None, "{}", report["counts"]);
@@ -220,6 +239,14 @@ async fn audit_finds_exactly_the_injected_violations() {
     assert_eq!(
         findings_of(&report, "I-02"),
         final_i02,
+        "{}",
+        report["counts"]
+    );
+    // ... nor the unknown tokens, which may still be in flight.
+    assert!(
+        findings_of(&report, "I-06")
+            .iter()
+            .all(|(rule, _, _)| rule != "token_unknown"),
         "{}",
         report["counts"]
     );

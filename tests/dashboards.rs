@@ -11,7 +11,9 @@
 //!   variables and the plugin's macros expanded exactly as Grafana and the plugin do
 //!   (`common/grafana.rs`), runs as a read-only query and must return the declared columns
 //!   and rows. The violation table must name exactly the violations the simulator injected,
-//!   and the trace panel's spans must form one tree.
+//!   and the trace panel's spans must form one tree;
+//! - live, on a few events of its own: the violations panel's grace period (`$grace`) holds
+//!   back the I-02 findings a late event could undo, as `weft audit check --grace-secs` does.
 
 mod common;
 #[path = "common/grafana.rs"]
@@ -462,6 +464,8 @@ async fn every_panel_query_runs_on_simulated_data() {
         "0.05",
         "--id-conflict",
         "0.05",
+        "--unknown-token",
+        "0.05",
         "--pending-routing",
         "0.1",
     ]);
@@ -472,6 +476,15 @@ async fn every_panel_query_runs_on_simulated_data() {
             "seed 77 injects no {inv}: pick another seed"
         );
     }
+    // I-06 `token_unknown` too (an allow decision naming a token never sent): the panel
+    // must show it like the check's other I-06 rules.
+    assert!(
+        truth
+            .requests
+            .iter()
+            .any(|r| r.scenario == weft_sim::Scenario::UnknownToken && !r.violations.is_empty()),
+        "seed 77 injects no unknown token: pick another seed"
+    );
     let _ingest = p.ingest(None);
     common::wait_for(Duration::from_secs(60), || {
         let log = p.ingest_log_all();
@@ -815,5 +828,128 @@ fn check_trace(narrative: &str, cols: &[String], rows: &[Vec<Value>], failures: 
         failures.push(format!(
             "trace: no decision -> execution -> frame -> handle chain in {parent_of:?}"
         ));
+    }
+}
+
+/// The violations panel's grace period (`$grace`, the check's `--grace-secs`), on the real
+/// ClickHouse: an I-02 finding a late event could still undo (a PolicyDecision no TraceEvent
+/// names yet, an execution whose `capability_authorized` has not arrived) is not shown while
+/// its events were ingested less than the grace period ago, and is shown once they were
+/// ingested longer ago; an execution naming no decision is shown at once. The grace is the
+/// variable, so no clock has to pass: every event is seconds old, so a grace of an hour holds
+/// them and a grace of 0 has passed. The panel and `weft audit check` agree at both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_violations_panel_waits_the_grace_period_like_the_check() {
+    let p = Pipeline::new("it_dash_grace");
+    let now = now_micros();
+    let at = |ms: i64| weft_schemas::time::micros_to_rfc3339(now - 60_000_000 + ms * 1000);
+    let cap = "org.weaver.web_search";
+    let decision = |id: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"policy_decision","request_id":"r-grace","payload":{{"decision_id":"{id}","decision":"allow","capability_id":"{cap}","principal":"p","reason":"r","timestamp":"{ts}"}}}}"#
+        )
+    };
+    let executed = |id: &str, decision: Option<&str>, ts: &str| {
+        let decision = decision
+            .map(|d| format!(r#","decision_id":"{d}""#))
+            .unwrap_or_default();
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-grace","payload":{{"event_id":"{id}","event_type":"capability_executed","timestamp":"{ts}","capability_id":"{cap}","principal":"p"{decision},"outcome":"success"}}}}"#
+        )
+    };
+    let lines = [
+        // No TraceEvent names it (yet): `decision_untraced`, past the grace period.
+        decision("pd-untraced", &at(0)),
+        // Executed on an allow, but no capability_authorized (yet): past the grace period.
+        decision("pd-unauthorized", &at(100)),
+        executed("te-unauthorized", Some("pd-unauthorized"), &at(200)),
+        // Names no decision: no late event can undo it, shown at once.
+        executed("te-bypass", None, &at(300)),
+    ];
+    let file = p.path("grace.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let _ingest = p.ingest(None);
+    p.publish(&file);
+    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+        .await;
+
+    let board = dashboards()
+        .into_iter()
+        .map(|(_, d)| d)
+        .find(|d| d["uid"] == "weft-compliance")
+        .expect("the compliance dashboard");
+    let panel = panels(&board)
+        .into_iter()
+        .find(|p| p["title"] == "Invariant violations" && p["type"] == "table")
+        .cloned()
+        .expect("the violations table");
+    let sql = panel["targets"][0]["rawSql"].as_str().unwrap().to_owned();
+    let range = TimeRange {
+        from_ms: (now - 2 * 3600 * 1_000_000) / 1000,
+        to_ms: (now + 10 * 60 * 1_000_000) / 1000,
+        interval_ms: 60_000,
+    };
+    let (from, to) = (
+        weft_schemas::time::micros_to_rfc3339(now - 3600 * 1_000_000),
+        weft_schemas::time::micros_to_rfc3339(now + 10 * 60 * 1_000_000),
+    );
+    let http = reqwest::Client::new();
+    let subjects = |pairs: &[(&str, &str)]| -> BTreeSet<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, i)| ((*k).to_owned(), (*i).to_owned()))
+            .collect()
+    };
+    let at_once = [("trace_event", "te-bypass")];
+    let cases = [
+        ("3600", subjects(&at_once)),
+        (
+            "0",
+            subjects(&[
+                at_once[0],
+                ("trace_event", "te-unauthorized"),
+                ("policy_decision", "pd-untraced"),
+            ]),
+        ),
+    ];
+    for (grace, want) in cases {
+        let vars = BTreeMap::from([
+            ("tenant", weft_schemas::DEFAULT_TENANT.to_owned()),
+            ("grace", grace.to_owned()),
+        ]);
+        let q = expand_macros(&interpolate(&sql, &vars), range);
+        let (cols, rows) = run_sql(&http, &p.db, &q)
+            .await
+            .unwrap_or_else(|e| panic!("violations panel: {e}\n{q}"));
+        let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+        let shown: BTreeSet<(String, String)> = rows
+            .iter()
+            .filter(|r| r[at("rule")] == "I-02")
+            .map(|r| {
+                let s = |c: &str| r[at(c)].as_str().unwrap_or_default().to_owned();
+                (s("subject_kind"), s("subject_id"))
+            })
+            .collect();
+        assert_eq!(shown, want, "panel, grace {grace} s: {rows:?}");
+        let out = p
+            .weft()
+            .args(["audit", "check", "--format", "json", "--grace-secs", grace])
+            .args(["--from", &from, "--to", &to])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "weft audit check: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let found: BTreeSet<(String, String)> = common::findings(&report, "I-02")
+            .iter()
+            .map(|f| {
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                (s(&f["subject"]["kind"]), s(&f["subject"]["id"]))
+            })
+            .collect();
+        assert_eq!(found, want, "weft audit check, grace {grace} s: {report:#}");
     }
 }

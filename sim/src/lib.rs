@@ -97,11 +97,14 @@ pub struct Mix {
     pub orphan: f64,
     /// [`Scenario::IdConflict`]: one id, two contents.
     pub id_conflict: f64,
+    /// [`Scenario::UnknownToken`]: I-06 `token_unknown`. 0 by default, so that the default
+    /// streams of every seed stay what they were before it existed.
+    pub unknown_token: f64,
 }
 
 impl Default for Mix {
     /// Mostly clean traffic: 4 % denials, 4 % partial, 3 % failures and 1 % of each of the
-    /// seven violations (about 82 % clean).
+    /// seven older violations (about 82 % clean); no unknown token unless asked for.
     fn default() -> Self {
         Self {
             deny: 0.04,
@@ -114,6 +117,7 @@ impl Default for Mix {
             raw_output: 0.01,
             orphan: 0.01,
             id_conflict: 0.01,
+            unknown_token: 0.0,
         }
     }
 }
@@ -132,11 +136,13 @@ impl Mix {
             raw_output: 0.0,
             orphan: 0.0,
             id_conflict: 0.0,
+            unknown_token: 0.0,
         }
     }
 
-    /// Each non-clean scenario with its probability, in a fixed order (the draw order).
-    pub fn entries(&self) -> [(Scenario, f64); 10] {
+    /// Each non-clean scenario with its probability, in a fixed order (the draw order; a
+    /// scenario added later goes last, so the others' draws do not move).
+    pub fn entries(&self) -> [(Scenario, f64); 11] {
         [
             (Scenario::Deny, self.deny),
             (Scenario::Partial, self.partial),
@@ -148,6 +154,7 @@ impl Mix {
             (Scenario::RawOutput, self.raw_output),
             (Scenario::Orphan, self.orphan),
             (Scenario::IdConflict, self.id_conflict),
+            (Scenario::UnknownToken, self.unknown_token),
         ]
     }
 }
@@ -252,6 +259,7 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::RawOutput => "raw_output",
         Scenario::Orphan => "orphan",
         Scenario::IdConflict => "id_conflict",
+        Scenario::UnknownToken => "unknown_token",
     }
 }
 

@@ -125,11 +125,14 @@ pub enum Scenario {
     Orphan,
     /// The same id is emitted twice with different content.
     IdConflict,
+    /// I-06 `token_unknown`: an allow PolicyDecision names a token whose CapabilityToken is
+    /// never emitted (minted where nothing logs it); the step is authorized and executes.
+    UnknownToken,
 }
 
 impl Scenario {
     /// Every scenario, `Clean` first (used for tallies and CLI help).
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Clean,
         Scenario::Deny,
         Scenario::Partial,
@@ -141,15 +144,17 @@ impl Scenario {
         Scenario::RawOutput,
         Scenario::Orphan,
         Scenario::IdConflict,
+        Scenario::UnknownToken,
     ];
 
     /// The violation class a scenario injects, if any.
     pub fn invariant(self) -> Option<Invariant> {
         match self {
             Scenario::Clean | Scenario::Deny | Scenario::Partial | Scenario::Failure => None,
-            Scenario::ExpiredToken | Scenario::ReusedToken | Scenario::OutOfScope => {
-                Some(Invariant::I06)
-            }
+            Scenario::ExpiredToken
+            | Scenario::ReusedToken
+            | Scenario::OutOfScope
+            | Scenario::UnknownToken => Some(Invariant::I06),
             Scenario::Unauthorized => Some(Invariant::I02),
             Scenario::RawOutput => Some(Invariant::I01),
             Scenario::Orphan => Some(Invariant::Orphan),
@@ -169,7 +174,7 @@ pub enum Invariant {
     #[serde(rename = "I-02")]
     I02,
     /// A token is used expired, reused while single-use, or outside its scope; or an allow
-    /// decision names a token stored nowhere (`token_unknown`: the simulator injects none).
+    /// decision names a token stored nowhere (`token_unknown`, [`Scenario::UnknownToken`]).
     #[serde(rename = "I-06")]
     I06,
     /// A TraceEvent references a decision, frame or handle that never arrives.
@@ -198,7 +203,8 @@ impl Invariant {
 pub struct InjectedViolation {
     /// The class of finding expected from `weft audit check`.
     pub invariant: Invariant,
-    /// The event an auditor would name first: the token (I-06), the `capability_executed`
+    /// The event an auditor would name first: the token (I-06; never emitted for
+    /// [`Scenario::UnknownToken`], the target of its decision's dangling link), the `capability_executed`
     /// (I-02, orphan), the PolicyDecision no TraceEvent names (I-02), the Frame (I-01) or
     /// the conflicting identity.
     pub subject: EventRef,

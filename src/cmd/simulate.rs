@@ -27,7 +27,7 @@ const VARIATIONS: &str = "Variations (share of flows, at most one per flow)";
 /// Each flow gets at most one variation, drawn with the probabilities below (the rest are
 /// clean). Some are legitimate (deny, partial, failure); the others inject exactly one
 /// violation for `weft audit check` to find: I-06 (expired token, reused single-use token,
-/// out-of-scope capability), I-02 (execution without an allow decision, after a deny, or
+/// out-of-scope capability, a token never emitted), I-02 (execution without an allow decision, after a deny, or
 /// without capability_authorized), I-01 (raw_output on a Frame), an orphan reference, or
 /// an id conflict.
 ///
@@ -136,7 +136,7 @@ pub struct SimulateArgs {
     /// Only clean flows: no denials, failures or violations (sets every variation to 0).
     #[arg(help_heading = VARIATIONS, long, conflicts_with_all = ["deny", "partial",
         "failure", "expired_token", "reused_token", "out_of_scope", "unauthorized",
-        "raw_output", "orphan", "id_conflict"])]
+        "raw_output", "orphan", "id_conflict", "unknown_token"])]
     pub clean: bool,
 
     /// Share of flows with a denied step (capability_denied, flow_failed). Legitimate.
@@ -180,6 +180,12 @@ pub struct SimulateArgs {
     #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().id_conflict, value_name = "P")]
     pub id_conflict: f64,
 
+    /// Share of flows whose allow PolicyDecision names a CapabilityToken that is never sent
+    /// (I-06 token_unknown). 0 by default, so the default streams of every seed stay as they
+    /// were.
+    #[arg(help_heading = VARIATIONS, long, default_value_t = Mix::default().unknown_token, value_name = "P")]
+    pub unknown_token: f64,
+
     /// Publisher options (with --publish).
     #[command(flatten, next_help_heading = "Publishing (with --publish)")]
     pub publisher: PublisherArgs,
@@ -201,6 +207,7 @@ impl SimulateArgs {
                 raw_output: self.raw_output,
                 orphan: self.orphan,
                 id_conflict: self.id_conflict,
+                unknown_token: self.unknown_token,
             }
         };
         SimConfig {

@@ -109,8 +109,8 @@ impl Gen {
     }
 
     /// The step's token: the previous step's when this step reuses it, else a new one
-    /// (out of scope, expiring fast, or scoped for the next step's reuse as the scenario
-    /// wants).
+    /// (out of scope, expiring fast, scoped for the next step's reuse, or never emitted as
+    /// the scenario wants).
     pub(super) fn token(
         &mut self,
         plan: &Plan,
@@ -152,6 +152,14 @@ impl Gen {
             metadata: Some(meta([("session_id", json!(self.principal))])),
             extra: Map::new(),
         };
+        if here && scenario == Scenario::UnknownToken {
+            // Minted where nothing logs it (another kernel, a hand-made token): its
+            // decision's link to it dangles, and nothing shows its scope or expiry.
+            return (
+                token_id.clone(),
+                EventRef::new(Kind::CapabilityToken, token_id),
+            );
+        }
         let r = self.emit(Kind::CapabilityToken, token_id.clone(), &tok, vec![]);
         (token_id, r)
     }
@@ -354,6 +362,15 @@ impl Gen {
                         step.capability, tok.id
                     );
                     self.violation(Invariant::I06, vec![tok, pd_ref, exec_ref], detail);
+                }
+            }
+            Scenario::UnknownToken => {
+                if let (Some(tok), Some((_, pd_ref))) = (auth.token_ref.clone(), decision) {
+                    let detail = format!(
+                        "token {} that {} allowed (and {exec_id} used) is never emitted",
+                        tok.id, pd_ref.id
+                    );
+                    self.violation(Invariant::I06, vec![tok, pd_ref], detail);
                 }
             }
             Scenario::Unauthorized => {
