@@ -97,6 +97,15 @@ async fn projected(p: &Pipeline, topic: &str) -> i64 {
         .unwrap()
 }
 
+/// Wait until the narrative pass has recorded `offset` of partition 0 of `topic`.
+async fn wait_until_projected(p: &Pipeline, topic: &str, offset: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while projected(p, topic).await != offset {
+        assert!(Instant::now() < deadline, "offset {offset} never projected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// What the first run leaves behind when it is killed.
 #[derive(Clone, Copy)]
 enum Left {
@@ -122,11 +131,7 @@ async fn resume_inside_a_batch(tag: &str, role: &str, left: Left) {
     p.wait_for_facts(8, Duration::from_secs(120)).await;
     // The facts of 4..7 may land before their narrative pass does (they run concurrently):
     // killed in between, `--role all` would resume at 4, not 8.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while projected(&p, &topic).await != 7 {
-        assert!(Instant::now() < deadline, "offset 7 never projected");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_projected(&p, &topic, 7).await;
     if role == "facts" {
         // A facts member resumes at the group's committed offset (committed each second).
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -208,11 +213,7 @@ async fn resume_inside_a_batch(tag: &str, role: &str, left: Left) {
     // read 8..19 (and, in the facts role, what the group replays below its committed offset);
     // resuming at 4 for the narratives, it read 4..19, each once (4..7 projected, not stored).
     if role == "all" {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while projected(&p, &topic).await != 19 {
-            assert!(Instant::now() < deadline, "offset 19 never projected");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_until_projected(&p, &topic, 19).await;
         let consumed = match left {
             Left::Both => 12,
             Left::ProjectionBehind => 16,
@@ -267,10 +268,7 @@ async fn a_caught_up_restart_goes_on_below_an_under_reported_high_watermark() {
     send_batch(&topic, "a", 0..10).await;
     p.wait_for_facts(10, Duration::from_secs(120)).await;
     // Caught up: the narratives too, so the resume point is offset 9, the log's last record.
-    let projected = "SELECT toUInt64(argMax(offset, version) + 1) FROM weft_projector_progress \
-                     WHERE partition = 0 AND endsWith(topic, 'trace_events')";
-    p.wait_for_count(projected, 10, Duration::from_secs(120))
-        .await;
+    wait_until_projected(&p, &topic, 9).await;
     first.sigkill();
     let (low, high) = watermarks(&topic);
     eprintln!("a log of offsets 0..9 reports watermarks {low}..{high}");
