@@ -60,9 +60,9 @@ impl Paths {
 /// part of them. Runs on tansu's sqlite engine. Its memory engine answers a fetch that starts
 /// inside a record batch from the next batch, which every restart meets; ingest seeks back
 /// for those records (`consumers/src/ingest/resume.rs`: 552 seeks, no gap, in a 50k-event run
-/// on memory), but on memory a late restart still stops: after seeks back, a record below a
-/// partition's position came again, which ingest takes for a rewound log (session 30, 100k
-/// events). deploy/local/README.md, Known limits.
+/// on memory) and drops the copies of taken records that the memory engine delivers again
+/// after them (session 30: passes on memory at 100k events). deploy/local/README.md, Known
+/// limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_ingest_survives_repeated_sigkill() {
     let events: u64 = std::env::var("WEFT_FAULT_EVENTS")

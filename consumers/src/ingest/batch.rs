@@ -35,6 +35,10 @@ pub(super) struct PartitionState {
     pub(super) fresh: bool,
     /// The seek back in progress, if any ([`super::resume`]).
     pub(super) seek_back: Option<SeekBack>,
+    /// Where the unbroken run of records taken since the position was set begins: every
+    /// offset from it up to `expected - 1` was taken by this process, so one of them
+    /// delivered again is a copy, not a rewound log.
+    pub(super) run_from: Option<i64>,
     pub(super) oldest: Option<Instant>,
     /// `weft_ingest_consumed_total` for this partition's topic, looked up once.
     pub(super) consumed: prometheus::IntCounter,
