@@ -8,6 +8,12 @@
 //! ClickHouse leave the pending list; the served model becomes the base with the remaining
 //! pending outcomes replayed. Each outcome is therefore counted exactly once, and once every
 //! outcome is stored, every replica serves the model rebuilt from ClickHouse.
+//!
+//! The tenant's lock, which every decision and feedback takes, is held only for bookkeeping:
+//! the rows are learnt into the base's model, and the served model is copied and replayed,
+//! with it released ([`Live::reconcile`], [`Live::serve_anew`]). An outcome learnt at once
+//! while a replay is computed is learnt into the model served meanwhile, and into the new
+//! one when it is swapped in: once in each, never lost, never twice.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -165,45 +171,82 @@ impl Rebuilt {
     }
 }
 
+/// One outcome learnt at once and not yet stored: when, its [`outcome_key`], what it is.
+type Pending = (Instant, String, Arc<Observation>);
+
 #[derive(Default)]
 struct TenantState {
     served: Arc<TenantModel>,
     base: Base,
-    /// Outcomes learnt at once, with when and their [`outcome_key`], oldest first.
-    pending: VecDeque<(Instant, String, Observation)>,
+    /// Outcomes learnt at once, oldest first. Shared (`Arc`) so that serving anew can take
+    /// them out of the lock ([`TenantState::trim_pending`]) without copying them.
+    pending: VecDeque<Pending>,
     /// The feedback identities and the outcome keys of `pending`.
     pending_ids: HashSet<String>,
     pending_keys: HashSet<String>,
+    /// Outcomes ever pushed onto `pending`: those pushed while a replay was computed out of
+    /// the lock are the last `pushed - (pushed when it started)` of `pending` (only
+    /// [`Live::learn_now`] adds, at the back; only the bulk learner holding `bulk` removes
+    /// from the middle, and [`PENDING_MAX`] from the front).
+    pushed: u64,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
     /// Held while a constrained decision is made ([`Live::constrained_gate`]).
     gate: Arc<parking_lot::Mutex<()>>,
     /// Held by the bulk learners ([`Live::reconcile`], [`Live::install`], [`Live::load`]),
-    /// never by a request: one at a time may have the base's model out of the state.
+    /// never by a request: one at a time may have the base's model out of the state, or
+    /// compute a served model out of the lock.
     bulk: Arc<parking_lot::Mutex<()>>,
 }
 
+/// The pending outcomes a served model is to replay, taken under the lock by
+/// [`TenantState::trim_pending`] and learnt out of it.
+struct Replay {
+    outcomes: Vec<Arc<Observation>>,
+    /// [`TenantState::pushed`] when they were taken.
+    pushed: u64,
+}
+
 impl TenantState {
-    /// Drop pending outcomes the base now holds, and those older than [`PENDING_MAX_AGE`];
-    /// serve the base with the rest replayed.
-    fn reserve(&mut self, cfg: &LearnerConfig) {
+    /// Under the lock, bookkeeping only (hash lookups, one `Arc` per outcome): drop the
+    /// pending outcomes the base now holds, and those older than [`PENDING_MAX_AGE`]; the
+    /// rest are to be replayed over the base.
+    fn trim_pending(&mut self) -> Replay {
         let (applied, answered) = (&self.base.applied.set, &self.base.answered.set);
+        let (ids, keys) = (&mut self.pending_ids, &mut self.pending_keys);
         self.pending.retain(|(at, key, p)| {
-            at.elapsed() < PENDING_MAX_AGE
+            let keep = at.elapsed() < PENDING_MAX_AGE
                 && !applied.contains(&p.feedback_id)
-                && !answered.contains(key)
+                && !answered.contains(key);
+            if !keep {
+                ids.remove(&p.feedback_id);
+                keys.remove(key);
+            }
+            keep
         });
-        self.pending_ids = self
-            .pending
-            .iter()
-            .map(|(_, _, p)| p.feedback_id.clone())
-            .collect();
-        self.pending_keys = self.pending.iter().map(|(_, d, _)| d.clone()).collect();
-        let mut served = self.base.model.clone();
-        for (_, _, p) in &self.pending {
+        Replay {
+            outcomes: self.pending.iter().map(|(_, _, p)| p.clone()).collect(),
+            pushed: self.pushed,
+        }
+    }
+
+    /// Under the lock: serve `served`, the base with a [`Replay`] taken when
+    /// [`TenantState::pushed`] was `pushed_then` learnt over it, once the outcomes pushed
+    /// since (learnt at once into the model served meanwhile, not into `served`) are
+    /// learnt too: each outcome once. The model served until now is given back, to be
+    /// dropped out of the lock.
+    fn serve(
+        &mut self,
+        cfg: &LearnerConfig,
+        mut served: TenantModel,
+        pushed_then: u64,
+    ) -> Arc<TenantModel> {
+        let since = usize::try_from(self.pushed - pushed_then).unwrap_or(usize::MAX);
+        let skip = self.pending.len().saturating_sub(since);
+        for (_, _, p) in self.pending.iter().skip(skip) {
             served.learn(cfg, p);
         }
-        self.served = Arc::new(served);
+        std::mem::replace(&mut self.served, Arc::new(served))
     }
 }
 
@@ -214,6 +257,10 @@ pub struct Live {
     /// Arms dropped from a model to stay within [`LearnerConfig::max_arms`]: by outcomes
     /// learnt at once, rows learnt at a refresh, and again by every full rebuild.
     evicted: AtomicU64,
+    /// Called as a replay of pending outcomes starts, out of the tenant's lock (tests hold a
+    /// replay there to act meanwhile).
+    #[cfg(test)]
+    replaying: parking_lot::Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 impl Live {
@@ -277,8 +324,39 @@ impl Live {
         }
         t.pending_ids.insert(obs.feedback_id.clone());
         t.pending_keys.insert(key.clone());
-        t.pending.push_back((Instant::now(), key, obs));
+        t.pending.push_back((Instant::now(), key, Arc::new(obs)));
+        t.pushed += 1;
         true
+    }
+
+    /// Serve `tenant` anew: `served` (a copy of the base's model, made out of the lock) with
+    /// the pending outcomes of `replay` learnt over it with the lock released (O(slots²)
+    /// each, up to [`PENDING_MAX`] of them: decisions and feedback of the tenant go on
+    /// meanwhile, from the model served until now), then swapped in under a short lock with
+    /// the outcomes learnt at once meanwhile ([`TenantState::serve`]). The caller holds the
+    /// tenant's `bulk` lock, so neither the base nor the pending list's middle changes
+    /// meanwhile.
+    fn serve_anew(
+        &self,
+        cfg: &LearnerConfig,
+        t: &RwLock<TenantState>,
+        mut served: TenantModel,
+        replay: Replay,
+    ) {
+        #[cfg(test)]
+        {
+            let hook = self.replaying.lock().clone();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        for p in &replay.outcomes {
+            served.learn(cfg, p);
+        }
+        // The model served until now (its last reference, unless a decision holds it) is
+        // dropped out of the lock.
+        let before = t.write().serve(cfg, served, replay.pushed);
+        drop(before);
     }
 
     /// Learn rows newly read from ClickHouse (in visibility order) into each tenant's base
@@ -317,9 +395,15 @@ impl Live {
                     self.evicted.fetch_add(1, Relaxed);
                 }
             }
-            let mut t = t.write();
-            t.base.model = model;
-            t.reserve(cfg);
+            // Served anew out of the lock too: the copy and the replay of the pending
+            // outcomes ([`Live::serve_anew`]).
+            let served = model.clone();
+            let replay = {
+                let mut t = t.write();
+                t.base.model = model;
+                t.trim_pending()
+            };
+            self.serve_anew(cfg, &t, served, replay);
         }
         late
     }
@@ -334,9 +418,17 @@ impl Live {
             let t = self.tenant(&name);
             let bulk = t.read().bulk.clone();
             let _one_bulk_learner = bulk.lock();
-            let mut t = t.write();
-            t.base = fresh.tenants.remove(&name).unwrap_or_default();
-            t.reserve(cfg);
+            let base = fresh.tenants.remove(&name).unwrap_or_default();
+            let served = base.model.clone();
+            // The base replaced, under the lock; the former one (up to APPLIED_MAX identities
+            // twice) is dropped out of it.
+            let (before, replay) = {
+                let mut t = t.write();
+                let before = std::mem::replace(&mut t.base, base);
+                (before, t.trim_pending())
+            };
+            drop(before);
+            self.serve_anew(cfg, &t, served, replay);
         }
     }
 
@@ -564,6 +656,184 @@ mod tests {
         // Read again, every row is held: nothing changes.
         live.reconcile(&cfg, rows);
         assert!(live.served("t") == whole.served("t"), "each outcome once");
+    }
+
+    /// Long enough for any request on a loaded machine; a request still waiting then waits
+    /// for the replay.
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Run `bulk` (a reconcile or an install) on a thread, hold its replay of the pending
+    /// outcomes as it starts, and run `meanwhile` on another thread then: its result, or
+    /// `None` when it could not complete while the replay was held (it waited for the
+    /// tenant's lock). The replay is let go on either way.
+    fn during_replay<R: Send + 'static>(
+        live: &Arc<Live>,
+        bulk: impl FnOnce(&Live) + Send + 'static,
+        meanwhile: impl FnOnce(&Live) -> R + Send + 'static,
+    ) -> Option<R> {
+        use std::sync::mpsc;
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = parking_lot::Mutex::new(release_rx);
+        *live.replaying.lock() = Some(Arc::new(move || {
+            let _ = entered_tx.send(());
+            // Returns once the sender is dropped.
+            let _ = release_rx.lock().recv();
+        }));
+        let l = live.clone();
+        let bulk = std::thread::spawn(move || bulk(&l));
+        entered_rx.recv_timeout(WAIT).expect("the replay starts");
+        let (done_tx, done_rx) = mpsc::channel();
+        let l = live.clone();
+        let request = std::thread::spawn(move || {
+            let _ = done_tx.send(meanwhile(&l));
+        });
+        let during = done_rx.recv_timeout(WAIT).ok();
+        drop(release_tx);
+        *live.replaying.lock() = None;
+        bulk.join().expect("the bulk learner");
+        request.join().expect("the request");
+        during
+    }
+
+    /// Serving anew replays the pending outcomes with the tenant's lock released: a
+    /// decision (`model`, `decided`) and a feedback (`learn_now`) of the tenant complete
+    /// while a refresh's replay is held, and the outcome learnt meanwhile is served once
+    /// after it, with the replayed ones.
+    #[test]
+    fn decisions_and_feedback_go_on_while_a_refresh_replays_the_pending() {
+        let cfg = LearnerConfig::default();
+        let live = Arc::new(Live::default());
+        assert!(live.learn_now(&cfg, "t", "d-p1", obs("p1", 1.0)));
+        assert!(live.learn_now(&cfg, "t", "d-p2", obs("p2", 0.0)));
+        let during = during_replay(
+            &live,
+            move |l| {
+                l.reconcile(&cfg, vec![stored("s1", 1, 1.0)]);
+            },
+            move |l| {
+                let served = l.model("t").updates;
+                l.decided("t", "a");
+                (served, l.learn_now(&cfg, "t", "d-p3", obs("p3", 1.0)))
+            },
+        );
+        assert_eq!(
+            during,
+            Some((2, true)),
+            "a decision and a feedback complete during the replay, from the model served until then"
+        );
+        assert_eq!(live.inflight("t", "a"), 1);
+        // The base (s1), the pending replayed (p1, p2), then the one learnt meanwhile (p3).
+        let mut expected = TenantModel::default();
+        for o in [
+            obs("s1", 1.0),
+            obs("p1", 1.0),
+            obs("p2", 0.0),
+            obs("p3", 1.0),
+        ] {
+            expected.learn(&cfg, &o);
+        }
+        assert_eq!(live.served("t"), expected, "each outcome once");
+        assert_eq!(live.pending("t"), 3);
+        // Once p3 is stored it leaves the pending list: still once.
+        live.reconcile(&cfg, vec![stored("p3", 2, 1.0)]);
+        assert_eq!(live.pending("t"), 2);
+        let mut expected = TenantModel::default();
+        for o in [
+            obs("s1", 1.0),
+            obs("p3", 1.0),
+            obs("p1", 1.0),
+            obs("p2", 0.0),
+        ] {
+            expected.learn(&cfg, &o);
+        }
+        assert_eq!(live.served("t"), expected);
+    }
+
+    /// The exactly-once invariant across a rebuild's install whose replay runs while feedback
+    /// arrives: an outcome the new base holds, one already pending, and another identity of
+    /// a pending outcome are refused; a new one is learnt once, on top of the replay; once
+    /// everything is stored the model served is the one rebuilt from ClickHouse.
+    #[test]
+    fn an_install_counts_each_outcome_once_with_feedback_during_its_replay() {
+        let cfg = LearnerConfig::default();
+        let live = Arc::new(Live::default());
+        assert!(live.learn_now(&cfg, "t", "d-p1", obs("p1", 1.0)));
+        assert!(live.learn_now(&cfg, "t", "d-p2", obs("p2", 1.0)));
+        // The rebuild holds s0, and p1 (stored since).
+        let rows = vec![stored("s0", 1, 0.0), stored("p1", 2, 1.0)];
+        let mut fresh = Rebuilt::default();
+        fresh.learn(&cfg, rows.clone());
+        let mut expected = fresh.models()["t"].clone();
+        let answers = during_replay(
+            &live,
+            move |l| l.install(&cfg, fresh),
+            move |l| {
+                [
+                    l.learn_now(&cfg, "t", "d-p1", obs("p1", 1.0)),
+                    l.learn_now(&cfg, "t", "d-p2", obs("p2", 1.0)),
+                    l.learn_now(&cfg, "t", "d-p2", obs("p2-again", 1.0)),
+                    l.learn_now(&cfg, "t", "d-p3", obs("p3", 0.0)),
+                ]
+            },
+        );
+        assert_eq!(answers, Some([false, false, false, true]));
+        expected.learn(&cfg, &obs("p2", 1.0));
+        expected.learn(&cfg, &obs("p3", 0.0));
+        assert_eq!(live.served("t"), expected, "base, p2 replayed, p3 once");
+        assert_eq!(live.pending("t"), 2);
+        // Stored at last, in a refresh whose own replay has nothing left to replay.
+        let later = vec![stored("p2", 3, 1.0), stored("p3", 4, 0.0)];
+        assert!(!live.reconcile(&cfg, later.clone()));
+        assert_eq!(live.pending("t"), 0);
+        let mut all = Rebuilt::default();
+        all.learn(&cfg, [rows, later].concat());
+        assert_eq!(live.served("t"), all.models()["t"]);
+    }
+
+    /// Outcomes pushed while a replay is computed are found again at the swap even when the
+    /// pending list, full, let its oldest go meanwhile: those the replay learnt and those
+    /// pushed since, each once (the one let go counts until the next refresh, as an outcome
+    /// let go outside a replay does).
+    #[test]
+    fn a_full_pending_list_during_a_replay_counts_the_new_outcomes_once() {
+        let cfg = LearnerConfig::default();
+        let live = Arc::new(Live::default());
+        {
+            let t = live.tenant("t");
+            let mut t = t.write();
+            for i in 0..PENDING_MAX - 1 {
+                let (id, key) = (format!("old{i}"), outcome_key(&format!("d-old{i}"), "a"));
+                t.pending_ids.insert(id.clone());
+                t.pending_keys.insert(key.clone());
+                t.pending
+                    .push_back((Instant::now(), key, Arc::new(obs(&id, 1.0))));
+                t.pushed += 1;
+            }
+        }
+        let during = during_replay(
+            &live,
+            move |l| l.install(&cfg, Rebuilt::default()),
+            move |l| {
+                (0..3)
+                    .map(|i| {
+                        l.learn_now(
+                            &cfg,
+                            "t",
+                            &format!("d-new{i}"),
+                            obs(&format!("new{i}"), 0.0),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            },
+        );
+        assert_eq!(during, Some(vec![true; 3]));
+        assert_eq!(live.pending("t"), PENDING_MAX);
+        // The replay learnt the PENDING_MAX - 1 old ones; the swap the 3 new ones.
+        assert_eq!(live.model("t").updates, PENDING_MAX as u64 - 1 + 3);
+        // Served anew, from what is pending: the two old ones let go leave.
+        live.install(&cfg, Rebuilt::default());
+        assert_eq!(live.model("t").updates, PENDING_MAX as u64);
     }
 
     #[test]

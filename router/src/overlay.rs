@@ -15,6 +15,7 @@
 //! outcome stored between the two reads of one refresh counts from the next one).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -32,22 +33,22 @@ struct Entry {
 }
 
 /// The outcomes held in one context, and their sum per candidate (what a decision adds:
-/// its cost does not grow with the outcomes held).
+/// its cost does not grow with the outcomes held). The sum is shared: a decision takes it
+/// under the lock as an `Arc` and reads it out of the lock; an outcome added while a
+/// decision still reads it copies it first.
 #[derive(Default)]
 struct Held {
     entries: Vec<Entry>,
-    sum: Arms,
+    sum: Arc<Arms>,
 }
 
 impl Held {
     fn resum(&mut self) {
-        self.sum.clear();
+        let mut sum = Arms::new();
         for e in &self.entries {
-            add(
-                self.sum.entry(e.candidate_id.clone()).or_default(),
-                &e.delta,
-            );
+            add(sum.entry(e.candidate_id.clone()).or_default(), &e.delta);
         }
+        self.sum = Arc::new(sum);
     }
 }
 
@@ -112,7 +113,9 @@ impl Overlay {
         };
         let held = t.by_context.entry(d.context_key.to_owned()).or_default();
         add(
-            held.sum.entry(d.candidate_id.to_owned()).or_default(),
+            Arc::make_mut(&mut held.sum)
+                .entry(d.candidate_id.to_owned())
+                .or_default(),
             &delta,
         );
         held.entries.push(Entry {
@@ -124,14 +127,35 @@ impl Overlay {
         true
     }
 
-    /// The arms of (tenant, context) with the held outcomes added to `base`; `None` when
-    /// none is held there (use `base` as it is).
-    pub fn arms(&self, tenant: &str, context_key: &str, base: Option<&Arms>) -> Option<Arms> {
-        let all = self.tenants.lock();
-        let held = all.get(tenant)?.by_context.get(context_key)?;
-        let mut arms = base.cloned().unwrap_or_default();
-        for (candidate, d) in &held.sum {
-            add(arms.entry(candidate.clone()).or_default(), d);
+    /// The arms of the `candidates` (a decision's) in (tenant, context): `base`'s (the
+    /// aggregates') with the held outcomes added; `None` when none is held in that context
+    /// (use `base` as it is). Under the lock, which every tenant's feedback and
+    /// non-contextual decisions take, only the context's held sums are taken (an `Arc`);
+    /// the arms are built out of it, of the candidates named only: the work does not grow
+    /// with the candidates the context has in the aggregates (up to `--max-cells`; before,
+    /// all of them were cloned under the lock at every decision).
+    pub fn arms<'a>(
+        &self,
+        tenant: &str,
+        context_key: &str,
+        base: Option<&Arms>,
+        candidates: impl IntoIterator<Item = &'a str>,
+    ) -> Option<Arms> {
+        let held = {
+            let all = self.tenants.lock();
+            all.get(tenant)?.by_context.get(context_key)?.sum.clone()
+        };
+        let mut arms = Arms::new();
+        for candidate in candidates {
+            let (b, d) = (base.and_then(|b| b.get(candidate)), held.get(candidate));
+            if b.is_none() && d.is_none() {
+                continue;
+            }
+            let mut a = b.cloned().unwrap_or_default();
+            if let Some(d) = d {
+                add(&mut a, d);
+            }
+            arms.insert(candidate.to_owned(), a);
         }
         Some(arms)
     }
@@ -201,21 +225,55 @@ mod tests {
                 ..ArmStats::default()
             },
         );
-        let arms = o.arms("t", "c", Some(&base)).unwrap();
+        let arms = o.arms("t", "c", Some(&base), ["a", "b"]).unwrap();
         assert_eq!((arms["a"].n, arms["a"].successes), (3.0, 2.0));
         assert_eq!((arms["b"].n, arms["b"].successes), (1.0, 0.0));
         assert_eq!(arms["a"].latency_n, 1.0);
         assert!((arms["b"].cost_sum - 0.5).abs() < 1e-12);
-        assert!(o.arms("t", "other", Some(&base)).is_none());
+        assert!(o.arms("t", "other", Some(&base), ["a", "b"]).is_none());
         // f1 is stored now: it leaves; f2 stays; u's is untouched.
         o.trim(|t, id| t == "t" && id == "f1", Duration::from_secs(60));
-        let arms = o.arms("t", "c", Some(&base)).unwrap();
+        let arms = o.arms("t", "c", Some(&base), ["a", "b"]).unwrap();
         assert_eq!(arms["a"].n, 2.0);
         assert_eq!(o.len("t"), 1);
         assert_eq!(o.len("u"), 1);
         // Older than the window: gone.
         o.trim(|_, _| false, Duration::ZERO);
         assert_eq!((o.len("t"), o.len("u")), (0, 0));
-        assert!(o.arms("t", "c", None).is_none());
+        assert!(o.arms("t", "c", None, ["a"]).is_none());
+    }
+
+    /// A decision's arms are its candidates' (the aggregates' figures with the held
+    /// outcomes added, as for the whole context), however many candidates the context has
+    /// in the aggregates: what is built, and copied under the overlay's lock, is bounded by
+    /// the request (before, the context's every arm was cloned under it).
+    #[test]
+    fn a_decision_gets_its_candidates_arms_only() {
+        let o = Overlay::default();
+        assert!(o.add("t", &delta("f1", "c", "c7", true)));
+        assert!(o.add("t", &delta("f2", "c", "new", false)));
+        let base: Arms = (0..10_000)
+            .map(|i| {
+                let a = ArmStats {
+                    n: f64::from(i),
+                    successes: f64::from(i / 2),
+                    ..ArmStats::default()
+                };
+                (format!("c{i}"), a)
+            })
+            .collect();
+        let arms = o
+            .arms("t", "c", Some(&base), ["c7", "c9", "new", "unknown"])
+            .unwrap();
+        assert_eq!(arms.len(), 3, "the candidates named that have figures");
+        assert_eq!(
+            arms.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["c7", "c9", "new"],
+            "the candidates named that have figures, nothing else"
+        );
+        assert_eq!((arms["c7"].n, arms["c7"].successes), (8.0, 4.0));
+        assert_eq!((arms["c9"].n, arms["c9"].successes), (9.0, 4.0));
+        assert_eq!((arms["new"].n, arms["new"].successes), (1.0, 0.0));
+        assert!((arms["new"].cost_sum - 0.5).abs() < 1e-12);
     }
 }

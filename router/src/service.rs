@@ -269,7 +269,9 @@ impl Service {
         let held = (policy != PolicyName::SquareCb)
             .then(|| {
                 let key = decide::context_key(&req.context);
-                self.overlay.arms(tenant, &key, snap.arms(tenant, &key))
+                let ids = req.candidates.iter().map(|c| c.candidate_id.as_str());
+                self.overlay
+                    .arms(tenant, &key, snap.arms(tenant, &key), ids)
             })
             .flatten();
         let adm = decide::admit(cfg, &req, &snap, tenant, &live, held, |c| {
