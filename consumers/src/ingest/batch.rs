@@ -364,6 +364,7 @@ pub(super) mod tests {
             expected: None,
             fresh: false,
             seek_back: None,
+            run_from: None,
             oldest: Some(Instant::now()),
             consumed: prometheus::IntCounter::new("t", "t").expect("a valid counter"),
         }
