@@ -518,12 +518,7 @@ async fn the_checks_catch_an_early_execution_beside_a_late_one_and_an_escaped_ke
         frame("frame-copied", "x_acme_note"),
         frame("frame-copied", "x_acme_note").replace("r-edge", "r-edge-2"),
     ];
-    let file = p.path("edges.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let _ingest = p.ingest(None);
-    p.publish(&file);
-    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
-        .await;
+    let _ingest = p.ingest_events("edges.jsonl", &lines).await;
     let report = check(&p, "0", RANGE, &[], "audit check");
     let subjects = |inv: &str| -> BTreeSet<String> {
         common::findings(&report, inv)
@@ -595,12 +590,7 @@ async fn a_decision_no_trace_event_names_is_untraced_once_past_grace() {
             "2026-11-01T06:00:00.000Z",
         ),
     ];
-    let file = p.path("untraced.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let _ingest = p.ingest(None);
-    p.publish(&file);
-    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
-        .await;
+    let _ingest = p.ingest_events("untraced.jsonl", &lines).await;
     let hour = [
         "--from",
         "2026-11-01T00:00:00Z",
@@ -725,12 +715,7 @@ async fn a_token_issued_long_before_the_range_is_still_checked() {
             "2026-11-04T13:00:00.300Z",
         ),
     ];
-    let file = p.path("old_token.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let _ingest = p.ingest(None);
-    p.publish(&file);
-    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
-        .await;
+    let _ingest = p.ingest_events("old_token.jsonl", &lines).await;
     let ev = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let want = BTreeSet::from([
         (
@@ -795,12 +780,7 @@ async fn a_decision_naming_a_token_stored_nowhere_is_token_unknown_past_grace() 
         decision("pd-ghost-deny", "deny", "tok-ghost-deny", "2026-11-04T14:00:02.100Z"),
         trace_line("r-ghost", "te-denied", "capability_denied", "pd-ghost-deny", cap, "2026-11-04T14:00:02.200Z"),
     ];
-    let file = p.path("unknown_token.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let _ingest = p.ingest(None);
-    p.publish(&file);
-    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
-        .await;
+    let _ingest = p.ingest_events("unknown_token.jsonl", &lines).await;
     let (from, to) = ("2026-11-04T00:00:00Z", "2026-11-05T00:00:00Z");
     let report = check(&p, "0", ["--from", from, "--to", to], &[], "audit check");
     assert_eq!(
@@ -878,12 +858,7 @@ async fn an_execution_is_judged_on_its_missing_decision_only_past_grace() {
             t(700)
         ),
     ];
-    let file = p.path("grace.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let _ingest = p.ingest(None);
-    p.publish(&file);
-    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
-        .await;
+    let _ingest = p.ingest_events("grace.jsonl", &lines).await;
     let rules = |report: &Value| -> BTreeSet<(String, String)> {
         findings_of(report, "I-02")
             .into_iter()

@@ -866,12 +866,7 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
         // Names no decision: no late event can undo it, shown at once.
         executed("te-bypass", None, &at(300)),
     ];
-    let file = p.path("grace.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let _ingest = p.ingest(None);
-    p.publish(&file);
-    p.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
-        .await;
+    let _ingest = p.ingest_events("grace.jsonl", &lines).await;
 
     let board = dashboards()
         .into_iter()

@@ -142,6 +142,18 @@ impl Pipeline {
         check(out, "weft publish");
     }
 
+    /// Write `lines` (one event each) to `name` in this pipeline's folder, start ingest,
+    /// publish them, and wait until every one is stored.
+    pub async fn ingest_events(&self, name: &str, lines: &[String]) -> Proc {
+        let file = self.path(name);
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        let ingest = self.ingest(None);
+        self.publish(&file);
+        self.wait_for_facts(lines.len() as u64, Duration::from_secs(120))
+            .await;
+        ingest
+    }
+
     /// Start `weft ingest` for this pipeline (status server off unless `listen` is given).
     pub fn ingest(&self, listen: Option<&str>) -> Proc {
         self.ingest_with(listen, &[])
