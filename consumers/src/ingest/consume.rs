@@ -159,8 +159,8 @@ impl Ingestor {
     /// A resume point (`after`: the last offset done) past the log's end means the log is
     /// not the one weft stored: recreated or truncated (tansu answers fetches past its end
     /// with nothing, so waiting would only hide it). A high watermark at or below `after` is
-    /// checked by reading the log from there ([`log_end::reaches`]): tansu's memory engine
-    /// reports its last batch's base offset as the watermark.
+    /// checked by reading the log back from there ([`log_end::reaches`]): tansu's memory
+    /// engine reports its last batch's base offset plus one as the watermark.
     async fn refuse_rewound(
         &self,
         topic: &str,
@@ -181,7 +181,7 @@ impl Ingestor {
         if log_end::reaches(probe, topic, partition, marks, after, log_end::PROBE_WAIT).await? {
             info!(topic, partition, high_watermark = high, resume_after = after,
                 "the broker's high watermark is below a record its log holds (tansu's memory engine \
-                 reports its last batch's base offset); resuming");
+                 reports its last batch's base offset plus one); resuming");
             return Ok(());
         }
         Err(IngestError::Rewound {

@@ -3,10 +3,10 @@
 //! A resume point past the log's end means the log is not the one weft stored: the topic was
 //! recreated or truncated, and its new records would pass for stored ones. The broker's high
 //! watermark says where the log ends, but tansu's memory engine reports its last record
-//! batch's base offset there, so a log whose last batch holds several records looks shorter
+//! batch's base offset plus one there, so a log whose last batch holds several records looks shorter
 //! than it is, and a restart that had caught up would be refused. So a watermark below the
-//! resume point is only a suspicion: ingest then reads the log from the reported end, and
-//! only a log with no record at or past the resume point is taken as rewound.
+//! resume point is only a suspicion: ingest then reads the log back from the reported end,
+//! and only a log with no record at or past the resume point is taken as rewound.
 
 use std::time::{Duration, Instant};
 
