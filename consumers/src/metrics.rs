@@ -262,7 +262,7 @@ impl IngestMetrics {
             ),
             replay_skipped: r.counter(
                 "weft_ingest_replay_skipped_total",
-                "Records at or below the stored offset, skipped after a restart",
+                "Records skipped as read before: at or below the stored offset after a restart, or delivered again",
             ),
             offset_gaps: r.counter_vec(
                 "weft_ingest_offset_gaps_total",

@@ -14,7 +14,7 @@ use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
 use super::log_end;
-use super::resume::{self, SeekBack, Verdict};
+use super::resume::{self, Order, SeekBack, Verdict};
 use super::retry::backoff;
 use super::{retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role};
 use crate::decode::{self, Fact, Record};
@@ -531,6 +531,8 @@ impl Ingestor {
 
     /// Buffer one decoded record; returns true when a batch is full.
     pub(super) async fn accept(&mut self, rec: DecodedRecord) -> Result<bool, IngestError> {
+        // Counted now, while `self` is free; taken back where a record turns out to be one
+        // read before (those are counted in `replay_skipped` only, or nowhere).
         self.totals.consumed += 1;
         let (max_rows, max_bytes) = (self.cfg.batch_max_rows, self.cfg.batch_max_bytes);
         let role = self.cfg.role;
@@ -559,58 +561,47 @@ impl Ingestor {
                 }
             }
         }
-        // A record this process took already, delivered again (seen on tansu's memory engine
-        // after seeks back: 12002 after 12027): dropped, not taken for a rewound log.
-        if role != Role::Facts
-            && st.expected.is_some_and(|e| rec.offset < e)
-            && st.run_from.is_some_and(|from| rec.offset >= from)
-        {
-            self.totals.consumed -= 1;
-            self.metrics.replay_skipped.inc();
-            info!(topic = %rec.topic, partition = rec.partition, offset = rec.offset,
-                "a record taken already came again; dropped");
-            return Ok(false);
+        let order = resume::order(st.expected, st.run_from, rec.offset);
+        match order {
+            // Facts come back in the facts role too, when the group refetches a kept
+            // partition; there the stored offsets and `last_offset` below guard instead.
+            Order::Copy if role != Role::Facts => {
+                self.totals.consumed -= 1;
+                self.metrics.replay_skipped.inc();
+                info!(topic = %rec.topic, partition = rec.partition, offset = rec.offset,
+                    "a record taken already came again; dropped");
+                return Ok(false);
+            }
+            // The resume point lay beyond the log's end, and the broker sent us back.
+            Order::Back { expected } if role != Role::Facts => {
+                return Err(IngestError::Rewound {
+                    topic: rec.topic,
+                    partition: rec.partition,
+                    expected,
+                    got: rec.offset,
+                });
+            }
+            Order::Gap { expected } => {
+                warn!(topic = %rec.topic, partition = rec.partition, expected, got = rec.offset,
+                    "the broker skipped offsets: records in between were never delivered");
+                metrics
+                    .offset_gaps
+                    .with_label_values(&[&rec.topic])
+                    .inc_by((rec.offset - expected) as u64);
+            }
+            _ => {}
         }
-        st.consumed.inc();
-        let gap = st.expected.is_some_and(|e| rec.offset > e);
-        if let Some(expected) = st.expected.filter(|e| rec.offset > *e) {
-            warn!(
-                topic = %rec.topic,
-                partition = rec.partition,
-                expected,
-                got = rec.offset,
-                "the broker skipped offsets: records in between were never delivered"
-            );
-            metrics
-                .offset_gaps
-                .with_label_values(&[&rec.topic])
-                .inc_by((rec.offset - expected) as u64);
-        }
-        // A backwards move is a reset: the resume point lay beyond the log's end, and the
-        // broker sent us back to its start. (In the facts role the group protocol rewinds to
-        // the committed offset legitimately; there the stored offsets guard instead.)
-        if let Some(expected) = st
-            .expected
-            .filter(|e| rec.offset < *e && role != Role::Facts)
-        {
-            return Err(IngestError::Rewound {
-                topic: rec.topic,
-                partition: rec.partition,
-                expected,
-                got: rec.offset,
-            });
-        }
-        if gap || st.run_from.is_none() {
-            st.run_from = Some(rec.offset);
-        }
+        st.run_from = resume::run_start(st.run_from, rec.offset, order);
         st.expected = Some(rec.offset + 1);
         // Fetched again: in the facts role a rebalance refetches a kept partition from its
         // committed offset, and this process holds those records already (buffered, or
-        // flushed). Taken twice, a dead letter would be sent twice.
+        // flushed). Taken twice, a dead letter would be sent twice. Counted once, as read.
         if rec.offset <= st.last_offset {
+            self.totals.consumed -= 1;
             self.metrics.replay_skipped.inc();
             return Ok(false);
         }
+        st.consumed.inc();
         let need_fact = role != Role::Narratives && rec.offset > st.stored;
         let need_projection = rec.offset > st.projected;
         st.last_offset = st.last_offset.max(rec.offset);

@@ -94,9 +94,68 @@ pub(super) fn past(expected: i64, offset: i64, pending: Option<SeekBack>, low: i
     })
 }
 
+/// Where a record stands in its partition once the partition's position is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Order {
+    /// The expected record, or the partition's first.
+    Next,
+    /// Past the `expected` offset: the records in between were never delivered.
+    Gap { expected: i64 },
+    /// Below the expected offset but inside the unbroken run of records this process took
+    /// since the position was set: one of them delivered again (tansu's memory engine does,
+    /// after seeks back: 12002 after 12027). A copy, not a rewound log.
+    Copy,
+    /// Below the whole run: the log went back under weft (a recreated topic), or, in the
+    /// facts role, the group refetches from its committed offset.
+    Back { expected: i64 },
+}
+
+/// Place record `offset` of a partition that expects `expected` next and whose run of taken
+/// records began at `run_from`.
+pub(super) fn order(expected: Option<i64>, run_from: Option<i64>, offset: i64) -> Order {
+    match expected {
+        Some(e) if offset > e => Order::Gap { expected: e },
+        Some(e) if offset < e && run_from.is_some_and(|from| offset >= from) => Order::Copy,
+        Some(e) if offset < e => Order::Back { expected: e },
+        _ => Order::Next,
+    }
+}
+
+/// Where the run of taken records begins once record `offset`, placed `order`, is taken: a
+/// gap or a step back starts a new run.
+pub(super) fn run_start(run_from: Option<i64>, offset: i64, order: Order) -> Option<i64> {
+    match order {
+        Order::Gap { .. } | Order::Back { .. } => Some(offset),
+        Order::Next | Order::Copy => run_from.or(Some(offset)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{judge, past, SeekBack, Verdict};
+    use super::{judge, order, past, run_start, Order, SeekBack, Verdict};
+
+    /// A record below the expected one is a copy only inside the run taken since the position
+    /// was set; below the run (or with no run yet) it is a step back.
+    #[test]
+    fn a_record_taken_again_is_a_copy_only_inside_the_run() {
+        assert_eq!(order(None, None, 7), Order::Next);
+        assert_eq!(order(Some(10), Some(4), 10), Order::Next);
+        assert_eq!(order(Some(10), Some(4), 12), Order::Gap { expected: 10 });
+        assert_eq!(order(Some(10), Some(4), 4), Order::Copy);
+        assert_eq!(order(Some(10), Some(4), 9), Order::Copy);
+        assert_eq!(order(Some(10), Some(4), 3), Order::Back { expected: 10 });
+        assert_eq!(order(Some(10), None, 9), Order::Back { expected: 10 });
+    }
+
+    /// The run begins at the first record taken and again after every gap or step back.
+    #[test]
+    fn a_gap_or_a_step_back_starts_a_new_run() {
+        assert_eq!(run_start(None, 5, Order::Next), Some(5));
+        assert_eq!(run_start(Some(5), 6, Order::Next), Some(5));
+        assert_eq!(run_start(Some(5), 9, Order::Gap { expected: 7 }), Some(9));
+        assert_eq!(run_start(Some(5), 2, Order::Back { expected: 7 }), Some(2));
+        assert_eq!(run_start(Some(5), 6, Order::Copy), Some(5));
+    }
 
     /// [`judge`], then [`past`] with the low watermark `low` when it needs one.
     fn verdict(expected: i64, offset: i64, pending: Option<SeekBack>, low: i64) -> Verdict {
