@@ -589,6 +589,15 @@ mod tests {
         }
     }
 
+    /// The model that learns `outcomes` (id, reward), in this order, from nothing.
+    fn learnt(cfg: &LearnerConfig, outcomes: &[(&str, f64)]) -> TenantModel {
+        let mut m = TenantModel::default();
+        for (id, reward) in outcomes {
+            m.learn(cfg, &obs(id, *reward));
+        }
+        m
+    }
+
     fn stored(id: &str, at: i64, reward: f64) -> Stored {
         Stored {
             tenant: "t".into(),
@@ -724,29 +733,13 @@ mod tests {
         );
         assert_eq!(live.inflight("t", "a"), 1);
         // The base (s1), the pending replayed (p1, p2), then the one learnt meanwhile (p3).
-        let mut expected = TenantModel::default();
-        for o in [
-            obs("s1", 1.0),
-            obs("p1", 1.0),
-            obs("p2", 0.0),
-            obs("p3", 1.0),
-        ] {
-            expected.learn(&cfg, &o);
-        }
+        let expected = learnt(&cfg, &[("s1", 1.0), ("p1", 1.0), ("p2", 0.0), ("p3", 1.0)]);
         assert_eq!(live.served("t"), expected, "each outcome once");
         assert_eq!(live.pending("t"), 3);
         // Once p3 is stored it leaves the pending list: still once.
         live.reconcile(&cfg, vec![stored("p3", 2, 1.0)]);
         assert_eq!(live.pending("t"), 2);
-        let mut expected = TenantModel::default();
-        for o in [
-            obs("s1", 1.0),
-            obs("p3", 1.0),
-            obs("p1", 1.0),
-            obs("p2", 0.0),
-        ] {
-            expected.learn(&cfg, &o);
-        }
+        let expected = learnt(&cfg, &[("s1", 1.0), ("p3", 1.0), ("p1", 1.0), ("p2", 0.0)]);
         assert_eq!(live.served("t"), expected);
     }
 
@@ -858,10 +851,7 @@ mod tests {
         fresh.learn(&cfg, rows.clone());
         assert_eq!(fresh.top, Some(2));
         let rebuilt = fresh.models()["t"].clone();
-        let mut by_hand = TenantModel::default();
-        by_hand.learn(&cfg, &obs("f1", 1.0));
-        by_hand.learn(&cfg, &obs("f2", 0.0));
-        assert_eq!(rebuilt, by_hand);
+        assert_eq!(rebuilt, learnt(&cfg, &[("f1", 1.0), ("f2", 0.0)]));
         r1.install(&cfg, fresh);
         assert!(!r2.reconcile(&cfg, rows.clone()));
         assert!(!r2.reconcile(&cfg, rows[1..].to_vec()));

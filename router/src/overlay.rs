@@ -161,15 +161,33 @@ impl Overlay {
     }
 
     /// Drop the outcomes ClickHouse now holds (`stored(tenant, feedback_id)`) and those
-    /// older than `max_age`.
+    /// older than `max_age`. `stored` is asked outside the overlay's lock: it takes the
+    /// tenants' model locks, and every decision of every tenant waits on this one. An
+    /// outcome added meanwhile is asked at the next refresh.
     pub fn trim(&self, stored: impl Fn(&str, &str) -> bool, max_age: Duration) {
+        let held: Vec<(String, Vec<String>)> = self
+            .tenants
+            .lock()
+            .iter()
+            .map(|(tenant, t)| (tenant.clone(), t.ids.iter().cloned().collect()))
+            .collect();
+        let in_store: HashMap<String, HashSet<String>> = held
+            .into_iter()
+            .map(|(tenant, ids)| {
+                let ids: HashSet<String> =
+                    ids.into_iter().filter(|id| stored(&tenant, id)).collect();
+                (tenant, ids)
+            })
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect();
+        let none = HashSet::new();
         let mut all = self.tenants.lock();
         for (tenant, t) in all.iter_mut() {
-            let ids = &mut t.ids;
+            let (ids, in_store) = (&mut t.ids, in_store.get(tenant).unwrap_or(&none));
             for held in t.by_context.values_mut() {
                 let before = held.entries.len();
                 held.entries.retain(|e| {
-                    let keep = e.at.elapsed() < max_age && !stored(tenant, &e.feedback_id);
+                    let keep = e.at.elapsed() < max_age && !in_store.contains(&e.feedback_id);
                     if !keep {
                         ids.remove(&e.feedback_id);
                     }
@@ -232,7 +250,17 @@ mod tests {
         assert!((arms["b"].cost_sum - 0.5).abs() < 1e-12);
         assert!(o.arms("t", "other", Some(&base), ["a", "b"]).is_none());
         // f1 is stored now: it leaves; f2 stays; u's is untouched.
-        o.trim(|t, id| t == "t" && id == "f1", Duration::from_secs(60));
+        // Asked without the overlay's lock held: a decision goes on meanwhile.
+        o.trim(
+            |t, id| {
+                assert!(
+                    o.tenants.try_lock().is_some(),
+                    "asked under the overlay's lock"
+                );
+                t == "t" && id == "f1"
+            },
+            Duration::from_secs(60),
+        );
         let arms = o.arms("t", "c", Some(&base), ["a", "b"]).unwrap();
         assert_eq!(arms["a"].n, 2.0);
         assert_eq!(o.len("t"), 1);
