@@ -878,7 +878,12 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
         // after a deny, shown at once (no late event can undo the deny).
         decision("pd-denied", &at(400)),
         traced("te-denied", "capability_denied", "pd-denied", &at(500)),
-        traced("te-authorized", "capability_authorized", "pd-denied", &at(510)),
+        traced(
+            "te-authorized",
+            "capability_authorized",
+            "pd-denied",
+            &at(510),
+        ),
         executed("te-after-deny", Some("pd-denied"), &at(600)),
     ];
     let _ingest = p.ingest_events("grace.jsonl", &lines).await;
