@@ -398,13 +398,18 @@ UNION ALL
 SELECT 'I-02', e.kind, e.id, e.request_id, e.ts,
        multiIf(e.decision_id = '', 'executed without a PolicyDecision',
                pd.decision = '', 'executed with an unknown PolicyDecision',
-               pd.decision != 'allow', 'executed after a deny',
+               pd.decision != 'allow' OR e.denied, 'executed after a deny',
                'executed without capability_authorized')
 FROM
 (
     -- judged: ingested at least the grace period ago (its PolicyDecision, on another
     -- topic, or its capability_authorized may still be in flight until then).
-    SELECT kind, id, request_id, ts, decision_id, {PAST_GRACE} AS judged
+    -- denied: a capability_denied TraceEvent names its decision, which makes it executed
+    -- after a deny whatever the decision says (as the check's execution_after_deny).
+    SELECT kind, id, request_id, ts, decision_id, {PAST_GRACE} AS judged,
+           decision_id != '' AND decision_id IN (
+               SELECT decision_id FROM weft_events
+               WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_denied') AS denied
     FROM weft_events
     WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_executed' AND $__timeFilter(ts)
 ) AS e
@@ -416,7 +421,7 @@ LEFT JOIN
     WHERE {T} AND kind = 'policy_decision'
     GROUP BY id
 ) AS pd ON e.decision_id = pd.id
-WHERE e.decision_id = '' OR (pd.decision != '' AND pd.decision != 'allow')
+WHERE e.decision_id = '' OR (pd.decision != '' AND (pd.decision != 'allow' OR e.denied))
    OR (e.judged AND (pd.decision = ''
        OR e.decision_id NOT IN (
             SELECT decision_id FROM weft_events

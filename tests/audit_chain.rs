@@ -30,9 +30,10 @@ fn verify(p: &Pipeline, ring: &str) -> (Option<i32>, Value) {
     (out.status.code(), v)
 }
 
-/// `weft audit retention apply`, which must succeed; the facts left.
-async fn apply_retention(p: &Pipeline) -> u64 {
-    let out = audit(p, &["retention", "apply"]);
+/// `weft audit retention apply` (signed with `key`), which must succeed; the facts left.
+async fn apply_retention(p: &Pipeline, key: Option<&str>) -> u64 {
+    let sign = key.map_or(vec![], |k| vec!["--sign-key", k]);
+    let out = audit(p, &[&["retention", "apply"], &sign[..]].concat());
     assert!(
         out.status.success(),
         "{}",
@@ -318,7 +319,7 @@ async fn tampering_is_detected_and_named() {
         .fetch_all()
         .await
         .unwrap();
-    assert_eq!(apply_retention(&p).await, 0);
+    assert_eq!(apply_retention(&p, key.to_str()).await, 0);
     // Ingest resumes after each partition's highest stored offset: deleting every fact must
     // not move it back, or a restarted ingest would read them from Kafka and store them again.
     let store = p.store();
@@ -648,7 +649,7 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
     assert!(audit(&p, &["retention", "set", "--days", "30"])
         .status
         .success());
-    let refused = stale.execute(&store).await;
+    let refused = stale.execute(&store, None).await;
     assert!(
         matches!(refused, Err(weft_audit::AuditError::Refused(_))),
         "{refused:?}"
@@ -685,7 +686,7 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
         .await
         .unwrap();
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, n + 1);
-    let applied = plan.execute(&store).await.unwrap();
+    let applied = plan.execute(&store, None).await.unwrap();
     assert_eq!(applied.deleted, n);
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 1);
     let late = p
@@ -695,7 +696,7 @@ async fn retention_spares_a_fact_stored_while_it_applies() {
     let resume = || weft_consumers::facts::stored_max_offset(&store, &topic, partition as i32);
     assert_eq!(resume().await.unwrap(), late as i64);
     // The next apply records a floor that covers it, and deletes it.
-    assert_eq!(apply_retention(&p).await, 0);
+    assert_eq!(apply_retention(&p, None).await, 0);
     assert_eq!(resume().await.unwrap(), late as i64);
 }
 
@@ -1120,6 +1121,99 @@ async fn a_forged_retention_row_does_not_hide_a_deletion() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Finding: `pruned_before` came from an unsigned row of `weft_audit_retention`, so a row
+/// forged with a value a day or more old (inside the bound of the test above) made the
+/// deletion of an older sealed fact count as `pruned`. Now `retention apply --sign-key` signs
+/// the value it records and `verify --keyring` uses only a value whose signature verifies:
+/// the forged row (unsigned, like every row written before migration 0019) is named,
+/// `pruned_before_unsigned`, first, and the deletion is `deleted`. A genuine signed apply
+/// still counts what it removed as `pruned`, also after `retention hold` and `set` wrote rows
+/// on top of it (they carry its signature forward); its signature copied onto another value
+/// does not verify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsigned_pruned_before_does_not_hide_a_deletion() {
+    let p = Pipeline::new("it_chain_prune_signed");
+    let (n, _ingest) = old_facts(&p, "6", "94").await;
+    let (key, ring) = sealing_key(&p);
+    seal_tenant(&p, &key, "default");
+    let c = p.client().with_setting("mutations_sync", "2");
+    let forge = |pruned: &'static str, kid: String, sig: String| {
+        let c = p.client();
+        let sql = format!(
+            "INSERT INTO weft_audit_retention \
+             (tenant, days, legal_hold, pruned_before, kid, sig, version, updated_at) \
+             SELECT 'default', 1, 0, {pruned}, ?, ?, \
+                    (SELECT max(version) + 1 FROM weft_audit_retention), now64(6)"
+        );
+        async move {
+            c.query(&sql).bind(kid).bind(sig).execute().await.unwrap();
+        }
+    };
+    // Two days ago: within the bound, and after the (three days old) facts.
+    forge("now64(6) - INTERVAL 2 DAY", String::new(), String::new()).await;
+    let id: String = c
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 1")
+        .fetch_one()
+        .await
+        .unwrap();
+    c.query("DELETE FROM weft_events WHERE id = ?")
+        .bind(&id)
+        .execute()
+        .await
+        .unwrap();
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert_eq!(r["problems"][0]["what"], "pruned_before_unsigned", "{r}");
+    assert!(named(&r, "deleted", &id), "{r}");
+    assert_eq!(r["pruned"], 0, "{r}");
+    assert_eq!(r["pruned_before"], 0, "{r}");
+
+    // A genuine apply, signed: everything it removed (and the fact deleted before it, older
+    // than its cutoff) is `pruned`, and the chain is intact.
+    assert!(audit(&p, &["retention", "set", "--days", "1"])
+        .status
+        .success());
+    assert_eq!(apply_retention(&p, Some(&key)).await, 0);
+    let intact = |r: &Value| {
+        assert_eq!(r["pruned"], n, "{r}");
+        assert!(r["problems"].as_array().unwrap().is_empty(), "{r}");
+        assert!(r["pruned_before"].as_i64().unwrap() > 0, "{r}");
+    };
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(0), "{r}");
+    intact(&r);
+    // Rows written on top by `hold` and `set` keep the signed value and its signature.
+    assert!(audit(&p, &["retention", "hold", "--on"]).status.success());
+    assert!(audit(&p, &["retention", "set", "--days", "2"])
+        .status
+        .success());
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(0), "{r}");
+    intact(&r);
+    // The genuine signature copied onto a later value does not verify.
+    let (kid, sig): (String, String) = c
+        .query(
+            "SELECT argMax(kid, version), argMax(sig, version) FROM weft_audit_retention \
+             WHERE tenant = 'default'",
+        )
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(sig.len(), 86);
+    forge("now64(6) - INTERVAL 1 DAY", kid, sig).await;
+    let (code, r) = verify_with(&p, &ring, "default", &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert_eq!(r["problems"][0]["what"], "pruned_before_unsigned", "{r}");
+    assert_eq!(r["pruned"], 0, "{r}");
+    let deleted = r["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["what"] == "deleted")
+        .count() as u64;
+    assert_eq!(deleted, n, "{r}");
 }
 
 /// Finding: a bounded verify (the API's `max_verify_rows`) did not count the copy lookup of

@@ -838,6 +838,10 @@ fn check_trace(narrative: &str, cols: &[String], rows: &[Vec<Value>], failures: 
 /// ingested longer ago; an execution naming no decision is shown at once. The grace is the
 /// variable, so no clock has to pass: every event is seconds old, so a grace of an hour holds
 /// them and a grace of 0 has passed. The panel and `weft audit check` agree at both.
+/// Finding: an execution on an allow decision that a stored `capability_denied` TraceEvent
+/// also names was `execution_after_deny` for the check, at once, and nothing for the panel
+/// (or, past the grace and without `capability_authorized`, the wrong rule): it is now
+/// "executed after a deny" at once there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_violations_panel_waits_the_grace_period_like_the_check() {
     let p = Pipeline::new("it_dash_grace");
@@ -857,6 +861,11 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             r#"{{"kind":"trace_event","request_id":"r-grace","payload":{{"event_id":"{id}","event_type":"capability_executed","timestamp":"{ts}","capability_id":"{cap}","principal":"p"{decision},"outcome":"success"}}}}"#
         )
     };
+    let traced = |id: &str, event_type: &str, decision: &str, ts: &str| {
+        format!(
+            r#"{{"kind":"trace_event","request_id":"r-grace","payload":{{"event_id":"{id}","event_type":"{event_type}","timestamp":"{ts}","capability_id":"{cap}","principal":"p","decision_id":"{decision}"}}}}"#
+        )
+    };
     let lines = [
         // No TraceEvent names it (yet): `decision_untraced`, past the grace period.
         decision("pd-untraced", &at(0)),
@@ -865,6 +874,17 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
         executed("te-unauthorized", Some("pd-unauthorized"), &at(200)),
         // Names no decision: no late event can undo it, shown at once.
         executed("te-bypass", None, &at(300)),
+        // An allow, authorized, but also denied by a stored capability_denied: executed
+        // after a deny, shown at once (no late event can undo the deny).
+        decision("pd-denied", &at(400)),
+        traced("te-denied", "capability_denied", "pd-denied", &at(500)),
+        traced(
+            "te-authorized",
+            "capability_authorized",
+            "pd-denied",
+            &at(510),
+        ),
+        executed("te-after-deny", Some("pd-denied"), &at(600)),
     ];
     let _ingest = p.ingest_events("grace.jsonl", &lines).await;
 
@@ -895,13 +915,17 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             .map(|(k, i)| ((*k).to_owned(), (*i).to_owned()))
             .collect()
     };
-    let at_once = [("trace_event", "te-bypass")];
+    let at_once = [
+        ("trace_event", "te-bypass"),
+        ("trace_event", "te-after-deny"),
+    ];
     let cases = [
         ("3600", subjects(&at_once)),
         (
             "0",
             subjects(&[
                 at_once[0],
+                at_once[1],
                 ("trace_event", "te-unauthorized"),
                 ("policy_decision", "pd-untraced"),
             ]),
@@ -917,25 +941,28 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             .await
             .unwrap_or_else(|e| panic!("violations panel: {e}\n{q}"));
         let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
-        let shown: BTreeSet<(String, String)> = rows
+        let details: BTreeMap<(String, String), String> = rows
             .iter()
             .filter(|r| r[at("rule")] == "I-02")
             .map(|r| {
                 let s = |c: &str| r[at(c)].as_str().unwrap_or_default().to_owned();
-                (s("subject_kind"), s("subject_id"))
+                ((s("subject_kind"), s("subject_id")), s("detail"))
             })
             .collect();
+        let shown: BTreeSet<(String, String)> = details.keys().cloned().collect();
         assert_eq!(shown, want, "panel, grace {grace} s: {rows:?}");
-        let out = p
-            .weft()
-            .args(["audit", "check", "--format", "json", "--grace-secs", grace])
-            .args(["--from", &from, "--to", &to])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "weft audit check: {}",
-            String::from_utf8_lossy(&out.stderr)
+        assert_eq!(
+            details[&("trace_event".to_owned(), "te-after-deny".to_owned())],
+            "executed after a deny",
+            "panel, grace {grace} s: {rows:?}"
+        );
+        let out = common::pipeline::check(
+            p.weft()
+                .args(["audit", "check", "--format", "json", "--grace-secs", grace])
+                .args(["--from", &from, "--to", &to])
+                .output()
+                .unwrap(),
+            "weft audit check",
         );
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         let found: BTreeSet<(String, String)> = common::findings(&report, "I-02")
@@ -946,5 +973,14 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             })
             .collect();
         assert_eq!(found, want, "weft audit check, grace {grace} s: {report:#}");
+        let rule = common::findings(&report, "I-02")
+            .iter()
+            .find(|f| f["subject"]["id"] == "te-after-deny")
+            .map(|f| f["rule"].clone());
+        assert_eq!(
+            rule,
+            Some(json!("execution_after_deny")),
+            "weft audit check, grace {grace} s: {report:#}"
+        );
     }
 }

@@ -3,11 +3,16 @@
 //!
 //! Applying retention records `pruned_before` *before* deleting, so the hash chain's
 //! verification can tell rows removed by retention from rows deleted behind weft's back.
+//! The value is signed with the sealer's key ([`statement`]) when the apply is given one;
+//! `weft audit verify --keyring` uses only a value whose signature verifies
+//! ([`check_signature`]).
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use tracing::error;
 
+use crate::sign::{Key, Keyring};
 use crate::{ch_err, AuditError, Store};
 use weft_store::{FloorRow, INGEST_FLOOR};
 
@@ -20,6 +25,38 @@ pub struct Retention {
     pub legal_hold: u8,
     /// Facts before this time (µs) were removed by retention.
     pub pruned_before: i64,
+    /// The key that signed `pruned_before` ([`statement`]); empty when unsigned.
+    #[serde(default)]
+    pub kid: String,
+    /// Ed25519 signature of [`statement`] over `pruned_before`, base64url; empty when
+    /// unsigned (an apply without a key, a row written before migration 0019, or a forgery).
+    #[serde(default)]
+    pub sig: String,
+}
+
+/// What a signature of `pruned_before` covers: JCS of `{purpose, tenant, pruned_before}`.
+/// The fixed `purpose` (and the members, which a checkpoint's statement does not have) keep
+/// it from ever reading as another signed document. `pruned_before` is the decimal string of
+/// its microseconds (JCS writes numbers as doubles, exact only up to 2^53).
+pub fn statement(tenant: &str, pruned_before: i64) -> serde_json::Value {
+    json!({
+        "purpose": PURPOSE,
+        "tenant": tenant,
+        "pruned_before": pruned_before.to_string(),
+    })
+}
+
+/// The `purpose` member of [`statement`].
+pub const PURPOSE: &str = "weft.audit.retention.pruned_before.v1";
+
+/// Whether `r.pruned_before` is signed by a key of `keyring` for `tenant` (`Ok` when there is
+/// no keyring: like a checkpoint's, the signature is then not checked).
+pub fn check_signature(
+    keyring: Option<&Keyring>,
+    tenant: &str,
+    r: &Retention,
+) -> Result<(), String> {
+    Keyring::check(keyring, &r.kid, &statement(tenant, r.pruned_before), &r.sig)
 }
 
 #[derive(Debug, Row, Serialize)]
@@ -28,6 +65,8 @@ struct RetentionRow<'a> {
     days: u32,
     legal_hold: u8,
     pruned_before: i64,
+    kid: &'a str,
+    sig: &'a str,
     version: u64,
     updated_at: i64,
 }
@@ -44,6 +83,8 @@ async fn read(store: &Store, tenant: &str) -> Result<(Retention, u64), AuditErro
         days: u32,
         legal_hold: u8,
         pruned_before: i64,
+        kid: String,
+        sig: String,
         version: u64,
     }
     let rows: Vec<Latest> = store
@@ -51,6 +92,7 @@ async fn read(store: &Store, tenant: &str) -> Result<(Retention, u64), AuditErro
         .query(
             "SELECT argMax(days, version) AS days, argMax(legal_hold, version) AS legal_hold, \
                     toUnixTimestamp64Micro(argMax(pruned_before, version)) AS pruned_before, \
+                    argMax(kid, version) AS kid, argMax(sig, version) AS sig, \
                     max(version) AS version \
              FROM weft_audit_retention WHERE tenant = {t:String} GROUP BY tenant",
         )
@@ -63,6 +105,8 @@ async fn read(store: &Store, tenant: &str) -> Result<(Retention, u64), AuditErro
             days: l.days,
             legal_hold: l.legal_hold,
             pruned_before: l.pruned_before,
+            kid: l.kid,
+            sig: l.sig,
         };
         (r, l.version)
     }))
@@ -74,16 +118,14 @@ pub const CLOCK_SLACK_MICROS: i64 = 3_600_000_000;
 
 /// The `pruned_before` verification may use, or why the recorded one is impossible.
 ///
-/// The retention table is not signed (and, a `ReplacingMergeTree`, keeps only each tenant's
-/// latest row once merged): whoever can write ClickHouse can insert a row, of the highest
-/// version, whose `pruned_before` makes every deletion look like pruning. What bounds it: an
-/// apply records `now - days` with `days` at least 1, so no genuine value is later than a day
-/// before now, give or take the clocks' difference ([`CLOCK_SLACK_MICROS`]). A later one
-/// (in the future, say) is refused. The bound is not the tenant's current retention: a
-/// retention lengthened after an apply leaves a genuine `pruned_before` later than the new
-/// one allows. So a value within the bound can still be forged, to count as pruned a fact
-/// deleted more than a day after its event time: verify reports the value it used
-/// (`pruned_before`), to be held against the retention runs' own records.
+/// Whoever can write ClickHouse can insert a row, of the highest version, whose
+/// `pruned_before` makes every deletion look like pruning; without the signing key they
+/// cannot sign it, which [`check_signature`] catches when verify has a keyring. This bound
+/// holds whatever the signature: an apply records `now - days` with `days` at least 1, so no
+/// genuine value is later than a day before now, give or take the clocks' difference
+/// ([`CLOCK_SLACK_MICROS`]). A later one (in the future, say) is refused. The bound is not
+/// the tenant's current retention: a retention lengthened after an apply leaves a genuine
+/// `pruned_before` later than the new one allows.
 pub fn check_pruned(pruned_before: i64, now_micros: i64) -> Result<i64, String> {
     if pruned_before <= 0 {
         return Ok(0);
@@ -113,6 +155,8 @@ fn next_version(v: u64) -> Result<u64, AuditError> {
     })
 }
 
+/// Write `r` as a whole row. `kid` and `sig` go with `pruned_before`: a write that keeps the
+/// value (`set`, `hold`) keeps its signature, which covers only the tenant and the value.
 async fn write(store: &Store, tenant: &str, r: &Retention, version: u64) -> Result<(), AuditError> {
     let mut ins = store
         .client()
@@ -124,6 +168,8 @@ async fn write(store: &Store, tenant: &str, r: &Retention, version: u64) -> Resu
         days: r.days,
         legal_hold: r.legal_hold,
         pruned_before: r.pruned_before,
+        kid: &r.kid,
+        sig: &r.sig,
         version,
         updated_at: chrono::Utc::now().timestamp_micros(),
     })
@@ -136,7 +182,9 @@ async fn write(store: &Store, tenant: &str, r: &Retention, version: u64) -> Resu
 /// then stand. Every write is a whole row, so a legal hold placed, or a prune recorded,
 /// between the read and this write would be lost under it: when one was, it is written
 /// again on top (a hold is never lifted, nor `pruned_before` lowered, by a write that did
-/// not mean to; a lowered `pruned_before` makes verify report pruned facts as deleted).
+/// not mean to; a lowered `pruned_before` makes verify report pruned facts as deleted). A
+/// `pruned_before` written on top keeps its own signature (of two rows with the value, a
+/// signed one's).
 async fn put(
     store: &Store,
     tenant: &str,
@@ -146,10 +194,12 @@ async fn put(
     let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
     let version = now.max(next_version(read)?);
     write(store, tenant, r, version).await?;
-    let (held, pruned): (u8, i64) = store
+    let (held, pruned, kid, sig): (u8, i64, String, String) = store
         .client()
         .query(
-            "SELECT max(legal_hold), max(pruned_before) FROM weft_audit_retention \
+            "SELECT max(legal_hold), max(pruned_before), \
+                    argMax(kid, (pruned_before, sig != '')), argMax(sig, (pruned_before, sig != '')) \
+             FROM weft_audit_retention \
              WHERE tenant = {t:String} AND version > {read:UInt64} AND version != {ours:UInt64}",
         )
         .param("t", tenant)
@@ -161,11 +211,11 @@ async fn put(
     if held <= r.legal_hold && pruned <= r.pruned_before {
         return Ok(r.clone());
     }
-    let kept = Retention {
-        legal_hold: r.legal_hold.max(held),
-        pruned_before: r.pruned_before.max(pruned),
-        ..r.clone()
-    };
+    let mut kept = r.clone();
+    kept.legal_hold = r.legal_hold.max(held);
+    if pruned > r.pruned_before {
+        (kept.pruned_before, kept.kid, kept.sig) = (pruned, kid, sig);
+    }
     let now = u64::try_from(chrono::Utc::now().timestamp_micros()).unwrap_or(0);
     write(store, tenant, &kept, now.max(next_version(version)?)).await?;
     Ok(kept)
@@ -268,10 +318,15 @@ pub async fn plan(store: &Store, tenant: &str) -> Result<Option<Plan>, AuditErro
 }
 
 /// Delete the tenant's facts older than its retention, unless on legal hold: [`plan`], then
-/// [`Plan::execute`]. `Ok(None)` when the retention is "forever".
-pub async fn apply(store: &Store, tenant: &str) -> Result<Option<Applied>, AuditError> {
+/// [`Plan::execute`] (signing `pruned_before` with `key`). `Ok(None)` when the retention is
+/// "forever".
+pub async fn apply(
+    store: &Store,
+    tenant: &str,
+    key: Option<&Key>,
+) -> Result<Option<Applied>, AuditError> {
     match plan(store, tenant).await? {
-        Some(plan) => plan.execute(store).await.map(Some),
+        Some(plan) => plan.execute(store, key).await.map(Some),
         None => Ok(None),
     }
 }
@@ -294,11 +349,14 @@ impl Plan {
             .param("keys", keys)
     }
 
-    /// Record `pruned_before` (chain verification reads it), then the floor in
-    /// `weft_ingest_floor` (migration 0015: deleting a partition's newest rows cannot move
-    /// ingest's resume point back), then delete the rows the plan covers. A legal hold
+    /// Record `pruned_before` (chain verification reads it), signed with `key` when given
+    /// ([`statement`]; unsigned otherwise, like a seal's checkpoints without a key), then the
+    /// floor in `weft_ingest_floor` (migration 0015: deleting a partition's newest rows
+    /// cannot move ingest's resume point back), then delete the rows the plan covers. A
+    /// recorded value later than the cutoff (a retention lengthened since) stays, with its
+    /// own signature or none: an apply never signs a value it did not compute. A legal hold
     /// placed since the plan, or a retention changed since, wins: nothing is deleted.
-    pub async fn execute(self, store: &Store) -> Result<Applied, AuditError> {
+    pub async fn execute(self, store: &Store, key: Option<&Key>) -> Result<Applied, AuditError> {
         let tenant = self.tenant.as_str();
         let unchanged = || async {
             let (r, version) = read(store, tenant).await?;
@@ -317,7 +375,13 @@ impl Plan {
             Ok((r, version))
         };
         let (mut r, read) = unchanged().await?;
-        r.pruned_before = r.pruned_before.max(self.cutoff);
+        if self.cutoff > r.pruned_before {
+            r.pruned_before = self.cutoff;
+            (r.kid, r.sig) = match key {
+                Some(k) => (k.kid.clone(), k.sign(&statement(tenant, self.cutoff))?),
+                None => (String::new(), String::new()),
+            };
+        }
         if put(store, tenant, &r, read).await?.legal_hold == 1 {
             return Err(AuditError::Refused(format!(
                 "tenant {tenant} was put on legal hold"
@@ -374,6 +438,60 @@ mod tests {
         assert!(check_pruned(7_258_118_400_000_000, now).is_err());
         assert!(check_pruned(i64::MAX, now).is_err());
         assert!(check_pruned(i64::MAX, i64::MIN).is_err());
+    }
+
+    /// A signature of `pruned_before` verifies for its tenant and value only, under a key
+    /// of the keyring; an unsigned value does not; a checkpoint's signature is not one.
+    #[test]
+    fn pruned_before_is_trusted_only_signed_for_its_tenant_and_value() {
+        let key = Key::generate("k1").unwrap();
+        let ring = Keyring {
+            keys: vec![key.public()],
+        };
+        let signed = |tenant: &str, v: i64| Retention {
+            days: 1,
+            legal_hold: 0,
+            pruned_before: v,
+            kid: key.kid.clone(),
+            sig: key.sign(&statement(tenant, v)).unwrap(),
+        };
+        let r = signed("acme", 1_700_000_000_000_001);
+        assert_eq!(check_signature(Some(&ring), "acme", &r), Ok(()));
+        assert!(check_signature(Some(&ring), "other", &r).is_err());
+        let later = Retention {
+            pruned_before: r.pruned_before + 1,
+            ..r.clone()
+        };
+        assert!(check_signature(Some(&ring), "acme", &later).is_err());
+        let unsigned = Retention {
+            kid: String::new(),
+            sig: String::new(),
+            ..r.clone()
+        };
+        assert!(check_signature(Some(&ring), "acme", &unsigned).is_err());
+        let other_key = Keyring {
+            keys: vec![Key::generate("k1").unwrap().public()],
+        };
+        assert!(check_signature(Some(&other_key), "acme", &r).is_err());
+        // Without a keyring nothing is checked (as for checkpoints).
+        assert_eq!(check_signature(None, "acme", &unsigned), Ok(()));
+        // A checkpoint's signature by the same key does not pass for a retention's.
+        let cp = crate::chain::Checkpoint {
+            tenant: "acme".into(),
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+            head: "00".into(),
+            rows: 1,
+            kid: "k1".into(),
+            sig: String::new(),
+            sealed_at: 0,
+        };
+        let forged = Retention {
+            sig: key.sign(&cp.statement()).unwrap(),
+            ..r.clone()
+        };
+        assert!(check_signature(Some(&ring), "acme", &forged).is_err());
     }
 
     #[test]

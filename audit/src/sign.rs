@@ -132,6 +132,17 @@ impl Keyring {
         serde_json::from_str(text).map_err(|e| AuditError::Key(format!("keyring: {e}")))
     }
 
+    /// A stored signature `(kid, sig)` of `doc` against `keyring`, as verify checks a
+    /// checkpoint's or a retention's `pruned_before`: `Ok` when there is no keyring (nothing
+    /// is checked), `unsigned` when `sig` is empty, else what [`Keyring::verify`] says.
+    pub fn check(keyring: Option<&Self>, kid: &str, doc: &Value, sig: &str) -> Result<(), String> {
+        match (keyring, sig.is_empty()) {
+            (Some(ring), false) => ring.verify(kid, doc, sig).map_err(|e| e.to_string()),
+            (Some(_), true) => Err("unsigned".to_owned()),
+            (None, _) => Ok(()),
+        }
+    }
+
     /// Verify a base64url ed25519 signature by key `kid` over the JCS form of `doc`.
     pub fn verify(&self, kid: &str, doc: &Value, sig_b64: &str) -> Result<(), AuditError> {
         let pk = self.keys.iter().find(|k| k.kid == kid).ok_or_else(|| {

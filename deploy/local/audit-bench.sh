@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the 10M-event set of docs/AUDIT.md ("Speed") and time `weft audit check` over it.
-# 400 simulated flows with every violation injected (through Kafka and ingest), then copied
-# COPIES times inside ClickHouse with every id and reference suffixed `~n`.
+# 400 simulated flows with every violation injected (through Kafka and ingest), I-06
+# `token_unknown` included, then copied COPIES times inside ClickHouse with every id and
+# reference suffixed `~n`. Prints the findings per rule, and fails unless the check finds
+# every injected unknown token in every copy.
 # Needs the local stack (deploy/local/stack.sh up); not part of test.sh (minutes, not seconds).
 #   WEFT=target/debug/weft COPIES=1142 REPS=3 bash deploy/local/audit-bench.sh
 set -euo pipefail
@@ -19,7 +21,7 @@ if [ "$(ch 'SELECT count() FROM weft_events' 2>/dev/null || echo 0)" = 0 ]; then
   "$WEFT" migrate
   "$WEFT" simulate --flows 400 --seed 606 --shuffle --no-request-id 0.1 --duplicates 0.05 --deny 0.05 \
     --partial 0.05 --failure 0.05 --expired-token 0.06 --reused-token 0.06 --out-of-scope 0.06 \
-    --unauthorized 0.1 --raw-output 0.06 --orphan 0.06 --id-conflict 0.06 \
+    --unauthorized 0.1 --raw-output 0.06 --orphan 0.06 --id-conflict 0.06 --unknown-token 0.06 \
     --out "$D/events.jsonl" --truth "$D/truth.json"
   "$WEFT" publish "$D/events.jsonl" --drain-spool --message-timeout-ms 300000 \
     --topic-prefix "$DB." --spool-dir "$D/spool"
@@ -43,7 +45,14 @@ if [ "$(ch 'SELECT count() FROM weft_events' 2>/dev/null || echo 0)" = 0 ]; then
   FROM tpl CROSS JOIN numbers(1, $COPIES) AS n"
   ch "DROP TABLE tpl"
 fi
-echo "events: $(ch 'SELECT count() FROM weft_events')"
+events=$(ch 'SELECT count() FROM weft_events')
+echo "events: $events"
+# A set built before the bench injected unknown tokens has none: it must be built again.
+unknown=$(python3 -c "import json;print(json.load(open('$D/truth.json'))['totals']['scenarios'].get('unknown_token', 0))")
+if [ "$unknown" = 0 ]; then
+  echo "the set in $DB has no unknown token (built before --unknown-token): DROP DATABASE $DB and run again" >&2
+  exit 1
+fi
 # CPU seconds of the ClickHouse server (our stack's pid file) and of weft: on a shared machine
 # they say more than wall times. REPS runs of the same command.
 srv_cpu() {
@@ -60,7 +69,18 @@ for _ in $(seq 1 "${REPS:-1}"); do
   s1=$(srv_cpu)
   python3 -c "
 import json; r = json.load(open('$D/check.json')); u, s = open('$D/time.txt').read().split()
+import collections, sys
+rules = collections.Counter(f['rule'] for f in r['findings'])
 print('wall %.2f s; elapsed_ms %d; weft cpu %.2f s; clickhouse cpu %.2f s; load %s; timings_ms %s; findings %d' % (
     $t1 - $t0, r['elapsed_ms'], float(u) + float(s), $s1 - $s0, open('/proc/loadavg').read().split()[0],
-    r['timings_ms'], len(r['findings'])))"
+    r['timings_ms'], len(r['findings'])))
+print('findings per rule: %s' % dict(sorted(rules.items())))
+# Each injected unknown token is one finding, in the template and in every copy (its id is
+# suffixed like every other); the set holds the template's facts (1 + COPIES) times.
+t = json.load(open('$D/truth.json'))['totals']
+copies = $events // t['distinct_events']
+want = $unknown * copies
+print('token_unknown: %d found, %d injected x %d copies = %d' % (rules['token_unknown'], $unknown, copies, want))
+if rules['token_unknown'] != want:
+    sys.exit('token_unknown: found %d, want %d' % (rules['token_unknown'], want))"
 done

@@ -413,9 +413,15 @@ async fn run_retention(store: &Store, r: RetentionAction) -> anyhow::Result<Exit
                     )
                 })
             } else {
-                retention::apply(store, &a.tenant.name)
-                    .await
-                    .map(|applied| applied.map(|a| json!(a)))
+                let key = a.sign_key.as_deref().map(read_key).transpose()?;
+                let applied = retention::apply(store, &a.tenant.name, key.as_ref()).await;
+                if key.is_none() && matches!(applied, Ok(Some(_))) {
+                    eprintln!(
+                        "pruned_before recorded unsigned (pass --sign-key): `weft audit verify \
+                         --keyring` reports it and counts every pruned fact as deleted"
+                    );
+                }
+                applied.map(|applied| applied.map(|a| json!(a)))
             };
             match done {
                 Ok(v) => (a.tenant.name, json!(v)),

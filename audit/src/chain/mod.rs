@@ -331,7 +331,8 @@ pub async fn checkpoints_page(
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Problem {
     /// `altered`, `deleted`, `inserted`, `chain_broken`, `checkpoint_mismatch`, or
-    /// `pruned_before_invalid` (the tenant's, not a partition's: empty topic, partition 0).
+    /// `pruned_before_invalid` / `pruned_before_unsigned` (the tenant's, not a partition's:
+    /// empty topic, partition 0).
     pub what: String,
     /// Topic of the broken chain.
     pub topic: String,

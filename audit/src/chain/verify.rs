@@ -74,7 +74,9 @@ pub struct VerifyReport {
     /// than from genesis.
     pub anchored: u64,
     /// The `pruned_before` (µs) retention recorded and this run used to tell pruned facts
-    /// from deleted ones (0: none, or an impossible one, reported as `pruned_before_invalid`).
+    /// from deleted ones (0: none; or an impossible one, reported as `pruned_before_invalid`;
+    /// or, with a keyring, one whose signature does not verify, reported as
+    /// `pruned_before_unsigned`).
     #[serde(default)]
     pub pruned_before: i64,
 }
@@ -251,13 +253,13 @@ fn problem(p: &Part, what: &str, offset: u64, kind: &str, id: &str, detail: Stri
 
 /// A checkpoint's signature against `keyring` (`Ok` when there is no keyring).
 fn signature(keyring: Option<&Keyring>, c: &Checkpoint) -> Result<(), String> {
-    match (keyring, c.sig.is_empty()) {
-        (Some(ring), false) => ring
-            .verify(&c.kid, &c.statement(), &c.sig)
-            .map_err(|e| e.to_string()),
-        (Some(_), true) => Err("unsigned checkpoint".to_owned()),
-        (None, _) => Ok(()),
-    }
+    Keyring::check(keyring, &c.kid, &c.statement(), &c.sig).map_err(|e| {
+        if c.sig.is_empty() {
+            "unsigned checkpoint".to_owned()
+        } else {
+            e
+        }
+    })
 }
 
 /// Add `n` rows to `read` and refuse past `max`.
@@ -545,33 +547,33 @@ impl Run<'_> {
     }
 
     /// The tenant's `pruned_before` if retention can have pruned that far
-    /// ([`crate::retention::check_pruned`]); an impossible value is reported once, as
-    /// `pruned_before_invalid`, and not used (every missing fact is then `deleted`).
+    /// ([`crate::retention::check_pruned`]) and, when a keyring is given, its signature
+    /// verifies under one of its keys ([`crate::retention::check_signature`]). A value that
+    /// fails either is reported once, as `pruned_before_invalid` or `pruned_before_unsigned`,
+    /// and not used (every missing fact is then `deleted`).
     async fn pruned_before(&self, rep: &mut VerifyReport) -> Result<i64, AuditError> {
-        let recorded = crate::retention::get(self.store, self.tenant)
-            .await?
-            .pruned_before;
+        let recorded = crate::retention::get(self.store, self.tenant).await?;
         let now = chrono::Utc::now().timestamp_micros();
-        match crate::retention::check_pruned(recorded, now) {
-            Ok(v) => {
-                rep.pruned_before = rep.pruned_before.max(v);
-                Ok(v)
-            }
+        let used = match crate::retention::check_pruned(recorded.pruned_before, now) {
+            Ok(0) => return Ok(0),
+            Ok(v) => v,
             Err(d) => {
-                if !rep.problems.iter().any(|x| x.what == PRUNED_INVALID) {
-                    rep.problems.push(Problem {
-                        what: PRUNED_INVALID.into(),
-                        topic: String::new(),
-                        partition: 0,
-                        offset: 0,
-                        kind: String::new(),
-                        id: String::new(),
-                        detail: d,
-                    });
-                }
-                Ok(0)
+                tenant_problem(rep, PRUNED_INVALID, d);
+                0
             }
+        };
+        if let Err(e) = crate::retention::check_signature(self.keyring, self.tenant, &recorded) {
+            let d = format!(
+                "the retention table records facts pruned before {}, {e}: not used, so every \
+                 missing sealed fact counts as deleted (a signed `weft audit retention apply \
+                 --sign-key` records a trusted one)",
+                weft_schemas::time::micros_to_rfc3339(recorded.pruned_before),
+            );
+            tenant_problem(rep, PRUNED_UNSIGNED, d);
+            return Ok(0);
         }
+        rep.pruned_before = rep.pruned_before.max(used);
+        Ok(used)
     }
 
     /// Recompute the links from the start's head and compare each with its stored fact:
@@ -633,5 +635,25 @@ impl Run<'_> {
     }
 }
 
+/// Report the tenant's problem `what` (empty topic, partition 0: listed first) once.
+fn tenant_problem(rep: &mut VerifyReport, what: &str, detail: String) {
+    if rep.problems.iter().any(|x| x.what == what) {
+        return;
+    }
+    rep.problems.push(Problem {
+        what: what.into(),
+        topic: String::new(),
+        partition: 0,
+        offset: 0,
+        kind: String::new(),
+        id: String::new(),
+        detail,
+    });
+}
+
 /// The problem of a `pruned_before` retention cannot have recorded.
 pub const PRUNED_INVALID: &str = "pruned_before_invalid";
+
+/// The problem of a `pruned_before` whose signature does not verify under the keyring
+/// (unsigned: an apply without a key, a row older than migration 0019, or a forgery).
+pub const PRUNED_UNSIGNED: &str = "pruned_before_unsigned";

@@ -157,6 +157,10 @@ pub struct ApplyArgs {
     /// Print the cutoff and how many facts would be deleted, and delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Sign the recorded `pruned_before` with this key (the sealer's, from `weft audit
+    /// keygen`): `weft audit verify --keyring` uses only a signed one.
+    #[arg(long, env = "WEFT_AUDIT_SEAL_KEY")]
+    pub sign_key: Option<PathBuf>,
 }
 
 /// `retention hold`.
