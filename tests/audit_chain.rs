@@ -1077,16 +1077,7 @@ async fn a_forged_retention_row_does_not_hide_a_deletion() {
         }
     };
     forge(1 << 63, 0, "toDateTime64('2200-01-01 00:00:00', 6, 'UTC')").await;
-    let id: String = c
-        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 1")
-        .fetch_one()
-        .await
-        .unwrap();
-    c.query("DELETE FROM weft_events WHERE id = ?")
-        .bind(&id)
-        .execute()
-        .await
-        .unwrap();
+    let id = delete_first_trace_event(&c).await;
     let (code, r) = verify_with(&p, &ring, "default", &[]);
     assert_eq!(code, Some(1), "{r}");
     assert!(named(&r, "deleted", &id), "{r}");
@@ -1153,16 +1144,7 @@ async fn an_unsigned_pruned_before_does_not_hide_a_deletion() {
     };
     // Two days ago: within the bound, and after the (three days old) facts.
     forge("now64(6) - INTERVAL 2 DAY", String::new(), String::new()).await;
-    let id: String = c
-        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 1")
-        .fetch_one()
-        .await
-        .unwrap();
-    c.query("DELETE FROM weft_events WHERE id = ?")
-        .bind(&id)
-        .execute()
-        .await
-        .unwrap();
+    let id = delete_first_trace_event(&c).await;
     let (code, r) = verify_with(&p, &ring, "default", &[]);
     assert_eq!(code, Some(1), "{r}");
     assert_eq!(r["problems"][0]["what"], "pruned_before_unsigned", "{r}");
@@ -1244,4 +1226,20 @@ async fn a_bounded_verify_counts_the_copy_lookup() {
         matches!(r, Err(weft_audit::AuditError::TooLarge(_))),
         "{r:?}"
     );
+}
+
+/// Delete the TraceEvent of the smallest id behind weft's back (`c` waits for the mutation);
+/// its id.
+async fn delete_first_trace_event(c: &clickhouse::Client) -> String {
+    let id: String = c
+        .query("SELECT id FROM weft_events WHERE kind = 'trace_event' ORDER BY id LIMIT 1")
+        .fetch_one()
+        .await
+        .unwrap();
+    c.query("DELETE FROM weft_events WHERE id = ?")
+        .bind(&id)
+        .execute()
+        .await
+        .unwrap();
+    id
 }
