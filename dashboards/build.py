@@ -387,7 +387,9 @@ ORDER BY topic, partition
 
 # ---------------------------------------------------------------- compliance
 # Every violation rule, over the facts of one tenant: subject events in the time range,
-# lookups (does the referenced event exist? what did the token say?) over all time.
+# lookups (does the referenced event exist? what did the token say?) over all time, where
+# `weft audit check` looks only within --lookaround-secs (a day) of its range (but for
+# tokens): an event referenced from further away is found here and missed there.
 VIOLATIONS = """
 SELECT 'I-01' AS rule, kind AS subject_kind, id AS subject_id, request_id, ts,
        'Frame carries raw tool output' AS detail
@@ -399,6 +401,7 @@ SELECT 'I-02', e.kind, e.id, e.request_id, e.ts,
        multiIf(e.decision_id = '', 'executed without a PolicyDecision',
                pd.decision = '', 'executed with an unknown PolicyDecision',
                pd.decision != 'allow' OR e.denied, 'executed after a deny',
+               a.ats > e.ts, 'executed before its capability_authorized',
                'executed without capability_authorized')
 FROM
 (
@@ -421,8 +424,18 @@ LEFT JOIN
     WHERE {T} AND kind = 'policy_decision'
     GROUP BY id
 ) AS pd ON e.decision_id = pd.id
+LEFT JOIN
+(
+    -- The earliest capability_authorized per decision: later than the execution's event
+    -- time, the execution came first (as the check's authorized_after_execution). A missing
+    -- one joins as the default time (or NULL), never later than the execution.
+    SELECT decision_id, min(ts) AS ats
+    FROM weft_events
+    WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_authorized'
+    GROUP BY decision_id
+) AS a ON e.decision_id = a.decision_id
 WHERE e.decision_id = '' OR (pd.decision != '' AND (pd.decision != 'allow' OR e.denied))
-   OR (e.judged AND (pd.decision = ''
+   OR (e.judged AND (pd.decision = '' OR a.ats > e.ts
        OR e.decision_id NOT IN (
             SELECT decision_id FROM weft_events
             WHERE {T} AND kind = 'trace_event' AND event_type = 'capability_authorized')))
@@ -573,7 +586,7 @@ LIMIT 100
     ),
     ch_panel(
         "Invariant violations by rule",
-        "I-01 raw output on a Frame; I-02 execution without allow + capability_authorized, "
+        "I-01 raw output on a Frame; I-02 execution without allow + capability_authorized or before it, "
         "or a PolicyDecision no TraceEvent names; "
         "I-06 token expired, out of scope, single-use reused or stored nowhere; orphan references; id conflicts.",
         "table",

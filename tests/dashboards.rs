@@ -841,7 +841,10 @@ fn check_trace(narrative: &str, cols: &[String], rows: &[Vec<Value>], failures: 
 /// Finding: an execution on an allow decision that a stored `capability_denied` TraceEvent
 /// also names was `execution_after_deny` for the check, at once, and nothing for the panel
 /// (or, past the grace and without `capability_authorized`, the wrong rule): it is now
-/// "executed after a deny" at once there too.
+/// "executed after a deny" at once there too. Finding: an execution whose
+/// `capability_authorized` carries a later event time was `authorized_after_execution` for
+/// the check, past the grace, and nothing for the panel: it is now "executed before its
+/// capability_authorized" there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_violations_panel_waits_the_grace_period_like_the_check() {
     let p = Pipeline::new("it_dash_grace");
@@ -885,6 +888,16 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             &at(510),
         ),
         executed("te-after-deny", Some("pd-denied"), &at(600)),
+        // An allow whose capability_authorized carries an event time after the execution's:
+        // the check's `authorized_after_execution`, past the grace period.
+        decision("pd-late", &at(700)),
+        executed("te-before-auth", Some("pd-late"), &at(800)),
+        traced(
+            "te-late-authorized",
+            "capability_authorized",
+            "pd-late",
+            &at(900),
+        ),
     ];
     let _ingest = p.ingest_events("grace.jsonl", &lines).await;
 
@@ -927,6 +940,7 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
                 at_once[0],
                 at_once[1],
                 ("trace_event", "te-unauthorized"),
+                ("trace_event", "te-before-auth"),
                 ("policy_decision", "pd-untraced"),
             ]),
         ),
@@ -982,5 +996,21 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             Some(json!("execution_after_deny")),
             "weft audit check, grace {grace} s: {report:#}"
         );
+        if grace == "0" {
+            assert_eq!(
+                details[&("trace_event".to_owned(), "te-before-auth".to_owned())],
+                "executed before its capability_authorized",
+                "panel, grace {grace} s: {rows:?}"
+            );
+            let late = common::findings(&report, "I-02")
+                .iter()
+                .find(|f| f["subject"]["id"] == "te-before-auth")
+                .map(|f| f["rule"].clone());
+            assert_eq!(
+                late,
+                Some(json!("authorized_after_execution")),
+                "weft audit check, grace {grace} s: {report:#}"
+            );
+        }
     }
 }
