@@ -987,12 +987,14 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             })
             .collect();
         assert_eq!(found, want, "weft audit check, grace {grace} s: {report:#}");
-        let rule = common::findings(&report, "I-02")
-            .iter()
-            .find(|f| f["subject"]["id"] == "te-after-deny")
-            .map(|f| f["rule"].clone());
+        let rule_of = |id: &str| {
+            common::findings(&report, "I-02")
+                .iter()
+                .find(|f| f["subject"]["id"] == id)
+                .map(|f| f["rule"].clone())
+        };
         assert_eq!(
-            rule,
+            rule_of("te-after-deny"),
             Some(json!("execution_after_deny")),
             "weft audit check, grace {grace} s: {report:#}"
         );
@@ -1002,12 +1004,8 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
                 "executed before its capability_authorized",
                 "panel, grace {grace} s: {rows:?}"
             );
-            let late = common::findings(&report, "I-02")
-                .iter()
-                .find(|f| f["subject"]["id"] == "te-before-auth")
-                .map(|f| f["rule"].clone());
             assert_eq!(
-                late,
+                rule_of("te-before-auth"),
                 Some(json!("authorized_after_execution")),
                 "weft audit check, grace {grace} s: {report:#}"
             );
