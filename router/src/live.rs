@@ -38,7 +38,8 @@ pub use rebuild::{read_page, rebuild, PageRequest, Rebuild, Slices};
 
 /// Feedback identities remembered per tenant base (older ones are forgotten first).
 pub const APPLIED_MAX: usize = 500_000;
-/// Pending (not yet stored) outcomes kept per tenant; the oldest go first.
+/// Pending (not yet stored) outcomes kept per tenant; past it a feedback is not learnt at
+/// once and counts from the refresh that reads it stored.
 pub const PENDING_MAX: usize = 100_000;
 /// A pending outcome the stored rows have not brought back in this long leaves the pending
 /// list: its decision was not stored (its publish failed after the answer), so no rebuild
@@ -187,7 +188,7 @@ struct TenantState {
     /// Outcomes ever pushed onto `pending`: those pushed while a replay was computed out of
     /// the lock are the last `pushed - (pushed when it started)` of `pending` (only
     /// [`Live::learn_now`] adds, at the back; only the bulk learner holding `bulk` removes
-    /// from the middle, and [`PENDING_MAX`] from the front).
+    /// from the middle).
     pushed: u64,
     /// Candidate id -> (decisions without an outcome, last decision).
     inflight: HashMap<String, (u32, Instant)>,
@@ -257,6 +258,9 @@ pub struct Live {
     /// Arms dropped from a model to stay within [`LearnerConfig::max_arms`]: by outcomes
     /// learnt at once, rows learnt at a refresh, and again by every full rebuild.
     evicted: AtomicU64,
+    /// Outcomes not learnt at once because their tenant's pending list was full
+    /// ([`PENDING_MAX`]); each counts from the refresh that reads it stored.
+    deferred: AtomicU64,
     /// Called as a replay of pending outcomes starts, out of the tenant's lock (tests hold a
     /// replay there to act meanwhile).
     #[cfg(test)]
@@ -313,14 +317,15 @@ impl Live {
         {
             return false;
         }
+        // Full: this one counts from the refresh that reads it stored. Letting the oldest
+        // go instead would keep it in the model served while forgetting its identity, so a
+        // repeat of it would count twice until the next refresh.
+        if t.pending.len() >= PENDING_MAX {
+            self.deferred.fetch_add(1, Relaxed);
+            return false;
+        }
         if Arc::make_mut(&mut t.served).learn(cfg, &obs) {
             self.evicted.fetch_add(1, Relaxed);
-        }
-        if t.pending.len() >= PENDING_MAX {
-            if let Some((_, d, old)) = t.pending.pop_front() {
-                t.pending_ids.remove(&old.feedback_id);
-                t.pending_keys.remove(&d);
-            }
         }
         t.pending_ids.insert(obs.feedback_id.clone());
         t.pending_keys.insert(key.clone());
@@ -509,6 +514,11 @@ impl Live {
     /// Arms dropped so far to stay within [`LearnerConfig::max_arms`] (see [`Live`]).
     pub fn arms_evicted(&self) -> u64 {
         self.evicted.load(Relaxed)
+    }
+
+    /// Outcomes not learnt at once because the pending list was full (see [`Live`]).
+    pub fn learn_deferred(&self) -> u64 {
+        self.deferred.load(Relaxed)
     }
 
     /// Pending outcomes of `tenant`.
@@ -784,12 +794,12 @@ mod tests {
         assert_eq!(live.served("t"), all.models()["t"]);
     }
 
-    /// Outcomes pushed while a replay is computed are found again at the swap even when the
-    /// pending list, full, let its oldest go meanwhile: those the replay learnt and those
-    /// pushed since, each once (the one let go counts until the next refresh, as an outcome
-    /// let go outside a replay does).
+    /// A full pending list takes no more outcomes, during a replay too: the first to fill it
+    /// is learnt once, at the swap; the others count from the refresh that reads them
+    /// stored. No outcome learnt is forgotten, so a repeat of the oldest still counts once
+    /// (letting the oldest go to make room counted such a repeat twice).
     #[test]
-    fn a_full_pending_list_during_a_replay_counts_the_new_outcomes_once() {
+    fn a_full_pending_list_defers_new_outcomes_and_counts_each_once() {
         let cfg = LearnerConfig::default();
         let live = Arc::new(Live::default());
         {
@@ -820,11 +830,15 @@ mod tests {
                     .collect::<Vec<_>>()
             },
         );
-        assert_eq!(during, Some(vec![true; 3]));
+        assert_eq!(during, Some(vec![true, false, false]));
+        assert_eq!(live.learn_deferred(), 2);
         assert_eq!(live.pending("t"), PENDING_MAX);
-        // The replay learnt the PENDING_MAX - 1 old ones; the swap the 3 new ones.
-        assert_eq!(live.model("t").updates, PENDING_MAX as u64 - 1 + 3);
-        // Served anew, from what is pending: the two old ones let go leave.
+        // The replay learnt the PENDING_MAX - 1 old ones; the swap the one new one taken.
+        assert_eq!(live.model("t").updates, PENDING_MAX as u64);
+        // The oldest, posted again: still pending, so not learnt a second time.
+        assert!(!live.learn_now(&cfg, "t", "d-old0", obs("old0", 1.0)));
+        assert_eq!(live.model("t").updates, PENDING_MAX as u64);
+        // Served anew from what is pending: the same outcomes, each once.
         live.install(&cfg, Rebuilt::default());
         assert_eq!(live.model("t").updates, PENDING_MAX as u64);
     }

@@ -36,6 +36,9 @@ pub struct RouterMetrics {
     pub snapshot_tenants_at_cell_limit: IntGauge,
     /// Arms dropped from a tenant's contextual model to stay within `--max-arms`.
     pub model_arms_evicted: IntCounter,
+    /// Feedback not learnt at once because its tenant's pending list was full (it counts
+    /// from the refresh that reads it stored).
+    pub model_learn_deferred: IntCounter,
     /// Seconds since the contextual model's last full rebuild was installed (or the start).
     pub model_age: Gauge,
     /// Rows learnt so far by the full rebuild under way (0 when none is).
@@ -127,6 +130,10 @@ impl RouterMetrics {
             model_arms_evicted: c(
                 "weft_router_model_arms_evicted_total",
                 "Arms dropped from a tenant's contextual model to stay within --max-arms (a full rebuild counts its own again).",
+            ),
+            model_learn_deferred: c(
+                "weft_router_model_learn_deferred_total",
+                "Feedback not learnt at once because its tenant's 100,000 pending outcomes were full (it counts from the refresh that reads it stored).",
             ),
             model_age: float(
                 &r,
@@ -225,6 +232,7 @@ mod tests {
             "weft_router_snapshot_cells 0",
             "weft_router_snapshot_tenants_at_cell_limit 0",
             "weft_router_model_arms_evicted_total 0",
+            "weft_router_model_learn_deferred_total 0",
             "weft_router_model_age_seconds",
             "weft_router_model_rebuild_rows 0",
             "weft_router_model_rebuild_resumed_total 0",

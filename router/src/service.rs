@@ -503,6 +503,7 @@ impl Service {
         m.snapshot_tenants_at_cell_limit
             .set(snap.tenants_at(self.cfg.max_cells) as i64);
         RouterMetrics::mirror(&m.model_arms_evicted, self.live.arms_evicted());
+        RouterMetrics::mirror(&m.model_learn_deferred, self.live.learn_deferred());
         let (hits, misses) = self.memo.stats();
         RouterMetrics::mirror(&m.memo_hits, hits);
         RouterMetrics::mirror(&m.memo_misses, misses);
