@@ -1162,10 +1162,19 @@ async fn an_unsigned_pruned_before_does_not_hide_a_deletion() {
         assert_eq!(r["pruned"], n, "{r}");
         assert!(r["problems"].as_array().unwrap().is_empty(), "{r}");
         assert!(r["pruned_before"].as_i64().unwrap() > 0, "{r}");
+        assert_eq!(r["pruned_before_signature"], "verified", "{r}");
     };
     let (code, r) = verify_with(&p, &ring, "default", &[]);
     assert_eq!(code, Some(0), "{r}");
     intact(&r);
+    // Without a keyring the value is used unchecked, and verify says so.
+    let out = audit(&p, &["verify", "--format", "json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["pruned"], n, "{r}");
+    assert_eq!(r["pruned_before_signature"], "not_checked", "{r}");
+    let out = audit(&p, &["verify"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("taken unchecked: pass --keyring"), "{text}");
     // Rows written on top by `hold` and `set` keep the signed value and its signature.
     assert!(audit(&p, &["retention", "hold", "--on"]).status.success());
     assert!(audit(&p, &["retention", "set", "--days", "2"])

@@ -369,6 +369,13 @@ async fn run_verify(store: &Store, a: VerifyArgs, copy_window: u64) -> anyhow::R
                 r.pruned,
                 r.problems.len()
             );
+            if r.pruned_before_signature == weft_audit::chain::PrunedSignature::NotChecked {
+                println!(
+                    "  note: facts missing from before {} count as pruned by retention, a value \
+                     taken unchecked: pass --keyring to trust only one the sealer signed",
+                    weft_schemas::time::micros_to_rfc3339(r.pruned_before)
+                );
+            }
             for (i, p) in r.problems.iter().enumerate() {
                 println!(
                     "  {}{:<19} {}/{}@{} {}",

@@ -44,7 +44,7 @@ mod verify;
 pub use seal::{seal, SealReport, Sealer};
 pub use unsealed::copy_window_secs;
 use unsealed::unsealed_problems;
-pub use verify::{verify, VerifyOptions, VerifyReport};
+pub use verify::{verify, PrunedSignature, VerifyOptions, VerifyReport};
 
 /// The link before the first row.
 pub const GENESIS: [u8; 32] = [0; 32];

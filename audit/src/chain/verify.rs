@@ -79,6 +79,24 @@ pub struct VerifyReport {
     /// `pruned_before_unsigned`).
     #[serde(default)]
     pub pruned_before: i64,
+    /// Whether the signature of the `pruned_before` used was checked: `verified` against the
+    /// keyring, or `not_checked` (no keyring given, so the recorded value was taken as it
+    /// is); `none` when no `pruned_before` was used.
+    #[serde(default)]
+    pub pruned_before_signature: PrunedSignature,
+}
+
+/// What a verify knows of the signature of the `pruned_before` it used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrunedSignature {
+    /// No `pruned_before` was used.
+    #[default]
+    None,
+    /// It verified under a key of the keyring.
+    Verified,
+    /// No keyring was given: the value was used unchecked.
+    NotChecked,
 }
 
 impl VerifyReport {
@@ -573,6 +591,11 @@ impl Run<'_> {
             return Ok(0);
         }
         rep.pruned_before = rep.pruned_before.max(used);
+        rep.pruned_before_signature = if self.keyring.is_some() {
+            PrunedSignature::Verified
+        } else {
+            PrunedSignature::NotChecked
+        };
         Ok(used)
     }
 
