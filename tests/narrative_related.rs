@@ -149,3 +149,51 @@ async fn a_member_cited_by_more_requests_than_a_read_follows_names_some_and_says
     );
     assert_eq!(ingest.terminate().code(), Some(0));
 }
+
+/// A narrative whose members link to each other more often than one links query returns
+/// (`INCOMING_AT_MOST`): an event of another request citing one of them is still found, and
+/// the read is not cut. The links into a narrative are asked without leaving its own out
+/// (cheaper); when they fill the query, the read asks again for the outside ones only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_between_members_do_not_hide_a_related_narrative() {
+    let p = Pipeline::new("it_related_inner");
+    let inner = query::INCOMING_AT_MOST as usize + 10;
+    let trace = |i: usize, request: &str| {
+        envelope(
+            "trace_event",
+            request,
+            json!({"event_id": format!("te-{i:05}"), "event_type": "capability_executed",
+                   "timestamp": "2026-03-08T06:00:09Z", "handle_id": "h-big"}),
+        )
+    };
+    let mut lines = vec![envelope(
+        "handle",
+        "req-big",
+        json!({"handle_id": "h-big", "capability_id": "org.test.cap",
+               "artifact_type": "application/json", "created_at": "2026-03-08T06:00:01Z"}),
+    )];
+    lines.extend((0..inner).map(|i| trace(i, "req-big")));
+    lines.push(trace(inner, "req-other"));
+    let file = p.path("events.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let ingest = p.ingest(None);
+    p.publish(&file);
+    let all = inner as u64 + 2;
+    p.wait_for_facts(all, Duration::from_secs(120)).await;
+    p.wait_for_count(
+        "SELECT count() FROM weft_narrative_nodes",
+        all,
+        Duration::from_secs(60),
+    )
+    .await;
+    let big = query::lookup(&p.store(), "default", "req-big")
+        .await
+        .unwrap()
+        .expect("req-big");
+    assert_eq!(big.members_total, inner as u64 + 1);
+    assert_eq!(
+        (big.related, big.related_cut),
+        (vec!["req-other".to_owned()], false)
+    );
+    assert_eq!(ingest.terminate().code(), Some(0));
+}
