@@ -12,6 +12,7 @@ mod common;
 
 use common::pipeline::Pipeline;
 use weft_consumers::decode::{decode, Fact, Record};
+use weft_consumers::narrative::filter::RebuildGate;
 use weft_consumers::narrative::projector::{ProjectBatch, Projector};
 use weft_consumers::narrative::shard::NarrativeShard;
 use weft_schemas::wire::SchemaIds;
@@ -162,7 +163,7 @@ async fn a_shards_killed_pass_is_its_own_whatever_the_other_shard_did_since() {
     );
     let max = weft_consumers::narrative::projector::DEFAULT_MAX_NODES;
     let (_tx, stop) = tokio::sync::watch::channel(false);
-    let load = |s| Projector::load_shard(store.clone(), max, s, &stop);
+    let load = |s| Projector::load_shard(store.clone(), max, s, &stop, RebuildGate::open());
     let b_pass = |n: &str| {
         let erd = ROUTING.replace("erd-1", &format!("erd-b{n}"));
         tenant_fact(&tb, erd_topic, &erd, Some(&format!("req-b{n}")))

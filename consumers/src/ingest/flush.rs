@@ -13,6 +13,7 @@ use super::retry::{unless_stopped, Backoff};
 use super::{now_micros, IngestConfig, Role};
 use crate::facts;
 use crate::metrics::IngestMetrics;
+use crate::narrative::filter::RebuildGate;
 use crate::narrative::projector::{LoadError, ProjectBatch, Projector};
 use crate::telemetry::{BatchRow, Sample, Telemetry};
 use weft_store::{insert_native_as, EventRow, FloorRow, Store, StoreError, INGEST_FLOOR};
@@ -190,8 +191,15 @@ impl Flusher {
                     loop {
                         self.backoff.pause(attempt).await?;
                         let stop = self.backoff.stop();
-                        match Projector::load_shard(self.store.clone(), max_nodes, shard, stop)
-                            .await
+                        let gate = RebuildGate::open();
+                        match Projector::load_shard(
+                            self.store.clone(),
+                            max_nodes,
+                            shard,
+                            stop,
+                            gate,
+                        )
+                        .await
                         {
                             Ok(fresh) => break *projector = fresh,
                             Err(LoadError::Stopped) => return Err(Stopped),

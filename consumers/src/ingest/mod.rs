@@ -42,6 +42,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::metrics::IngestMetrics;
+use crate::narrative::filter::RebuildGate;
 use crate::narrative::projector::{LoadError, Projector};
 use crate::telemetry::Telemetry;
 use batch::PartitionState;
@@ -246,6 +247,8 @@ impl Ingestor {
         let consumer: StreamConsumer<RebalanceWatch> =
             consumer_config.create_with_context(watch)?;
         let dlq = dead_letter::producer(&cfg)?;
+        // The id filters' rebuild waits until the partitions are loaded (`subscribe`).
+        let (open_filters, filters) = RebuildGate::shut();
         let projector = match cfg.role {
             Role::Facts => None,
             Role::All | Role::Narratives => Some(
@@ -255,6 +258,7 @@ impl Ingestor {
                         cfg.narrative_max_nodes,
                         cfg.narrative_shard,
                         &stop,
+                        filters.clone(),
                     )
                 })
                 .await?,
@@ -291,6 +295,7 @@ impl Ingestor {
             reported: Default::default(),
         };
         me.subscribe().await?;
+        open_filters.send_replace(true);
         Ok(me)
     }
 

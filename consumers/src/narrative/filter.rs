@@ -16,7 +16,8 @@
 //!   also have one — the lookups of what it links to.
 //!
 //! **Restart in seconds.** A rebuild runs in the background (about 0.6 s per million
-//! nodes): until it ends the filter answers "maybe" for every id, so a pass looks up all the
+//! nodes), from when `weft ingest` has loaded its partitions ([`RebuildGate`]): until it
+//! ends the filter answers "maybe" for every id, so a pass looks up all the
 //! ids it names — slower, never wrong — and the projector works from its first batch. The
 //! projector inserts the nodes it stores while the rebuild runs; both write the same
 //! lock-free filter, and the rebuild's read covers every node stored before it began.
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastbloom::AtomicBloomFilter;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, instrument, warn, Instrument};
 
@@ -95,6 +97,31 @@ impl IdSet {
     }
 }
 
+/// When a loaded projector's filters begin their rebuild. `weft ingest` keeps it shut until
+/// it has loaded its partitions' resume points and dedup windows: both read ClickHouse, and
+/// a restart is ready only once the partitions are, while the rebuild (every stored node's
+/// hash) kept ClickHouse's cores busy for seconds at 10M events.
+#[derive(Clone)]
+pub struct RebuildGate(watch::Receiver<bool>);
+
+impl RebuildGate {
+    /// Open: a rebuild starts at once.
+    pub fn open() -> Self {
+        Self(watch::channel(true).1)
+    }
+
+    /// Shut until its sender sends `true`, or is dropped.
+    pub fn shut() -> (watch::Sender<bool>, Self) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Self(rx))
+    }
+
+    async fn passed(mut self) {
+        // An error is a dropped sender: open as well.
+        let _ = self.0.wait_for(|open| *open).await;
+    }
+}
+
 /// A fixed-size filter of one [`IdSet`].
 pub struct IdFilter {
     bloom: Arc<AtomicBloomFilter>,
@@ -124,15 +151,23 @@ impl IdFilter {
     }
 
     /// The filter of `set` for the shard's tenants as stored so far, rebuilt in the
-    /// background: it answers "maybe" for every id until [`IdFilter::ready`]. A failed read
-    /// is retried (with a growing pause, up to 30 s) until it succeeds.
-    pub fn load(store: &Store, set: IdSet, expected_items: usize, shard: NarrativeShard) -> Self {
+    /// background once `gate` opens: it answers "maybe" for every id until
+    /// [`IdFilter::ready`]. A failed read is retried (with a growing pause, up to 30 s) until
+    /// it succeeds.
+    pub fn load(
+        store: &Store,
+        set: IdSet,
+        expected_items: usize,
+        shard: NarrativeShard,
+        gate: RebuildGate,
+    ) -> Self {
         let bloom = Arc::new(empty(expected_items));
         let ready = Arc::new(AtomicBool::new(false));
         let (b, r, store) = (bloom.clone(), ready.clone(), store.clone());
         let span = tracing::info_span!("narrative_id_filter", set = set.name(), %shard);
         let task = tokio::spawn(
             async move {
+                gate.passed().await;
                 let mut pause = FIRST_PAUSE;
                 loop {
                     let started = Instant::now();
@@ -256,7 +291,13 @@ mod tests {
             ..weft_store::ClickHouseConfig::default()
         })
         .unwrap();
-        let f = IdFilter::load(&store, IdSet::Seen, 1_000, NarrativeShard::WHOLE);
+        let f = IdFilter::load(
+            &store,
+            IdSet::Seen,
+            1_000,
+            NarrativeShard::WHOLE,
+            RebuildGate::open(),
+        );
         let k = NodeKey::event("t", Kind::Handle, "never-stored");
         assert!(!f.ready());
         assert!(f.may_contain(&k), "a loading filter cannot say no");

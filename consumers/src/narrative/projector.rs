@@ -18,7 +18,7 @@ use tracing::{info, instrument};
 use weft_schemas::links::{Link, NodeKind};
 
 use super::direct::direct_facts;
-use super::filter::{IdFilter, IdSet, DEFAULT_EXPECTED_ITEMS, DEFAULT_OPEN_ITEMS};
+use super::filter::{IdFilter, IdSet, RebuildGate, DEFAULT_EXPECTED_ITEMS, DEFAULT_OPEN_ITEMS};
 use super::graph::{takes_color, Graph, NodeIdx, NodeKey};
 use super::loader;
 use super::moves::move_rows;
@@ -150,20 +150,23 @@ impl Projector {
     pub async fn load(store: Store, max_nodes: usize) -> Result<Self, LoadError> {
         // Kept until the load returns: a stop signal whose sender is gone reads as a stop.
         let (_never, stop) = watch::channel(false);
-        Self::load_shard(store, max_nodes, NarrativeShard::WHOLE, &stop).await
+        let gate = RebuildGate::open();
+        Self::load_shard(store, max_nodes, NarrativeShard::WHOLE, &stop, gate).await
     }
 
     /// [`Projector::load`] for the tenants of one narrative shard: its own progress rows,
     /// and only its own tenants' rows restored and in the id filter. Another shard's passes,
     /// finished or killed, are none of its business (they write other tenants' rows, with
     /// versions from another clock). `Err(LoadError::Stopped)` once `stop` turns true while
-    /// it waits for an earlier process's inserts.
-    #[instrument(skip(store, stop), fields(shard = %shard))]
+    /// it waits for an earlier process's inserts. The id filters' rebuild waits for
+    /// `filters` to open.
+    #[instrument(skip(store, stop, filters), fields(shard = %shard))]
     pub async fn load_shard(
         store: Store,
         max_nodes: usize,
         shard: NarrativeShard,
         stop: &watch::Receiver<bool>,
+        filters: RebuildGate,
     ) -> Result<Self, LoadError> {
         check_columns::<NarrativeRow>(&store, "weft_narratives").await?;
         check_columns::<NodeRow>(&store, "weft_narrative_nodes").await?;
@@ -225,8 +228,14 @@ impl Projector {
             .into_iter()
             .map(|p| ((p.topic, p.partition as i32), p.offset))
             .collect();
-        let seen = IdFilter::load(&store, IdSet::Seen, DEFAULT_EXPECTED_ITEMS, shard);
-        let open = IdFilter::load(&store, IdSet::Open, DEFAULT_OPEN_ITEMS, shard);
+        let seen = IdFilter::load(
+            &store,
+            IdSet::Seen,
+            DEFAULT_EXPECTED_ITEMS,
+            shard,
+            filters.clone(),
+        );
+        let open = IdFilter::load(&store, IdSet::Open, DEFAULT_OPEN_ITEMS, shard, filters);
         info!(
             unfinished_pass = n_unfinished,
             %shard,
