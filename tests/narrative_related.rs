@@ -6,13 +6,31 @@ mod common;
 
 use std::time::Duration;
 
-use common::pipeline::{Membership, Pipeline};
+use common::pipeline::{Membership, Pipeline, Proc};
 use serde_json::json;
 use weft_store::narrative::query;
 
 fn envelope(kind: &str, request_id: &str, payload: serde_json::Value) -> String {
     json!({"kind": kind, "request_id": request_id, "tenant": "default", "payload": payload})
         .to_string()
+}
+
+/// Publish `lines` (one event each) and ingest them until every event's node row, which
+/// `related` reads, is stored; the running ingest.
+async fn ingest_all(p: &Pipeline, lines: &[String]) -> Proc {
+    let file = p.path("events.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let ingest = p.ingest(None);
+    p.publish(&file);
+    let all = lines.len() as u64;
+    p.wait_for_facts(all, Duration::from_secs(120)).await;
+    p.wait_for_count(
+        "SELECT count() FROM weft_narrative_nodes",
+        all,
+        Duration::from_secs(60),
+    )
+    .await;
+    ingest
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,18 +131,7 @@ async fn a_member_cited_by_more_requests_than_a_read_follows_names_some_and_says
                    "timestamp": "2026-03-08T06:00:09Z", "handle_id": "h-hub"}),
         )
     }));
-    let file = p.path("events.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let ingest = p.ingest(None);
-    p.publish(&file);
-    let all = citing as u64 + 1;
-    p.wait_for_facts(all, Duration::from_secs(120)).await;
-    p.wait_for_count(
-        "SELECT count() FROM weft_narrative_nodes",
-        all,
-        Duration::from_secs(60),
-    )
-    .await;
+    let ingest = ingest_all(&p, &lines).await;
 
     let store = p.store();
     for max in [u64::MAX, 1] {
@@ -174,18 +181,7 @@ async fn links_between_members_do_not_hide_a_related_narrative() {
     )];
     lines.extend((0..inner).map(|i| trace(i, "req-big")));
     lines.push(trace(inner, "req-other"));
-    let file = p.path("events.jsonl");
-    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    let ingest = p.ingest(None);
-    p.publish(&file);
-    let all = inner as u64 + 2;
-    p.wait_for_facts(all, Duration::from_secs(120)).await;
-    p.wait_for_count(
-        "SELECT count() FROM weft_narrative_nodes",
-        all,
-        Duration::from_secs(60),
-    )
-    .await;
+    let ingest = ingest_all(&p, &lines).await;
     let big = query::lookup(&p.store(), "default", "req-big")
         .await
         .unwrap()
