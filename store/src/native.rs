@@ -215,11 +215,31 @@ pub async fn insert_native_as<R: NativeRows>(
     if let Some(id) = query_id {
         ins = ins.with_setting("query_id", id);
     }
-    while !body.is_empty() {
-        let chunk = body.split_to(body.len().min(CHUNK));
-        ins.send(chunk).await.map_err(store.err())?;
+    // The body goes out from a task of its own: streamed from the caller's task, each chunk
+    // waited there for the caller to be polled again, and a caller that computes meanwhile
+    // (the flush runs the facts insert beside the narrative pass) held ClickHouse's insert
+    // back by that long. Dropping the caller still cancels the insert.
+    let mut send = AbortOnDrop(tokio::spawn(async move {
+        while !body.is_empty() {
+            let chunk = body.split_to(body.len().min(CHUNK));
+            ins.send(chunk).await?;
+        }
+        ins.end().await
+    }));
+    match (&mut send.0).await {
+        Ok(sent) => sent.map_err(store.err()),
+        // Only a panic: the task is aborted only when this future is dropped.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
-    ins.end().await.map_err(store.err())
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn put_varuint(buf: &mut BytesMut, mut v: u64) {

@@ -262,16 +262,7 @@ pub async fn lookup_at_most(
         Some(rows) if (rows.len() as u64) < INCOMING_AT_MOST => (rows, false),
         // As many as one query returns: links between members may have taken them all,
         // so the links from outside are asked again, those left out in ClickHouse.
-        Some(_) => {
-            let q = store.client().query(INCOMING_FROM_OUTSIDE);
-            let rows: Vec<InLink> = (q.param("t", tenant).param("n", &nid))
-                .param("max", INCOMING_AT_MOST)
-                .fetch_all()
-                .await
-                .map_err(store.err())?;
-            let cut = rows.len() as u64 >= INCOMING_AT_MOST;
-            (rows, cut)
-        }
+        Some(_) => incoming_from_outside(store, tenant, &nid).await?,
         None => incoming_by_ids(store, tenant, &member_set).await?,
     };
     outside.extend(linked_from_outside(incoming, &member_set));
@@ -431,6 +422,22 @@ fn id_lists<'a>(nodes: impl Iterator<Item = &'a (String, String)>) -> Vec<Vec<St
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// The links into a narrative from outside it, at most [`INCOMING_AT_MOST`]
+/// ([`INCOMING_FROM_OUTSIDE`]), and whether that many came back (more may be left).
+async fn incoming_from_outside(
+    store: &Store,
+    tenant: &str,
+    nid: &str,
+) -> Result<(Vec<InLink>, bool), StoreError> {
+    let q = (store.client().query(INCOMING_FROM_OUTSIDE))
+        .param("t", tenant)
+        .param("n", nid)
+        .param("max", INCOMING_AT_MOST);
+    let rows = q.fetch_all::<InLink>().await.map_err(store.err())?;
+    let cut = rows.len() as u64 >= INCOMING_AT_MOST;
+    Ok((rows, cut))
 }
 
 /// The links into the kept members of a bounded read from outside them, by their ids, until
