@@ -58,6 +58,7 @@ enum Command {
     Ingest(Box<cmd::ingest::IngestArgs>),
     Narrative(cmd::narrative::NarrativeArgs),
     Rebuild(cmd::rebuild::RebuildArgs),
+    Reshard(cmd::reshard::ReshardArgs),
     Router(Box<cmd::router::RouterArgs>),
     Eval(Box<cmd::eval::EvalArgs>),
     Audit(Box<cmd::audit::AuditArgs>),
@@ -133,6 +134,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Rebuild(a) => block_on(cmd::rebuild::run(a, settings()?)),
+        Command::Reshard(a) => block_on(cmd::reshard::run(a, settings()?)),
         Command::Router(a) => block_on(cmd::router::run(*a, settings()?)),
         // Exit 1 on failed checks (see `weft audit --help`).
         Command::Audit(a) => {

@@ -312,9 +312,25 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
         assert_eq!(proc.terminate().code(), Some(0));
     }
 
-    // Two shards become three by the documented procedure, and a second round of traffic
-    // (other seeds) is projected exactly by the three.
-    reshard(&p, &["0/2", "1/2"], 3).await;
+    // Two shards become three with `weft reshard` (a dry run first changes nothing), and a
+    // second round of traffic (other seeds) is projected exactly by the three.
+    let reshard = |args: &[&str]| {
+        let out = p.weft().arg("reshard").args(args).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        check(out, "weft reshard");
+        said
+    };
+    let said = reshard(&["--narrative-shards", "3", "--dry-run"]);
+    assert!(
+        said.contains("would move narrative progress from shards 0/2, 1/2 to 0/3, 1/3, 2/3"),
+        "{said}"
+    );
+    assert_eq!(p.progress_shards().await, ["0/2", "1/2"]);
+    let said = reshard(&["--narrative-shards", "3"]);
+    assert!(said.contains("moved narrative progress"), "{said}");
+    assert_eq!(p.progress_shards().await, ["0/3", "1/3", "2/3"]);
+    let said = reshard(&["--narrative-shards", "3"]);
+    assert!(said.contains("nothing to move"), "{said}");
     let plan2: Vec<(&String, u64)> = plan.iter().map(|(t, seed)| (*t, seed + 10)).collect();
     let (want2, main2, late2) = round(&p, 2, &plan2);
     let facts = p.ingest_args(None, &[], &["--role", "facts", "--batch-max-rows", "50"]);
@@ -359,31 +375,6 @@ async fn fault_two_narrative_shards_one_killed_and_restarted_give_the_one_proces
         "{total2} events, 4 tenants, 2 shards (one killed and restarted), then 3: exact in {:.0}s",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// docs/NARRATIVES.md, "Several processes", changing N: with every narrative process
-/// stopped, each new shard starts from the old shards' lowest offset and version per
-/// partition, then the old rows go.
-async fn reshard(p: &Pipeline, old: &[&str], to: u32) {
-    let labels = old
-        .iter()
-        .map(|l| format!("'{l}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    for j in 0..to {
-        let sql = format!(
-            "INSERT INTO weft_projector_progress (topic, partition, offset, version, shard) \
-             SELECT topic, partition, min(o), min(v), '{j}/{to}' FROM ( \
-                 SELECT topic, partition, shard, argMax(offset, version) AS o, max(version) AS v \
-                 FROM weft_projector_progress WHERE shard IN ({labels}) \
-                 GROUP BY topic, partition, shard) \
-             GROUP BY topic, partition HAVING count() = {}",
-            old.len()
-        );
-        p.client().query(&sql).execute().await.unwrap();
-    }
-    let sql = format!("DELETE FROM weft_projector_progress WHERE shard IN ({labels})");
-    p.client().query(&sql).execute().await.unwrap();
 }
 
 /// A shard that cannot be, or a role that cannot be sharded, stops `weft ingest` at once

@@ -9,6 +9,7 @@ pub mod migrate;
 pub mod narrative;
 pub mod publish;
 pub mod rebuild;
+pub mod reshard;
 pub mod router;
 pub mod simulate;
 pub mod validate;

@@ -8,4 +8,5 @@ pub mod loader;
 mod moves;
 pub mod projector;
 pub mod rebuild;
+pub mod reshard;
 pub mod shard;

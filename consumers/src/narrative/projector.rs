@@ -28,7 +28,7 @@ use weft_store::narrative::{LinkRow, NarrativeRow, NodeRow, ProgressRow};
 use weft_store::{check_columns, insert, insert_native, Fact, Stopped, Store, StoreError};
 
 /// The tables the projector writes, and only it.
-const NARRATIVE_TABLES: &[&str] = &[
+pub(super) const NARRATIVE_TABLES: &[&str] = &[
     "weft_narratives",
     "weft_narrative_nodes",
     "weft_links",
