@@ -8,6 +8,9 @@
 //! every event exactly once. On a broker that serves offset 8 itself (Kafka, Redpanda, tansu's
 //! sqlite engine) nothing is sought, and the same must hold.
 //!
+//! The same inside the log's last batch, with nothing produced after it, where no later record
+//! shows the jump (`resume_inside_the_last_batch`).
+//!
 //! Both ways of resuming: `--role all` (the resume point read from ClickHouse) and
 //! `--role facts` (the group's committed offset), each after a `--role all` first run.
 //!
@@ -244,6 +247,72 @@ async fn a_facts_member_resuming_inside_a_record_batch_stores_every_event_once()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_whose_projection_lags_its_facts_reads_each_record_once() {
     resume_inside_a_batch("it_mid_batch_lag", "all", Left::ProjectionBehind).await;
+}
+
+/// The resume point inside the log's *last* batch, with nothing produced after it: tansu's
+/// memory engine answers a fetch at offset 8 of the batch 0..9 with nothing (there is no next
+/// batch to answer from), so no later record comes to show the jump, and ingest used to wait
+/// for one forever (4 and 8 events of a partition's tail missing in `ingest_scale_out` on the
+/// memory log). A partition quiet for `resume::QUIET` after its position was set is sought
+/// back; 8 and 9 are stored. On a broker that serves offset 8 itself nothing is sought.
+async fn resume_inside_the_last_batch(tag: &str, role: &str) {
+    let p = Pipeline::new(tag);
+    let topic = format!("{}trace_events", p.prefix);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args = ["--batch-max-rows", "4", "--flush-interval-ms", "3600000"];
+    let first = p.ingest_args(Some(&addr), &[], &args);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    wait_for_topic(&topic);
+    send_batch(&topic, "a", 0..10).await;
+    p.wait_for_facts(8, Duration::from_secs(120)).await;
+    wait_until_projected(&p, &topic, 7).await;
+    if role == "facts" {
+        // A facts member resumes at the group's committed offset (committed each second).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while committed(&p.db, &topic) != Some(8) {
+            assert!(Instant::now() < deadline, "offset 8 never committed");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    first.sigkill();
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 8);
+    let (_, high) = watermarks(&topic);
+    eprintln!("the log of offsets 0..9, one batch, reports a high watermark of {high}");
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _second = p.ingest_args(Some(&addr), &[], &["--role", role]);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    p.wait_for_facts(10, Duration::from_secs(60)).await;
+    let q = "SELECT uniqExact(offset) FROM weft_events WHERE offset < 10";
+    assert_eq!(p.scalar(q).await, 10, "an offset missing or stored twice");
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 10);
+    let log = p.ingest_log_all();
+    let sought = log.contains("no record came from the expected offset");
+    if high < 10 {
+        assert!(
+            sought,
+            "the tail came without a seek back on this broker: {log}"
+        );
+    } else {
+        assert!(
+            !sought,
+            "a seek back on a broker that serves offset 8: {log}"
+        );
+    }
+    assert!(!log.contains("the broker skipped offsets"), "{log}");
+}
+
+/// `--role all` resumes at offset 8 of the log's last batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_inside_the_last_record_batch_stores_its_tail() {
+    resume_inside_the_last_batch("it_mid_last_batch_all", "all").await;
+}
+
+/// `--role facts` resumes at the group's committed offset, 8, in the log's last batch: the
+/// partition delivers no record at all, and a group member loads a partition on its first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_facts_member_resuming_inside_the_last_record_batch_stores_its_tail() {
+    resume_inside_the_last_batch("it_mid_last_batch_facts", "facts").await;
 }
 
 /// The low and high watermarks of partition 0 of `topic`.

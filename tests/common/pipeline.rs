@@ -183,7 +183,11 @@ impl Pipeline {
                     .filter(|_| !args.contains(&"--group")),
             )
             .args(args)
-            .env("RUST_LOG", "info")
+            // `WEFT_TEST_RUST_LOG=info,weft_consumers::ingest=debug`, say, when a test fails.
+            .env(
+                "RUST_LOG",
+                std::env::var("WEFT_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)

@@ -35,6 +35,9 @@ pub(super) struct PartitionState {
     pub(super) fresh: bool,
     /// The seek back in progress, if any ([`super::resume`]).
     pub(super) seek_back: Option<SeekBack>,
+    /// Since when the partition's position was set, or last sought back, while no record has
+    /// been taken since: a partition quiet for too long is looked at ([`super::resume::quiet`]).
+    pub(super) quiet_since: Option<Instant>,
     /// Where the unbroken run of records taken since the position was set begins: every
     /// offset from it up to `expected - 1` was taken by this process, so one of them
     /// delivered again is a copy, not a rewound log.
@@ -364,6 +367,7 @@ pub(super) mod tests {
             expected: None,
             fresh: false,
             seek_back: None,
+            quiet_since: None,
             run_from: None,
             oldest: Some(Instant::now()),
             consumed: prometheus::IntCounter::new("t", "t").expect("a valid counter"),

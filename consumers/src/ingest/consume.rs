@@ -277,6 +277,7 @@ impl Ingestor {
             .find_partition(topic, partition)
             .and_then(|e| e.offset().to_raw())
             .filter(|o| *o >= 0);
+        debug!(topic, partition, stored, ?committed, "group resume point");
         Ok(committed.map_or(stored + 1, |c| c.max(stored + 1)))
     }
 
@@ -339,6 +340,7 @@ impl Ingestor {
             expected: None,
             fresh: true,
             seek_back: None,
+            quiet_since: Some(Instant::now()),
             run_from: None,
             oldest: None,
             consumed: self.metrics.consumed.with_label_values(&[topic]),
@@ -371,6 +373,7 @@ impl Ingestor {
         }
         if self.cfg.role == Role::Facts && !assigned.is_empty() {
             self.wait_for_previous_owners(&assigned).await?;
+            self.unloaded_since = Some(Instant::now());
         }
         for st in self.parts.values_mut() {
             let stored = retry_store(&self.backoff, &self.metrics, "read progress", || {
@@ -382,10 +385,14 @@ impl Ingestor {
                 st.facts.retain(|(o, _)| *o > stored);
                 st.dead.retain(|d| d.offset > stored);
             }
+            debug!(topic = %st.topic, partition = st.partition, stored = st.stored,
+                last_offset = st.last_offset, buffered = st.facts.len(), expected = ?st.expected,
+                "kept partition");
             // The group refetches a kept partition from its committed offset: its first
             // record may again be the broker's answer from the next batch.
             st.fresh = true;
             st.seek_back = None;
+            st.quiet_since = Some(Instant::now());
             st.run_from = None;
             st.expected = st.expected.map(|e| e.max(st.stored + 1));
         }
@@ -518,6 +525,84 @@ impl Ingestor {
         }
     }
 
+    /// Partitions whose position was set, or sought back, and that have delivered nothing
+    /// for [`resume::QUIET`] (in the facts role, also those of the group's assignment that
+    /// have delivered nothing at all): sought back when records wait below their high
+    /// watermark or past it ([`resume::quiet`]: tansu's memory engine answers a fetch inside a log's last
+    /// batch with nothing, until more records arrive), else left alone until their position
+    /// is set again. Watermarks are asked once per quiet period and partition.
+    pub(super) async fn nudge_quiet_partitions(&mut self) -> Result<(), IngestError> {
+        // A group member loads a partition on its first record: one whose fetch lands inside
+        // its log's last batch would never have one. Loaded now, it is looked at once quiet.
+        if self
+            .unloaded_since
+            .is_some_and(|t| t.elapsed() >= resume::QUIET)
+        {
+            self.unloaded_since = None;
+            let idle: Vec<(String, i32)> = self
+                .consumer
+                .assignment()?
+                .elements()
+                .iter()
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .filter(|k| !self.parts.contains_key(k))
+                .collect();
+            for (topic, partition) in idle {
+                self.partition_state(&topic, partition).await?;
+            }
+        }
+        let quiet: Vec<(String, i32)> = self
+            .parts
+            .iter()
+            .filter(|(_, st)| st.quiet_since.is_some_and(|t| t.elapsed() >= resume::QUIET))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in quiet {
+            let (topic, partition) = (key.0.as_str(), key.1);
+            let consumer = &self.consumer;
+            let (low, high) = retry_kafka("read a partition's watermarks", &self.backoff, || {
+                consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
+            })
+            .await?;
+            let Some(st) = self.parts.get_mut(&key) else {
+                continue;
+            };
+            let seek = st.expected.and_then(|expected| {
+                Some((expected, resume::quiet(expected, st.seek_back, low, high)?))
+            });
+            st.quiet_since = None;
+            let Some((expected, s)) = seek else {
+                continue;
+            };
+            match self.consumer.seek(
+                topic,
+                partition,
+                Offset::Offset(s.target),
+                Duration::from_secs(10),
+            ) {
+                Ok(()) => {
+                    self.metrics.seek_backs.with_label_values(&[topic]).inc();
+                    info!(
+                        topic,
+                        partition,
+                        expected,
+                        seek_to = s.target,
+                        low,
+                        high,
+                        "no record came from the expected offset; seeking back for it"
+                    );
+                    st.seek_back = Some(s);
+                    st.quiet_since = Some(Instant::now());
+                }
+                Err(e) => {
+                    warn!(topic, partition, expected, error = %e,
+                        "cannot seek back on a partition that delivers nothing; waiting for its next record");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The first records of a partition whose position was just set, and those of a seek
     /// back in progress ([`super::resume`]): whether the record is taken, dropped, or dropped
     /// for a seek back (done here), or taken as a real gap. Reads the low watermark only for
@@ -588,10 +673,16 @@ impl Ingestor {
                 Verdict::Take | Verdict::Gap => {
                     st.fresh = false;
                     st.seek_back = None;
+                    st.quiet_since = None;
                 }
-                Verdict::Discard => return Ok(false),
+                // Records flow again: what follows decides (a log read to its end stops here).
+                Verdict::Discard => {
+                    st.quiet_since = None;
+                    return Ok(false);
+                }
                 Verdict::Seek(s) => {
                     st.seek_back = Some(s);
+                    st.quiet_since = Some(Instant::now());
                     return Ok(false);
                 }
             }

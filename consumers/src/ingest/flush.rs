@@ -118,6 +118,8 @@ impl Flusher {
         }
         // 5. Let rdkafka commit the next offsets.
         for p in parts.iter() {
+            debug!(topic = %p.topic, partition = p.partition, last_offset = p.last_offset,
+                facts = p.facts.len(), "flushed; offset stored for commit");
             if let Err(e) = self
                 .consumer
                 .store_offset(&p.topic, p.partition, p.last_offset)

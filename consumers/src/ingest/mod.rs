@@ -162,6 +162,10 @@ pub struct Ingestor {
     /// ([`align`]); `None` reads the consumer's own queue.
     lanes: Option<align::Lanes>,
     rebalanced: Arc<std::sync::atomic::AtomicBool>,
+    /// In the facts role, since when the group's last assignment holds partitions that have
+    /// delivered no record yet (their state is loaded on the first one): looked at once
+    /// quiet ([`Ingestor::nudge_quiet_partitions`]).
+    unloaded_since: Option<std::time::Instant>,
     metrics: Arc<IngestMetrics>,
     /// What flushes need besides the records: idle here, or inside the flush in flight.
     flusher: FlusherSlot,
@@ -283,6 +287,7 @@ impl Ingestor {
             consumer,
             lanes: None,
             rebalanced,
+            unloaded_since: None,
             metrics,
             flusher: FlusherSlot::Idle(Box::new(flusher)),
             parts: BTreeMap::new(),
@@ -433,6 +438,7 @@ impl Ingestor {
                 }
                 _ = tick.tick() => {
                     self.after_rebalance().await?;
+                    self.nudge_quiet_partitions().await?;
                     // A flush that landed while the stream went quiet: take its resume points
                     // now, not at the next flush, so lag and totals do not wait for traffic.
                     let landed = matches!(&self.flusher, FlusherSlot::Busy(t) if t.is_finished());

@@ -18,6 +18,11 @@
 //! normally from the expected offset. Once it has sought back to the low watermark and still
 //! gets a record past the expected offset, the gap is real (counted, and taken as before).
 //!
+//! A fetch inside the log's *last* batch gets nothing at all from that engine, so no record
+//! past the expected one comes to trigger the seek: a partition that has delivered nothing
+//! for [`QUIET`] after its position was set is sought back the same way ([`quiet`]), unless
+//! its expected offset is its high watermark (the end of a log read to its end).
+//!
 //! On Kafka and Redpanda this never triggers: the first record is the expected one. A record
 //! fetched before a seek and served after it (librdkafka drops those by version, so this is a
 //! guard only) is past the record that caused the seek; it is dropped, not taken for an
@@ -26,6 +31,10 @@
 
 /// By how much each further seek back reaches (the first reaches back one offset).
 pub(super) const STEP_GROWTH: i64 = 64;
+
+/// How long a partition whose position was just set may deliver nothing before [`quiet`]
+/// looks at it.
+pub(super) const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A seek back in progress on one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +103,36 @@ pub(super) fn past(expected: i64, offset: i64, pending: Option<SeekBack>, low: i
     })
 }
 
+/// A partition whose position was set (or sought back) and that has delivered nothing for
+/// [`QUIET`], with its watermarks `low` and `high`: seek back as [`past`] would, or `None`
+/// when there is nothing to ask for. A fetch that starts inside the log's *last* batch gets
+/// nothing from tansu's memory engine (there is no next batch to answer from), and no later
+/// record comes to trigger [`past`]; that engine also reports the last batch's first offset
+/// as the high watermark, below the expected offset. At the log's end (`expected == high`,
+/// Kafka's answer for a partition read to its end) there is nothing to fetch, and records
+/// below the low watermark are gone. The seek has no record past the expected one behind
+/// it (`seen` is the largest offset), so one that comes after it escalates as [`past`] does.
+pub(super) fn quiet(
+    expected: i64,
+    pending: Option<SeekBack>,
+    low: i64,
+    high: i64,
+) -> Option<SeekBack> {
+    if expected == high || expected <= low {
+        return None;
+    }
+    let step = match pending {
+        Some(p) if p.target <= low => return None,
+        Some(p) => p.step.saturating_mul(STEP_GROWTH),
+        None => 1,
+    };
+    Some(SeekBack {
+        target: expected.saturating_sub(step).max(low),
+        step,
+        seen: i64::MAX,
+    })
+}
+
 /// Where a record stands in its partition once the partition's position is settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Order {
@@ -132,7 +171,7 @@ pub(super) fn run_start(run_from: Option<i64>, offset: i64, order: Order) -> Opt
 
 #[cfg(test)]
 mod tests {
-    use super::{judge, order, past, run_start, Order, SeekBack, Verdict};
+    use super::{judge, order, past, quiet, run_start, Order, SeekBack, Verdict};
 
     /// A record below the expected one is a copy only inside the run taken since the position
     /// was set; below the run (or with no run yet) it is a step back.
@@ -203,6 +242,37 @@ mod tests {
             targets,
             [999_999, 999_936, 995_904, 737_856, 100],
             "1, 64, 4096, 262144, then the low watermark"
+        );
+    }
+
+    /// tansu's memory engine: expecting 490 with the last batch 480..497, whose first offset
+    /// it reports as the high watermark, a fetch at 490 gets nothing. The quiet partition is
+    /// sought back, further each quiet period, until a fetch starts at or before 480; what
+    /// comes then is dropped up to 489 and taken from 490. At the log's end (Kafka's high
+    /// watermark) or at the low watermark there is nothing to ask for.
+    #[test]
+    fn a_quiet_partition_inside_the_last_batch_is_sought_back() {
+        let first = quiet(490, None, 0, 480).expect("a seek");
+        assert_eq!((first.target, first.step), (489, 1));
+        let second = quiet(490, Some(first), 0, 480).expect("a further seek");
+        assert_eq!((second.target, second.step), (426, 64));
+        for o in 480..490 {
+            assert_eq!(verdict(490, o, Some(second), 0), Verdict::Discard);
+        }
+        assert_eq!(verdict(490, 490, Some(second), 0), Verdict::Take);
+        // Answered from a later batch after a quiet seek: escalates, not dropped.
+        assert_eq!(verdict(490, 498, Some(first), 0), seek(426, 64, 498));
+        assert_eq!(quiet(490, None, 0, 490), None, "at the log's end");
+        assert_eq!(quiet(0, None, 0, 480), None, "at the low watermark");
+        let at_low = SeekBack {
+            target: 0,
+            step: 4096,
+            seen: i64::MAX,
+        };
+        assert_eq!(
+            quiet(490, Some(at_low), 0, 480),
+            None,
+            "sought back to the low watermark"
         );
     }
 
