@@ -119,9 +119,9 @@ enum Left {
     ProjectionBehind,
 }
 
-async fn resume_inside_a_batch(tag: &str, role: &str, left: Left) {
-    let p = Pipeline::new(tag);
-    let topic = format!("{}trace_events", p.prefix);
+/// The first run: a batch 0..9, of which ingest stores and projects 0..7 (and, for a
+/// `--role facts` second run, commits offset 8), then dies by SIGKILL holding 8 and 9.
+async fn first_run_stops_at_8(p: &Pipeline, topic: &str, role: &str) {
     let addr = format!("127.0.0.1:{}", free_port());
     // A batch is flushed when it holds 4 records, never by time. `--role all` (it assigns
     // partitions itself, so a SIGKILL leaves no group member behind, which tansu 0.6 would
@@ -129,26 +129,32 @@ async fn resume_inside_a_batch(tag: &str, role: &str, left: Left) {
     let args = ["--batch-max-rows", "4", "--flush-interval-ms", "3600000"];
     let first = p.ingest_args(Some(&addr), &[], &args);
     assert!(wait_for_port(&addr, Duration::from_secs(60)));
-    wait_for_topic(&topic);
-    send_batch(&topic, "a", 0..10).await;
+    wait_for_topic(topic);
+    send_batch(topic, "a", 0..10).await;
     p.wait_for_facts(8, Duration::from_secs(120)).await;
     // The facts of 4..7 may land before their narrative pass does (they run concurrently):
     // killed in between, `--role all` would resume at 4, not 8.
-    wait_until_projected(&p, &topic, 7).await;
+    wait_until_projected(p, topic, 7).await;
     if role == "facts" {
         // A facts member resumes at the group's committed offset (committed each second).
         let deadline = Instant::now() + Duration::from_secs(30);
-        while committed(&p.db, &topic) != Some(8) {
+        while committed(&p.db, topic) != Some(8) {
             assert!(Instant::now() < deadline, "offset 8 never committed");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    first.sigkill();
+}
+
+async fn resume_inside_a_batch(tag: &str, role: &str, left: Left) {
+    let p = Pipeline::new(tag);
+    let topic = format!("{}trace_events", p.prefix);
+    first_run_stops_at_8(&p, &topic, role).await;
     assert_eq!(
         p.scalar("SELECT max(offset) + 1 FROM weft_events").await,
         8,
         "the resume point is offset 8, inside the first batch (0..9)"
     );
-    first.sigkill();
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 8);
     assert_eq!(projected(&p, &topic).await, 7);
     // Where `--role all` resumes: after the lower of the last stored and projected offsets.
@@ -258,23 +264,7 @@ async fn a_restart_whose_projection_lags_its_facts_reads_each_record_once() {
 async fn resume_inside_the_last_batch(tag: &str, role: &str) {
     let p = Pipeline::new(tag);
     let topic = format!("{}trace_events", p.prefix);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let args = ["--batch-max-rows", "4", "--flush-interval-ms", "3600000"];
-    let first = p.ingest_args(Some(&addr), &[], &args);
-    assert!(wait_for_port(&addr, Duration::from_secs(60)));
-    wait_for_topic(&topic);
-    send_batch(&topic, "a", 0..10).await;
-    p.wait_for_facts(8, Duration::from_secs(120)).await;
-    wait_until_projected(&p, &topic, 7).await;
-    if role == "facts" {
-        // A facts member resumes at the group's committed offset (committed each second).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while committed(&p.db, &topic) != Some(8) {
-            assert!(Instant::now() < deadline, "offset 8 never committed");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    first.sigkill();
+    first_run_stops_at_8(&p, &topic, role).await;
     assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 8);
     let (_, high) = watermarks(&topic);
     eprintln!("the log of offsets 0..9, one batch, reports a high watermark of {high}");

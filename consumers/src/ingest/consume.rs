@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
@@ -20,6 +21,7 @@ use super::retry::backoff;
 use super::{retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role};
 use crate::decode::{self, Fact, Record};
 use crate::facts::{self, DedupCache};
+use crate::metrics::IngestMetrics;
 
 /// Notes group rebalances. A partition this process loses may be advanced by another
 /// process before it comes back, so every cached resume point must be dropped and reread
@@ -559,11 +561,7 @@ impl Ingestor {
             .collect();
         for key in quiet {
             let (topic, partition) = (key.0.as_str(), key.1);
-            let consumer = &self.consumer;
-            let (low, high) = retry_kafka("read a partition's watermarks", &self.backoff, || {
-                consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
-            })
-            .await?;
+            let (low, high) = self.watermarks(topic, partition).await?;
             let Some(st) = self.parts.get_mut(&key) else {
                 continue;
             };
@@ -574,14 +572,8 @@ impl Ingestor {
             let Some((expected, s)) = seek else {
                 continue;
             };
-            match self.consumer.seek(
-                topic,
-                partition,
-                Offset::Offset(s.target),
-                Duration::from_secs(10),
-            ) {
+            match seek_back(&self.consumer, &self.metrics, topic, partition, s.target) {
                 Ok(()) => {
-                    self.metrics.seek_backs.with_label_values(&[topic]).inc();
                     info!(
                         topic,
                         partition,
@@ -603,6 +595,15 @@ impl Ingestor {
         Ok(())
     }
 
+    /// A partition's low and high watermarks, asked until Kafka answers.
+    async fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), IngestError> {
+        let consumer = &self.consumer;
+        retry_kafka("read a partition's watermarks", &self.backoff, || {
+            consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
+        })
+        .await
+    }
+
     /// The first records of a partition whose position was just set, and those of a seek
     /// back in progress ([`super::resume`]): whether the record is taken, dropped, or dropped
     /// for a seek back (done here), or taken as a real gap. Reads the low watermark only for
@@ -620,23 +621,13 @@ impl Ingestor {
             return Ok(v);
         }
         let (topic, partition) = (rec.topic.as_str(), rec.partition);
-        let consumer = &self.consumer;
-        let (low, _) = retry_kafka("read a partition's low watermark", &self.backoff, || {
-            consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
-        })
-        .await?;
+        let (low, _) = self.watermarks(topic, partition).await?;
         let verdict = resume::past(expected, rec.offset, pending, low);
         let Verdict::Seek(s) = verdict else {
             return Ok(verdict);
         };
-        match consumer.seek(
-            topic,
-            partition,
-            Offset::Offset(s.target),
-            Duration::from_secs(10),
-        ) {
+        match seek_back(&self.consumer, &self.metrics, topic, partition, s.target) {
             Ok(()) => {
-                self.metrics.seek_backs.with_label_values(&[topic]).inc();
                 info!(topic, partition, expected, got = rec.offset, seek_to = s.target, low,
                     "the broker answered from a later record batch; seeking back for the records in between");
                 Ok(verdict)
@@ -758,6 +749,25 @@ impl Ingestor {
         self.buffered = (rows, bytes);
         Ok(rows >= max_rows || bytes >= max_bytes)
     }
+}
+
+/// Seek a partition back to `target` for the records a broker passed over
+/// ([`super::resume`]), counted in `weft_ingest_seek_backs_total`.
+fn seek_back(
+    consumer: &StreamConsumer<RebalanceWatch>,
+    metrics: &IngestMetrics,
+    topic: &str,
+    partition: i32,
+    target: i64,
+) -> KafkaResult<()> {
+    consumer.seek(
+        topic,
+        partition,
+        Offset::Offset(target),
+        Duration::from_secs(10),
+    )?;
+    metrics.seek_backs.with_label_values(&[topic]).inc();
+    Ok(())
 }
 
 /// A fact's bytes for the batch's byte budget: its payload, and what its headers brought
