@@ -37,7 +37,7 @@ use rdkafka::consumer::StreamConsumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 
-use super::consume::RebalanceWatch;
+use super::rebalance::RebalanceWatch;
 
 type Queue = StreamPartitionQueue<RebalanceWatch>;
 

@@ -1,49 +1,24 @@
 //! The consume loop's side: assignment, rebalances, decoding and buffering records.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::error::KafkaResult;
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use super::align::Lanes;
-use super::batch::{nothing_waits, PartitionState};
+use super::batch::PartitionState;
 use super::dead_letter::DeadLetter;
 use super::flush::FlusherSlot;
 use super::headers;
 use super::log_end;
-use super::resume::{self, Order, SeekBack, Verdict};
+use super::resume::{self, Order, Verdict};
 use super::retry::backoff;
-use super::{retry_kafka, retry_store, wait_for_earlier_inserts, IngestError, Ingestor, Role};
+use super::{retry_kafka, retry_store, IngestError, Ingestor, Role};
 use crate::decode::{self, Fact, Record};
 use crate::facts::{self, DedupCache};
-use crate::metrics::IngestMetrics;
-
-/// Notes group rebalances. A partition this process loses may be advanced by another
-/// process before it comes back, so every cached resume point must be dropped and reread
-/// from ClickHouse; the loop does that when the flag is set (buffered records of revoked
-/// partitions are uncommitted, so dropping them loses nothing).
-#[derive(Default)]
-pub(super) struct RebalanceWatch(pub(super) Arc<std::sync::atomic::AtomicBool>);
-
-impl rdkafka::ClientContext for RebalanceWatch {}
-
-impl rdkafka::consumer::ConsumerContext for RebalanceWatch {
-    fn pre_rebalance(
-        &self,
-        _: &rdkafka::consumer::BaseConsumer<Self>,
-        r: &rdkafka::consumer::Rebalance<'_>,
-    ) {
-        if let rdkafka::consumer::Rebalance::Revoke(tpl) = r {
-            info!(partitions = tpl.count(), "partitions revoked");
-        }
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
 
 /// A consumed record, decoded, and owned so the consumer can be polled again while it is
 /// buffered.
@@ -349,94 +324,6 @@ impl Ingestor {
         })
     }
 
-    /// After a group rebalance: forget the partitions this process lost (their new owner
-    /// rereads them from the committed offset, which never passes what is stored), and
-    /// reread the resume point of those it kept, dropping buffered records that another
-    /// owner stored meanwhile. Buffers of kept partitions stay: their records may not be
-    /// fetched again.
-    pub(super) async fn after_rebalance(&mut self) -> Result<(), IngestError> {
-        if !self
-            .rebalanced
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
-        {
-            return Ok(());
-        }
-        let assigned: std::collections::HashSet<(String, i32)> = self
-            .consumer
-            .assignment()?
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_owned(), e.partition()))
-            .collect();
-        self.parts.retain(|k, _| assigned.contains(k));
-        // The lag monitor reports only the partitions this process reads.
-        if let Ok(mut pos) = self.positions.lock() {
-            pos.retain(|k, _| assigned.contains(k));
-        }
-        if self.cfg.role == Role::Facts && !assigned.is_empty() {
-            self.wait_for_previous_owners(&assigned).await?;
-            self.unloaded_since = Some(Instant::now());
-        }
-        for st in self.parts.values_mut() {
-            let stored = retry_store(&self.backoff, &self.metrics, "read progress", || {
-                facts::stored_max_offset(&self.store, &st.topic, st.partition)
-            })
-            .await?;
-            if stored > st.stored {
-                st.stored = stored;
-                st.facts.retain(|(o, _)| *o > stored);
-                st.dead.retain(|d| d.offset > stored);
-            }
-            debug!(topic = %st.topic, partition = st.partition, stored = st.stored,
-                last_offset = st.last_offset, buffered = st.facts.len(), expected = ?st.expected,
-                "kept partition");
-            // The group refetches a kept partition from its committed offset: its first
-            // record may again be the broker's answer from the next batch.
-            st.fresh = true;
-            st.seek_back = None;
-            st.quiet_since = Some(Instant::now());
-            st.run_from = None;
-            st.expected = st.expected.map(|e| e.max(st.stored + 1));
-        }
-        self.buffered = self.parts.values().fold((0, 0), |(r, b), p| {
-            (r + p.facts.len() + p.dead.len(), b + p.bytes)
-        });
-        // The records that waited may all have gone with the revoked partitions (or been
-        // stored by another owner): nothing waits now, so nothing can be stalled.
-        if nothing_waits(self.buffered, &self.flusher) {
-            self.metrics.health.progressed(false);
-        }
-        info!(partitions = assigned.len(), "rebalanced");
-        Ok(())
-    }
-
-    /// In the facts role, before the resume points of an assignment are read: wait until the
-    /// facts inserts running now have finished. A partition's previous owner may have been
-    /// killed (or may have left) with its insert still running; read before it lands, the
-    /// stored offset would send its rows again. Inserts starting later are not waited for
-    /// (no previous owner starts one). None of them is this process's own: in this role a
-    /// flush (a failed attempt's insert included) is settled before the loop reads another
-    /// record, so the loop never waits on work it drives. Not given up on (a warning every
-    /// 60 s); a stop ends it.
-    async fn wait_for_previous_owners(
-        &self,
-        assigned: &std::collections::HashSet<(String, i32)>,
-    ) -> Result<(), IngestError> {
-        let new = assigned
-            .iter()
-            .filter(|k| !self.parts.contains_key(*k))
-            .count();
-        let started = Instant::now();
-        wait_for_earlier_inserts(&self.backoff, &self.metrics, &self.store).await?;
-        info!(
-            partitions = assigned.len(),
-            new,
-            waited_ms = started.elapsed().as_millis() as u64,
-            "waited for the facts inserts running at the rebalance"
-        );
-        Ok(())
-    }
-
     /// Decode a record while it is still borrowed from librdkafka: a valid one is copied
     /// once, into its fact; only a rejected one is copied whole, for the dead-letter topic.
     pub(super) fn decode_record(&self, m: &BorrowedMessage<'_>) -> DecodedRecord {
@@ -524,119 +411,6 @@ impl Ingestor {
         if !new.is_empty() {
             info!(%kind, keys = %new.join(", "), tenant = %fact.envelope.tenant,
                 "payload keys neither in the spec nor x_<org>_<field> (logged once per key)");
-        }
-    }
-
-    /// Partitions whose position was set, or sought back, and that have delivered nothing
-    /// for [`resume::QUIET`] (in the facts role, also those of the group's assignment that
-    /// have delivered nothing at all): sought back when records wait below their high
-    /// watermark or past it ([`resume::quiet`]: tansu's memory engine answers a fetch inside a log's last
-    /// batch with nothing, until more records arrive), else left alone until their position
-    /// is set again. Watermarks are asked once per quiet period and partition.
-    pub(super) async fn nudge_quiet_partitions(&mut self) -> Result<(), IngestError> {
-        // A group member loads a partition on its first record: one whose fetch lands inside
-        // its log's last batch would never have one. Loaded now, it is looked at once quiet.
-        if self
-            .unloaded_since
-            .is_some_and(|t| t.elapsed() >= resume::QUIET)
-        {
-            self.unloaded_since = None;
-            let idle: Vec<(String, i32)> = self
-                .consumer
-                .assignment()?
-                .elements()
-                .iter()
-                .map(|e| (e.topic().to_owned(), e.partition()))
-                .filter(|k| !self.parts.contains_key(k))
-                .collect();
-            for (topic, partition) in idle {
-                self.partition_state(&topic, partition).await?;
-            }
-        }
-        let quiet: Vec<(String, i32)> = self
-            .parts
-            .iter()
-            .filter(|(_, st)| st.quiet_since.is_some_and(|t| t.elapsed() >= resume::QUIET))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in quiet {
-            let (topic, partition) = (key.0.as_str(), key.1);
-            let (low, high) = self.watermarks(topic, partition).await?;
-            let Some(st) = self.parts.get_mut(&key) else {
-                continue;
-            };
-            let seek = st.expected.and_then(|expected| {
-                Some((expected, resume::quiet(expected, st.seek_back, low, high)?))
-            });
-            st.quiet_since = None;
-            let Some((expected, s)) = seek else {
-                continue;
-            };
-            match seek_back(&self.consumer, &self.metrics, topic, partition, s.target) {
-                Ok(()) => {
-                    info!(
-                        topic,
-                        partition,
-                        expected,
-                        seek_to = s.target,
-                        low,
-                        high,
-                        "no record came from the expected offset; seeking back for it"
-                    );
-                    st.seek_back = Some(s);
-                    st.quiet_since = Some(Instant::now());
-                }
-                Err(e) => {
-                    warn!(topic, partition, expected, error = %e,
-                        "cannot seek back on a partition that delivers nothing; waiting for its next record");
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A partition's low and high watermarks, asked until Kafka answers.
-    async fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), IngestError> {
-        let consumer = &self.consumer;
-        retry_kafka("read a partition's watermarks", &self.backoff, || {
-            consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
-        })
-        .await
-    }
-
-    /// The first records of a partition whose position was just set, and those of a seek
-    /// back in progress ([`super::resume`]): whether the record is taken, dropped, or dropped
-    /// for a seek back (done here), or taken as a real gap. Reads the low watermark only for
-    /// a record past the expected offset.
-    async fn resumed(
-        &self,
-        rec: &DecodedRecord,
-        expected: Option<i64>,
-        pending: Option<SeekBack>,
-    ) -> Result<Verdict, IngestError> {
-        let Some(expected) = expected else {
-            return Ok(Verdict::Take);
-        };
-        if let Some(v) = resume::judge(expected, rec.offset, pending) {
-            return Ok(v);
-        }
-        let (topic, partition) = (rec.topic.as_str(), rec.partition);
-        let (low, _) = self.watermarks(topic, partition).await?;
-        let verdict = resume::past(expected, rec.offset, pending, low);
-        let Verdict::Seek(s) = verdict else {
-            return Ok(verdict);
-        };
-        match seek_back(&self.consumer, &self.metrics, topic, partition, s.target) {
-            Ok(()) => {
-                info!(topic, partition, expected, got = rec.offset, seek_to = s.target, low,
-                    "the broker answered from a later record batch; seeking back for the records in between");
-                Ok(verdict)
-            }
-            Err(e) => {
-                error!(topic, partition, expected, got = rec.offset, error = %e,
-                    "cannot seek back for the records the broker passed over; they are counted as a gap");
-                Ok(Verdict::Gap)
-            }
         }
     }
 
@@ -749,25 +523,6 @@ impl Ingestor {
         self.buffered = (rows, bytes);
         Ok(rows >= max_rows || bytes >= max_bytes)
     }
-}
-
-/// Seek a partition back to `target` for the records a broker passed over
-/// ([`super::resume`]), counted in `weft_ingest_seek_backs_total`.
-fn seek_back(
-    consumer: &StreamConsumer<RebalanceWatch>,
-    metrics: &IngestMetrics,
-    topic: &str,
-    partition: i32,
-    target: i64,
-) -> KafkaResult<()> {
-    consumer.seek(
-        topic,
-        partition,
-        Offset::Offset(target),
-        Duration::from_secs(10),
-    )?;
-    metrics.seek_backs.with_label_values(&[topic]).inc();
-    Ok(())
 }
 
 /// A fact's bytes for the batch's byte budget: its payload, and what its headers brought

@@ -8,7 +8,7 @@ use rdkafka::producer::FutureProducer;
 use tracing::{debug, error, info, instrument, warn};
 
 use super::batch::FlushPart;
-use super::consume::RebalanceWatch;
+use super::rebalance::RebalanceWatch;
 use super::retry::{unless_stopped, Backoff};
 use super::{now_micros, IngestConfig, Role};
 use crate::facts;
