@@ -83,10 +83,7 @@ pub async fn rebuild(store: &Store, shards: u32) -> Result<RebuildStats, StoreEr
     graph.settle_all();
     stats.narratives = write_narratives(store, &graph, version).await?;
     write_nodes(store, &graph, version).await?;
-    let labels: Vec<String> = (0..shards.max(1))
-        .filter_map(|i| NarrativeShard::new(i, shards.max(1)).ok())
-        .map(NarrativeShard::label)
-        .collect();
+    let labels = NarrativeShard::labels(shards);
     let progress: Vec<ProgressRow> = progress
         .into_iter()
         .flat_map(|((topic, partition), offset)| {

@@ -53,14 +53,6 @@ pub struct Reshard {
     pub partitions: u64,
 }
 
-/// The progress labels of `count` shards (`""` for one: the unsharded stage).
-pub fn labels(count: u32) -> Vec<String> {
-    (0..count.max(1))
-        .filter_map(|i| NarrativeShard::new(i, count.max(1)).ok())
-        .map(NarrativeShard::label)
-        .collect()
-}
-
 /// The old shards' labels among `present` (every label the progress table holds), given
 /// the new ones: what is left once the new labels are set aside (a run interrupted after
 /// some of its inserts left those), which must be one whole set of shards.
@@ -116,7 +108,7 @@ pub async fn reshard(store: &Store, count: u32, dry_run: bool) -> Result<Reshard
         .into_iter()
         .map(|l| l.shard)
         .collect();
-    let to = labels(count);
+    let to = NarrativeShard::labels(count);
     let from = old_labels(&present, &to)?;
     if from.is_empty() {
         return Ok(Reshard {
@@ -185,14 +177,9 @@ mod tests {
     }
 
     #[test]
-    fn one_shard_is_the_unsharded_label() {
-        assert_eq!(labels(1), [""]);
-        assert_eq!(labels(3), ["0/3", "1/3", "2/3"]);
-    }
-
-    #[test]
     fn the_old_set_is_what_the_new_labels_leave() {
-        let old = |present: &[&str], count| old_labels(&strings(present), &labels(count));
+        let old =
+            |present: &[&str], count| old_labels(&strings(present), &NarrativeShard::labels(count));
         assert_eq!(old(&["0/2", "1/2"], 3).unwrap(), ["0/2", "1/2"]);
         assert_eq!(old(&[""], 2).unwrap(), [""]);
         assert_eq!(old(&["1/2", "0/2"], 1).unwrap(), ["1/2", "0/2"]);
@@ -212,7 +199,7 @@ mod tests {
             &["0/2", "1/2", "0/3"],
             &["0/2", "1/2", "garbage"],
         ] {
-            let err = old_labels(&strings(present), &labels(4)).unwrap_err();
+            let err = old_labels(&strings(present), &NarrativeShard::labels(4)).unwrap_err();
             let ReshardError::Mixed(all) = &err else {
                 panic!("{present:?}: {err}")
             };

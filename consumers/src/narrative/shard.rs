@@ -91,6 +91,16 @@ impl NarrativeShard {
         }
     }
 
+    /// The progress labels of all `count` shards, in shard order (`[""]` for one: the
+    /// unsharded stage). `weft rebuild` writes progress under these, `weft reshard` moves it.
+    pub fn labels(count: u32) -> Vec<String> {
+        let count = count.max(1);
+        (0..count)
+            .filter_map(|i| Self::new(i, count).ok())
+            .map(Self::label)
+            .collect()
+    }
+
     /// The suffix of its consumer group after `<group_id>.narratives`: none for the whole
     /// stage, else `.<i>of<N>`, so every shard commits under a group of its own.
     pub fn group_suffix(self) -> String {
@@ -209,6 +219,13 @@ mod tests {
         assert_eq!(s.group_suffix(), ".1of2");
         assert_eq!(s.and_sql("tenant"), " AND xxHash64(tenant) % 2 = 1");
         assert_eq!(s.where_sql("t"), " WHERE xxHash64(t) % 2 = 1");
+    }
+
+    #[test]
+    fn one_shard_is_the_unsharded_label() {
+        assert_eq!(NarrativeShard::labels(0), [""]);
+        assert_eq!(NarrativeShard::labels(1), [""]);
+        assert_eq!(NarrativeShard::labels(3), ["0/3", "1/3", "2/3"]);
     }
 
     #[test]
