@@ -4,6 +4,8 @@
 //! hash answers "is it the same bytes of meaning?" (conflict detection, the audit hash chain).
 //! Both hash the RFC 8785 (JCS) canonical form, so key order and whitespace never matter.
 
+use std::io::Write as _;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -37,13 +39,24 @@ pub fn canonical_json(value: &Value) -> Result<Vec<u8>, serde_json::Error> {
 /// boxes a writer for every fragment and re-parses every object key to sort it; here object
 /// members are sorted by their keys' UTF-16 code units (RFC 8785 section 3.2.3) up front,
 /// strings and keys are escaped by serde_json (whose escaping serde_jcs uses too), and numbers,
-/// the one part with its own formatting rules (ECMAScript's), are written by serde_jcs itself.
+/// the one part with its own formatting rules (ECMAScript's), are written by serde_jcs itself
+/// unless they are integers a double holds exactly, whose form is their digits.
 pub fn write_canonical(v: &Value, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
     match v {
         Value::Null | Value::Bool(_) | Value::String(_) => serde_json::to_writer(&mut *out, v),
-        Value::Number(_) => {
-            out.extend_from_slice(&serde_jcs::to_vec(v)?);
-            Ok(())
+        Value::Number(n) => {
+            // An integer within ±2^53 is exactly a double, which ECMAScript prints as its
+            // digits: the common number, written without serde_jcs's buffer.
+            const EXACT: u64 = 1 << 53;
+            match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) if i.unsigned_abs() <= EXACT => write!(out, "{i}"),
+                (_, Some(u)) if u <= EXACT => write!(out, "{u}"),
+                _ => {
+                    out.extend_from_slice(&serde_jcs::to_vec(v)?);
+                    Ok(())
+                }
+            }
+            .map_err(serde_json::Error::io)
         }
         Value::Array(items) => {
             out.push(b'[');
@@ -56,22 +69,38 @@ pub fn write_canonical(v: &Value, out: &mut Vec<u8>) -> Result<(), serde_json::E
             out.push(b']');
             Ok(())
         }
+        // Keys in byte order are in UTF-16 order too unless one holds a character from
+        // U+E000 up (a UTF-8 lead byte from 0xEE): serde_json's map usually iterates them
+        // so, and then needs no sort.
+        Value::Object(map)
+            if map.keys().is_sorted() && map.keys().all(|k| k.bytes().all(|b| b < 0xEE)) =>
+        {
+            write_members(map.iter(), out)
+        }
         Value::Object(map) => {
             let mut members: Vec<(&String, &Value)> = map.iter().collect();
             members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push(b'{');
-            for (i, (key, value)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                serde_json::to_writer(&mut *out, key)?;
-                out.push(b':');
-                write_canonical(value, out)?;
-            }
-            out.push(b'}');
-            Ok(())
+            write_members(members.into_iter(), out)
         }
     }
+}
+
+/// An object's members, already in RFC 8785 order, appended to `out`.
+fn write_members<'a>(
+    members: impl Iterator<Item = (&'a String, &'a Value)>,
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
+    out.push(b'{');
+    for (i, (key, value)) in members.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, key)?;
+        out.push(b':');
+        write_canonical(value, out)?;
+    }
+    out.push(b'}');
+    Ok(())
 }
 
 /// Lower-case hex SHA-256 of the canonical JSON.
@@ -156,6 +185,8 @@ mod tests {
             r#"{"token_id":"tok-7-0-0","scope":["org.weaver.search_docs"],"single_use":true,"expires_at":"2026-11-01T00:15:00.040556Z","metadata":{"session_id":"agent-session-b44b70b9"}}"#,
             // Numbers: ECMAScript forms, integers beyond 2^53, negative zero, extremes.
             r#"{"a":0,"b":-0.0,"c":1e21,"d":1e-7,"e":123456789012345678901234567890,"f":18446744073709551615,"g":-9223372036854775808,"h":0.1,"i":1.5e300,"j":5e-324,"k":9007199254740993,"l":-1.25,"m":100,"n":1e20,"o":0.000001}"#,
+            // Integers at and beside ±2^53, where the digits stop being the double's form.
+            r#"{"x":9007199254740992,"y":-9007199254740992,"z":9007199254740993,"w":-9007199254740993,"v":18014398509481985}"#,
             // Strings: every control character, quotes, backslash, solidus, DEL, separators.
             "{\"s\":\"\\u0000\\u0001\\u0008\\t\\n\\u000b\\f\\r\\u001f \\\"\\\\ / \u{7f} \u{2028}\u{2029} \u{e9}\u{1f600}\"}",
             // Keys whose UTF-16 order differs from their UTF-8 order, empty keys, nesting.
@@ -207,7 +238,8 @@ mod tests {
             match next() % if depth > 3 { 5 } else { 7 } {
                 0 => Value::Null,
                 1 => Value::Bool(next() & 1 == 0),
-                2 => Value::from(next() as i64 >> (next() % 64)),
+                2 if next() & 1 == 0 => Value::from(next() as i64 >> (next() % 64)),
+                2 => Value::from(next() >> (next() % 64)),
                 3 => Value::from(
                     f64::from_bits(next() % 0x7ff0_0000_0000_0000)
                         * if next() & 1 == 0 { 1.0 } else { -1.0 },

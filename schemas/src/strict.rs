@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
+use serde_json::map::Entry;
 use serde_json::{Map, Number, Value};
 
 /// Why a text is not one unambiguous JSON document.
@@ -161,11 +162,16 @@ impl<'de> Visitor<'de> for Seed<'_> {
                     return Err(e);
                 }
             };
-            if out.contains_key(&key) {
-                self.trail.borrow_mut().segments = Some(vec![key]);
-                return Err(A::Error::custom(MARK));
+            // One walk of the map both finds a duplicate and places the member.
+            match out.entry(key) {
+                Entry::Vacant(e) => {
+                    e.insert(value);
+                }
+                Entry::Occupied(e) => {
+                    self.trail.borrow_mut().segments = Some(vec![e.key().clone()]);
+                    return Err(A::Error::custom(MARK));
+                }
             }
-            out.insert(key, value);
         }
         Ok(Value::Object(out))
     }

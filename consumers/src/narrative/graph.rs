@@ -470,11 +470,13 @@ impl Graph {
     fn unit_stamps(&self) -> Vec<u64> {
         let mut stamp = vec![0u64; self.nodes.len()];
         let mut seen = vec![false; self.nodes.len()];
+        let mut members: Vec<NodeIdx> = Vec::new();
         for start in 0..self.nodes.len() {
             if seen[start] || self.nodes[start].color.is_some() {
                 continue;
             }
-            let mut members = vec![start as NodeIdx];
+            members.clear();
+            members.push(start as NodeIdx);
             seen[start] = true;
             let mut i = 0;
             let mut latest = 0;
@@ -516,25 +518,34 @@ impl Graph {
                 next - 1
             }));
         }
-        let old = std::mem::take(&mut self.nodes);
-        self.index.clear();
-        for (n, mut node) in old.into_iter().enumerate() {
-            if remap[n].is_none() {
-                continue;
+        // The index keeps its keys where they are (no key is hashed again): a kept entry
+        // takes its node's new place, a gone one leaves.
+        self.index.retain(|_, i| match remap[*i as usize] {
+            Some(to) => {
+                *i = to;
+                true
             }
-            let degree = node.adj.len();
-            node.adj = node
-                .adj
-                .iter()
-                .filter_map(|(p, via)| Some((remap[*p as usize]?, *via)))
-                .collect();
-            if node.adj.len() < degree {
-                node.complete = false;
+            None => false,
+        });
+        let mut n = 0;
+        self.nodes.retain_mut(|node| {
+            let kept = remap[n].is_some();
+            n += 1;
+            if kept {
+                let degree = node.adj.len();
+                node.adj.retain_mut(|(p, _)| match remap[*p as usize] {
+                    Some(to) => {
+                        *p = to;
+                        true
+                    }
+                    None => false,
+                });
+                if node.adj.len() < degree {
+                    node.complete = false;
+                }
             }
-            self.index
-                .insert(node.key.clone(), self.nodes.len() as NodeIdx);
-            self.nodes.push(node);
-        }
+            kept
+        });
     }
 }
 

@@ -185,6 +185,20 @@ fn tenants_never_link() {
     assert_eq!(&*c[0].new, "adhoc:handle:h");
 }
 
+/// After an eviction every kept node is still found by its key at its new place, and every
+/// link is held by both of its ends there.
+fn assert_consistent(g: &Graph) {
+    assert_eq!(g.index.len(), g.nodes.len());
+    for (i, node) in g.nodes.iter().enumerate() {
+        let i = i as NodeIdx;
+        assert_eq!(g.lookup(&node.key), Some(i), "{:?}", node.key);
+        for &(p, via) in &node.adj {
+            let back = &g.nodes[p as usize].adj;
+            assert!(back.contains(&(i, via)), "{:?} -> {p}", node.key);
+        }
+    }
+}
+
 #[test]
 fn eviction_drops_whole_stale_components_and_keeps_the_current_pass() {
     let mut g = Graph::new();
@@ -209,6 +223,7 @@ fn eviction_drops_whole_stale_components_and_keeps_the_current_pass() {
         evicted, 5,
         "all of pass 1's request goes, nothing of pass 2's"
     );
+    assert_consistent(&g);
     for id in ["b-tok", "b-pd", "b-te", "b-fr", "b-h"] {
         let n = g
             .lookup(&NodeKey::event("t", Kind::CapabilityToken, id))
@@ -259,6 +274,7 @@ fn a_colored_node_stays_while_a_kept_component_borders_it() {
     g.begin_pass();
     assert_eq!(g.evict(3), 1, "only h1's component is older than f2's");
     assert!(g.lookup(&NodeKey::event("t", Kind::Handle, "h1")).is_none());
+    assert_consistent(&g);
     let te = g
         .lookup(&NodeKey::event("t", Kind::TraceEvent, "te"))
         .unwrap();
