@@ -46,17 +46,18 @@ pub fn write_canonical(v: &Value, out: &mut Vec<u8>) -> Result<(), serde_json::E
         Value::Null | Value::Bool(_) | Value::String(_) => serde_json::to_writer(&mut *out, v),
         Value::Number(n) => {
             // An integer within ±2^53 is exactly a double, which ECMAScript prints as its
-            // digits: the common number, written without serde_jcs's buffer.
+            // digits: the common number, written without serde_jcs's buffer. (serde_json
+            // answers `as_i64` for every integer in that range, positive ones included.)
             const EXACT: u64 = 1 << 53;
-            match (n.as_i64(), n.as_u64()) {
-                (Some(i), _) if i.unsigned_abs() <= EXACT => write!(out, "{i}"),
-                (_, Some(u)) if u <= EXACT => write!(out, "{u}"),
+            match n.as_i64() {
+                Some(i) if i.unsigned_abs() <= EXACT => {
+                    write!(out, "{i}").map_err(serde_json::Error::io)
+                }
                 _ => {
                     out.extend_from_slice(&serde_jcs::to_vec(v)?);
                     Ok(())
                 }
             }
-            .map_err(serde_json::Error::io)
         }
         Value::Array(items) => {
             out.push(b'[');
