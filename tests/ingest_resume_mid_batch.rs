@@ -367,3 +367,49 @@ async fn a_caught_up_restart_goes_on_below_an_under_reported_high_watermark() {
         );
     }
 }
+
+/// A resume point past the log's end stops ingest, and the error names the log's end as the
+/// broker's fetch answers state it. On tansu's memory engine ListOffsets answers 1 for a log
+/// of one batch 0..9; the guard's error used to name that, and the guard took the end it
+/// reads there for the log's end (`consumers/src/ingest/log_end.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_point_past_the_log_end_is_refused_naming_the_exact_end() {
+    let p = Pipeline::new("it_past_end");
+    let topic = format!("{}trace_events", p.prefix);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let first = p.ingest_args(Some(&addr), &[], &[]);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    wait_for_topic(&topic);
+    send_batch(&topic, "a", 0..10).await;
+    p.wait_for_facts(10, Duration::from_secs(120)).await;
+    wait_until_projected(&p, &topic, 9).await;
+    first.sigkill();
+    // weft's resume point moves 1000 offsets past the log's end, facts and narratives alike.
+    for sql in [
+        "INSERT INTO weft_events SELECT * REPLACE (offset + 1000 AS offset, \
+         concat(id, '-cut') AS id) FROM weft_events WHERE topic = ? AND partition = 0 \
+         ORDER BY offset DESC LIMIT 1",
+        "INSERT INTO weft_projector_progress SELECT topic, partition, offset + 1000, version + 1, shard \
+         FROM weft_projector_progress WHERE topic = ? AND partition = 0 \
+         ORDER BY version DESC LIMIT 1",
+    ] {
+        p.client().query(sql).bind(&topic).execute().await.unwrap();
+    }
+    let (low, high) = watermarks(&topic);
+    eprintln!("a log of offsets 0..9 reports watermarks {low}..{high}");
+
+    let mut second = p.ingest_args(None, &[], &[]);
+    let status = common::wait_for(Duration::from_secs(120), || {
+        second.0.try_wait().ok().flatten()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "ingest kept running past the log's end:\n{}",
+            p.ingest_log()
+        )
+    });
+    assert!(!status.success());
+    let said =
+        format!("{topic}[0]: the broker's log is at offset 10, below weft's resume point 1010");
+    assert!(p.ingest_log_all().contains(&said), "{}", p.ingest_log());
+}

@@ -144,9 +144,9 @@ impl Ingestor {
 
     /// A resume point (`after`: the last offset done) past the log's end means the log is
     /// not the one weft stored: recreated or truncated (tansu answers fetches past its end
-    /// with nothing, so waiting would only hide it). A high watermark at or below `after` is
-    /// checked by reading the log back from there ([`log_end::reaches`]): tansu's memory
-    /// engine reports its last batch's base offset plus one as the watermark.
+    /// with nothing, so waiting would only hide it). A ListOffsets end at or below `after` is
+    /// checked against the broker's fetch answers ([`log_end::reaches`]): tansu's memory
+    /// engine answers ListOffsets with the base offset plus one of the batch it wrote last.
     async fn refuse_rewound(
         &self,
         topic: &str,
@@ -164,17 +164,19 @@ impl Ingestor {
         let mut probe = super::config::kafka_config(&self.cfg);
         probe.set("group.id", format!("{}.probe", self.cfg.kafka_group()));
         let marks = (low, high);
-        if log_end::reaches(probe, topic, partition, marks, after, log_end::PROBE_WAIT).await? {
-            info!(topic, partition, high_watermark = high, resume_after = after,
-                "the broker's high watermark is below a record its log holds (tansu's memory engine \
-                 reports its last batch's base offset plus one); resuming");
+        let end =
+            log_end::reaches(probe, topic, partition, marks, after, log_end::PROBE_WAIT).await?;
+        if end.reaches {
+            info!(topic, partition, listed_end = high, fetched_end = ?end.fetched, resume_after = after,
+                "the broker's ListOffsets end is below a record its log holds (tansu's memory \
+                 engine answers the base offset plus one of the batch it wrote last); resuming");
             return Ok(());
         }
         Err(IngestError::Rewound {
             topic: topic.to_owned(),
             partition,
             expected: after + 1,
-            got: high,
+            got: end.fetched.unwrap_or(high),
         })
     }
 
