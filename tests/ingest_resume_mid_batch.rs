@@ -413,3 +413,50 @@ async fn a_resume_point_past_the_log_end_is_refused_naming_the_exact_end() {
         format!("{topic}[0]: the broker's log is at offset 10, below weft's resume point 1010");
     assert!(p.ingest_log_all().contains(&said), "{}", p.ingest_log());
 }
+
+/// A restart inside the log's last batch (100..109, after a batch 0..99) whose seek back
+/// lands inside the batch before it. tansu's memory engine answers a fetch at 41 with the
+/// batch 100..109 repeated (it advances its read by the records it found, 41 + 10, and finds
+/// the same batch again): 100..104 (dropped by the seek back), 105..109, then 100..109 once
+/// more. Those copies are dropped; ingest used to take 100 for a rewound log and stop ("the
+/// broker's log is at offset 1088, below weft's resume point 1120" in the 11-SIGKILL test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seek_back_into_an_earlier_batch_drops_the_batches_the_broker_repeats() {
+    let p = Pipeline::new("it_repeat");
+    let topic = format!("{}trace_events", p.prefix);
+    let addr = format!("127.0.0.1:{}", free_port());
+    // Flushed every 7 records, never by time: 0..97 (14 batches), then 98..104 once the
+    // second batch comes; 105..109 are held when the process dies.
+    let args = ["--batch-max-rows", "7", "--flush-interval-ms", "3600000"];
+    let first = p.ingest_args(Some(&addr), &[], &args);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    wait_for_topic(&topic);
+    send_batch(&topic, "a", 0..100).await;
+    p.wait_for_facts(98, Duration::from_secs(120)).await;
+    send_batch(&topic, "b", 100..110).await;
+    p.wait_for_facts(105, Duration::from_secs(120)).await;
+    wait_until_projected(&p, &topic, 104).await;
+    first.sigkill();
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 105);
+    let (_, high) = watermarks(&topic);
+    eprintln!("a log of batches 0..99 and 100..109 reports a high watermark of {high}");
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut second = p.ingest_args(Some(&addr), &[], &[]);
+    assert!(wait_for_port(&addr, Duration::from_secs(60)));
+    p.wait_for_facts(110, Duration::from_secs(60)).await;
+    let q = "SELECT uniqExact(offset) FROM weft_events WHERE offset < 110";
+    assert_eq!(p.scalar(q).await, 110, "an offset missing or stored twice");
+    assert_eq!(p.scalar("SELECT count() FROM weft_events").await, 110);
+    // Still running: the copies did not stop it.
+    assert!(second.0.try_wait().unwrap().is_none(), "{}", p.ingest_log());
+    let log = p.ingest_log_all();
+    if high < 110 {
+        // The memory engine: the scenario happened (else this test proves nothing here).
+        assert!(
+            log.contains("a record taken already came again"),
+            "the broker repeated no batch: {log}"
+        );
+    }
+    assert!(!log.contains("the broker skipped offsets"), "{log}");
+}

@@ -39,8 +39,9 @@ pub(super) struct PartitionState {
     /// been taken since: a partition quiet for too long is looked at ([`super::resume::quiet`]).
     pub(super) quiet_since: Option<Instant>,
     /// Where the unbroken run of records taken since the position was set begins: every
-    /// offset from it up to `expected - 1` was taken by this process, so one of them
-    /// delivered again is a copy, not a rewound log.
+    /// offset from it up to `expected - 1` was taken by this process, or read and dropped
+    /// by the seek back that brought the expected one, so one of them delivered again is a
+    /// copy, not a rewound log.
     pub(super) run_from: Option<i64>,
     pub(super) oldest: Option<Instant>,
     /// `weft_ingest_consumed_total` for this partition's topic, looked up once.

@@ -438,6 +438,9 @@ impl Ingestor {
             st = self.partition_state(&rec.topic, rec.partition).await?;
             match verdict {
                 Verdict::Take | Verdict::Gap => {
+                    if verdict == Verdict::Take {
+                        st.run_from = resume::run_after_seek(st.run_from, rec.offset, pending);
+                    }
                     st.fresh = false;
                     st.seek_back = None;
                     st.quiet_since = None;

@@ -141,8 +141,9 @@ pub(super) enum Order {
     /// Past the `expected` offset: the records in between were never delivered.
     Gap { expected: i64 },
     /// Below the expected offset but inside the unbroken run of records this process took
-    /// since the position was set: one of them delivered again (tansu's memory engine does,
-    /// after seeks back: 12002 after 12027). A copy, not a rewound log.
+    /// since the position was set (or read while seeking back, [`run_after_seek`]): one of
+    /// them delivered again (tansu's memory engine does, after seeks back: 12002 after
+    /// 12027). A copy, not a rewound log.
     Copy,
     /// Below the whole run: the log went back under weft (a recreated topic), or, in the
     /// facts role, the group refetches from its committed offset.
@@ -169,9 +170,26 @@ pub(super) fn run_start(run_from: Option<i64>, offset: i64, order: Order) -> Opt
     }
 }
 
+/// Where the run of taken records begins once a seek back has brought the expected record
+/// (`offset`): the seek read the log from its target, dropping the records below the
+/// expected one, so one of those served again later is a copy too. tansu's memory engine
+/// does serve them again: answering a fetch that starts inside a batch, it repeats the
+/// answer's last batches (it advances its read by the records it found, not by where they
+/// lie). Not for a record below the target (a reset to the log's start), nor without a seek.
+pub(super) fn run_after_seek(
+    run_from: Option<i64>,
+    offset: i64,
+    sought: Option<SeekBack>,
+) -> Option<i64> {
+    match sought {
+        Some(s) if offset >= s.target => Some(run_from.map_or(s.target, |r| r.min(s.target))),
+        _ => run_from,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{judge, order, past, quiet, run_start, Order, SeekBack, Verdict};
+    use super::{judge, order, past, quiet, run_after_seek, run_start, Order, SeekBack, Verdict};
 
     /// A record below the expected one is a copy only inside the run taken since the position
     /// was set; below the run (or with no run yet) it is a step back.
@@ -194,6 +212,30 @@ mod tests {
         assert_eq!(run_start(Some(5), 9, Order::Gap { expected: 7 }), Some(9));
         assert_eq!(run_start(Some(5), 2, Order::Back { expected: 7 }), Some(2));
         assert_eq!(run_start(Some(5), 6, Order::Copy), Some(5));
+    }
+
+    /// Expecting 105 in a last batch 100..109, a seek back to 41 brings 100..104 (dropped)
+    /// and 105: the run now begins at 41, so 100 served again after 109 is a copy (it was a
+    /// rewound log, and ingest stopped, when the run began at 105). Below 41 it is not.
+    #[test]
+    fn a_seek_back_that_brings_the_expected_record_starts_the_run_at_its_target() {
+        let sought = Some(SeekBack {
+            target: 41,
+            step: 64,
+            seen: i64::MAX,
+        });
+        let run = run_after_seek(None, 105, sought);
+        assert_eq!(run, Some(41));
+        let run = run_start(run, 105, order(Some(105), run, 105));
+        assert_eq!(order(Some(110), run, 100), Order::Copy);
+        assert_eq!(order(Some(110), run, 40), Order::Back { expected: 110 });
+        assert_eq!(
+            order(Some(110), Some(105), 100),
+            Order::Back { expected: 110 }
+        );
+        // No seek, or a record below its target: the run is left as it was.
+        assert_eq!(run_after_seek(None, 105, None), None);
+        assert_eq!(run_after_seek(Some(7), 30, sought), Some(7));
     }
 
     /// [`judge`], then [`past`] with the low watermark `low` when it needs one.
