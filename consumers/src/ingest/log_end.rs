@@ -13,6 +13,7 @@ use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use rdkafka::bindings as rd;
+use rdkafka::client::{Client, ClientContext};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -77,7 +78,7 @@ pub(super) async fn reaches(
                     });
                 }
             }
-            if let Some(end) = fetched_end(&consumer, &topic, partition) {
+            if let Some(end) = fetched_end(consumer.client(), &topic, partition) {
                 let end = fetched.map_or(end, |seen| seen.max(end));
                 fetched = Some(end);
                 if end > target {
@@ -113,15 +114,19 @@ pub(super) async fn reaches(
 /// The high watermark of the last fetch answer `consumer` received for the partition
 /// (librdkafka keeps it per partition; rust-rdkafka has no safe call for it), or `None`
 /// before the first answer.
-fn fetched_end(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+pub(super) fn fetched_end<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
     let topic = CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
-    // SAFETY: the client handle lives as long as `consumer`, which outlives the call;
+    // SAFETY: the client handle lives as long as `client`, which outlives the call;
     // `topic` is a NUL-terminated string alive for the call; `low` and `high` are valid
     // places for the two answers. The call only reads librdkafka's partition state.
     let err = unsafe {
         rd::rd_kafka_get_watermark_offsets(
-            consumer.client().native_ptr(),
+            client.native_ptr(),
             topic.as_ptr(),
             partition,
             &mut low,

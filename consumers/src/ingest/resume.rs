@@ -107,9 +107,10 @@ pub(super) fn past(expected: i64, offset: i64, pending: Option<SeekBack>, low: i
 /// [`QUIET`], with its watermarks `low` and `high`: seek back as [`past`] would, or `None`
 /// when there is nothing to ask for. A fetch that starts inside the log's *last* batch gets
 /// nothing from tansu's memory engine (there is no next batch to answer from), and no later
-/// record comes to trigger [`past`]; that engine also reports the last batch's first offset
-/// as the high watermark, below the expected offset. At the log's end (`expected == high`,
-/// Kafka's answer for a partition read to its end) there is nothing to fetch, and records
+/// record comes to trigger [`past`]. `high` is the end the partition's fetch answers state
+/// when there are any (ListOffsets' end on that engine is the base offset plus one of the
+/// batch it wrote last, often below the expected offset). At the log's end
+/// (`expected == high`) there is nothing to fetch, and records
 /// below the low watermark are gone. The seek has no record past the expected one behind
 /// it (`seen` is the largest offset), so one that comes after it escalates as [`past`] does.
 pub(super) fn quiet(

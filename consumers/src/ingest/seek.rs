@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::Offset;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::consume::DecodedRecord;
+use super::log_end;
 use super::rebalance::RebalanceWatch;
 use super::resume::{self, SeekBack, Verdict};
 use super::{retry_kafka, IngestError, Ingestor};
@@ -51,7 +52,11 @@ impl Ingestor {
             .collect();
         for key in quiet {
             let (topic, partition) = (key.0.as_str(), key.1);
-            let (low, high) = self.watermarks(topic, partition).await?;
+            let (low, listed) = self.watermarks(topic, partition).await?;
+            // The end the fetch answers state is exact where ListOffsets' may fall short
+            // (tansu's memory engine: `log_end`), so a partition read to its end is left alone.
+            let fetched = log_end::fetched_end(self.consumer.client(), topic, partition);
+            let high = fetched.map_or(listed, |f| f.max(listed));
             let Some(st) = self.parts.get_mut(&key) else {
                 continue;
             };
@@ -60,6 +65,8 @@ impl Ingestor {
             });
             st.quiet_since = None;
             let Some((expected, s)) = seek else {
+                debug!(topic, partition, expected = ?st.expected, low, high,
+                    "a quiet partition with nothing to fetch (read to its end, or below its low watermark); left alone");
                 continue;
             };
             match seek_back(&self.consumer, &self.metrics, topic, partition, s.target) {
