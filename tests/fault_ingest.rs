@@ -336,15 +336,14 @@ async fn fault_ingest_refuses_a_recreated_topic() {
 fn stops_on_the_rewound_log(p: &Pipeline, mut ingest: Proc, topic: &str, what: &str) {
     let said = || p.ingest_log_all().matches("recreated or truncated").count();
     let before = said();
-    let status = common::wait_for(Duration::from_secs(120), || {
-        ingest.0.try_wait().ok().flatten()
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "{what} kept running on a recreated topic:\n{}",
-            p.ingest_log()
-        )
-    });
+    let status = ingest
+        .exit_within(Duration::from_secs(120))
+        .unwrap_or_else(|| {
+            panic!(
+                "{what} kept running on a recreated topic:\n{}",
+                p.ingest_log()
+            )
+        });
     assert!(!status.success(), "{what} must fail on a rewound partition");
     assert!(
         said() > before && p.ingest_log_all().contains(topic),

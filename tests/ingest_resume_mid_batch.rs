@@ -396,15 +396,14 @@ async fn a_resume_point_past_the_log_end_is_refused_naming_the_exact_end() {
     eprintln!("a log of offsets 0..9 reports watermarks {low}..{high}");
 
     let mut second = p.ingest_args(None, &[], &[]);
-    let status = common::wait_for(Duration::from_secs(120), || {
-        second.0.try_wait().ok().flatten()
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "ingest kept running past the log's end:\n{}",
-            p.ingest_log()
-        )
-    });
+    let status = second
+        .exit_within(Duration::from_secs(120))
+        .unwrap_or_else(|| {
+            panic!(
+                "ingest kept running past the log's end:\n{}",
+                p.ingest_log()
+            )
+        });
     assert!(!status.success());
     let said =
         format!("{topic}[0]: the broker's log is at offset 10, below weft's resume point 1010");

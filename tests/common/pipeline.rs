@@ -48,6 +48,12 @@ impl Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+
+    /// The exit status once the process ends on its own, or `None` if it still runs after
+    /// `timeout`.
+    pub fn exit_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        super::wait_for(timeout, || self.0.try_wait().ok().flatten())
+    }
 }
 
 /// `out`, after asserting that its command (`what`) succeeded.

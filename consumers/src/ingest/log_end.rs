@@ -111,7 +111,7 @@ pub(super) async fn reaches(
     }
 }
 
-/// The high watermark of the last fetch answer `consumer` received for the partition
+/// The high watermark of the last fetch answer `client` received for the partition
 /// (librdkafka keeps it per partition; rust-rdkafka has no safe call for it), or `None`
 /// before the first answer.
 pub(super) fn fetched_end<C: ClientContext>(
