@@ -694,22 +694,47 @@ LIMIT 500
         "Narratives with members in the range: span, size, principals, and whether they failed.",
         "table",
         f"""
-SELECT narrative_id, min(ts) AS started, max(ts) AS ended, count() AS events,
-       uniqExact(kind) AS kinds,
-       arrayStringConcat(arraySort(groupUniqArrayIf(JSONExtractString(payload, 'principal'), JSONHas(payload, 'principal'))), ' ') AS principals,
-       countIf(kind = 'trace_event' AND JSONExtractString(payload, 'event_type') = 'flow_failed') > 0 AS failed
-FROM
+WITH
 (
-    SELECT narrative_id, kind, id, content_hash,
-           argMax(is_deleted, version) AS gone, argMax(ts, version) AS ts, argMax(payload, version) AS payload
-    FROM weft_narratives
-    WHERE {TENANT}
-    GROUP BY narrative_id, kind, id, content_hash
-)
-WHERE gone = 0 AND $__timeFilter(ts)
-GROUP BY narrative_id
+    -- The 500 narratives of the range, newest first: keys only (no payload), and only the
+    -- rows in the range (a member's time is the same in every version of its row).
+    SELECT groupArray((narrative_id, started, ended, events, kinds)) FROM
+    (
+        SELECT narrative_id, min(at) AS started, max(at) AS ended, count() AS events,
+               uniqExact(kind) AS kinds
+        FROM
+        (
+            SELECT narrative_id, kind, any(ts) AS at
+            FROM weft_narratives
+            WHERE {TENANT} AND $__timeFilter(ts)
+            GROUP BY narrative_id, kind, id, content_hash
+            HAVING argMax(is_deleted, version) = 0
+        )
+        GROUP BY narrative_id
+        ORDER BY started DESC
+        LIMIT 500
+    )
+) AS top
+SELECT t.1 AS narrative_id, t.2 AS started, t.3 AS ended, t.4 AS events, t.5 AS kinds,
+       p.principals AS principals, p.failed AS failed
+FROM (SELECT arrayJoin(top) AS t) AS s
+LEFT JOIN
+(
+    -- The payloads of those 500 only, by narrative id (the table's order).
+    SELECT narrative_id,
+           arrayStringConcat(arraySort(groupUniqArrayIf(JSONExtractString(payload, 'principal'), JSONHas(payload, 'principal'))), ' ') AS principals,
+           countIf(kind = 'trace_event' AND JSONExtractString(payload, 'event_type') = 'flow_failed') > 0 AS failed
+    FROM
+    (
+        SELECT narrative_id, kind, argMax(payload, version) AS payload
+        FROM weft_narratives
+        WHERE {TENANT} AND narrative_id IN (SELECT arrayJoin(top).1) AND $__timeFilter(ts)
+        GROUP BY narrative_id, kind, id, content_hash
+        HAVING argMax(is_deleted, version) = 0
+    )
+    GROUP BY narrative_id
+) AS p ON p.narrative_id = t.1
 ORDER BY started DESC
-LIMIT 500
 """,
         ["narrative_id", "started", "ended", "events", "kinds", "principals", "failed"],
         True,
@@ -728,12 +753,12 @@ WITH members AS
     SELECT kind, id, request_id, producer_id, ts, event_type, principal, capability_id,
            decision, outcome, decision_id, frame_id, handle_id, handle_refs, token_id, payload
     FROM weft_events
-    WHERE {TENANT} AND (kind, id) IN
+    WHERE {TENANT} AND (kind, toStartOfHour(ts), id) IN
     (
-        SELECT kind, id FROM weft_narrative_nodes
-        WHERE {TENANT}
-        GROUP BY kind, id
-        HAVING argMax(narrative_id, version) = ${{narrative:sqlstring}}
+        SELECT kind, toStartOfHour(any(ts)), id FROM weft_narratives
+        WHERE {TENANT} AND narrative_id = ${{narrative:sqlstring}}
+        GROUP BY kind, id, content_hash
+        HAVING argMax(is_deleted, version) = 0
     )
     ORDER BY conflict
     LIMIT 1 BY kind, id
@@ -795,14 +820,14 @@ NARRATIVE_VAR = query_var(
 SELECT narrative_id
 FROM
 (
-    SELECT argMax(narrative_id, version) AS narrative_id, argMax(ts, version) AS ts
-    FROM weft_narrative_nodes
-    WHERE {TENANT}
-    GROUP BY kind, id
+    SELECT narrative_id, any(ts) AS at
+    FROM weft_narratives
+    WHERE {TENANT} AND $__timeFilter(ts)
+    GROUP BY narrative_id, kind, id, content_hash
+    HAVING argMax(is_deleted, version) = 0
 )
-WHERE $__timeFilter(ts)
 GROUP BY narrative_id
-ORDER BY max(ts) DESC
+ORDER BY max(at) DESC
 LIMIT 200
 """,
 )

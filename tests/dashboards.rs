@@ -227,12 +227,30 @@ fn provisioning_is_complete() {
     assert_eq!(ds["apiVersion"], 1);
 }
 
-/// One query through ClickHouse's HTTP interface as a read-only session.
+/// One query through ClickHouse's HTTP interface as a read-only session: its columns and rows.
 async fn run_sql(
     http: &reqwest::Client,
     db: &str,
     sql: &str,
 ) -> Result<(Vec<String>, Vec<Vec<Value>>), String> {
+    run_sql_read(http, db, sql)
+        .await
+        .map(|(cols, rows, _)| (cols, rows))
+}
+
+/// What a query read, from ClickHouse's `X-ClickHouse-Summary` header.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    rows: u64,
+    bytes: u64,
+}
+
+/// [`run_sql`], with what the query read.
+async fn run_sql_read(
+    http: &reqwest::Client,
+    db: &str,
+    sql: &str,
+) -> Result<(Vec<String>, Vec<Vec<Value>>, Read), String> {
     let r = http
         .post(common::clickhouse_url())
         .query(&[
@@ -245,10 +263,21 @@ async fn run_sql(
         .await
         .map_err(|e| e.to_string())?;
     let status = r.status();
+    let summary: Value = r
+        .headers()
+        .get("x-clickhouse-summary")
+        .and_then(|v| serde_json::from_slice(v.as_bytes()).ok())
+        .unwrap_or_default();
+    // ClickHouse writes the summary's counts as strings.
+    let count = |k: &str| summary[k].as_str().and_then(|v| v.parse().ok());
     let text = r.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
         return Err(text);
     }
+    let read = match (count("read_rows"), count("read_bytes")) {
+        (Some(rows), Some(bytes)) => Read { rows, bytes },
+        _ => return Err(format!("no X-ClickHouse-Summary read counts: {summary}")),
+    };
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
     let cols = v["meta"]
         .as_array()
@@ -262,7 +291,7 @@ async fn run_sql(
         .iter()
         .map(|r| r.as_array().cloned().unwrap_or_default())
         .collect();
-    Ok((cols, rows))
+    Ok((cols, rows, read))
 }
 
 fn start_router(p: &Pipeline) -> (Proc, String) {
@@ -1011,4 +1040,160 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
             );
         }
     }
+}
+
+/// The narrative panels and the narrative picker read what their range or narrative needs,
+/// not the tenant's history. With 200,000 older members of 10,000 narratives (each member
+/// with a 1 KB payload, and a node row each), over the last hour: the Narratives panel and
+/// the picker read the history's times but none of its keys or payloads, and the trace
+/// panel reads one narrative's rows. They used to read every member's payload (4.8 GB and
+/// 17 s at 10M events), every node row, and every node row five times (25 s):
+/// docs/BENCHMARKS.md, "Dashboards at 10M events".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_narrative_panels_read_their_range_not_the_history() {
+    const HISTORY: u64 = 200_000;
+    const PAD: u64 = 1_000;
+    let p = Pipeline::new("it_dash_read");
+    let c = p.client();
+    let history =
+        "SELECT {t:String} AS tenant, concat('old-', toString(intDiv(number, 20))) AS nid, \
+        'trace_event' AS kind, concat('te-old-', toString(number)) AS id, \
+        addSeconds(now64(6) - toIntervalDay(30), number) AS at FROM numbers({n:UInt64})";
+    c.query(&format!(
+        "INSERT INTO weft_narratives (tenant, narrative_id, kind, id, content_hash, ts, \
+         request_id, payload, version, is_deleted) \
+         SELECT tenant, nid, kind, id, toFixedString(leftPad(id, 32, '0'), 32), at, nid, \
+           concat('{{\"principal\":\"agent-old\",\"x_test_pad\":\"', repeat('x', {{pad:UInt64}}), '\"}}'), 1, 0 \
+         FROM ({history})"
+    ))
+    .param("t", TENANT)
+    .param("n", HISTORY)
+    .param("pad", PAD)
+    .execute()
+    .await
+    .unwrap();
+    c.query(&format!(
+        "INSERT INTO weft_narrative_nodes (tenant, kind, id, narrative_id, request_id, ts, version) \
+         SELECT tenant, kind, id, nid, nid, at, 1 FROM ({history})"
+    ))
+    .param("t", TENANT)
+    .param("n", HISTORY)
+    .execute()
+    .await
+    .unwrap();
+    // The narrative of the last hour: five trace events, stored as facts and as members.
+    const NEW: &str = "req-recent";
+    let recent = "SELECT {t:String} AS tenant, 'trace_event' AS kind, \
+        concat('te-recent-', toString(number)) AS id, \
+        toFixedString(leftPad(toString(number), 32, '0'), 32) AS hash, \
+        addSeconds(now64(6) - toIntervalMinute(10), number) AS at, \
+        concat('{\"event_id\":\"te-recent-', toString(number), \
+          '\",\"event_type\":\"capability_executed\",\"principal\":\"agent-new\"}') AS body \
+        FROM numbers(5)";
+    for sql in [
+        format!(
+            "INSERT INTO weft_events (tenant, kind, id, content_hash, ts, request_id, event_type, \
+             principal, payload) \
+             SELECT tenant, kind, id, hash, at, {{r:String}}, 'capability_executed', 'agent-new', body \
+             FROM ({recent})"
+        ),
+        format!(
+            "INSERT INTO weft_narratives (tenant, narrative_id, kind, id, content_hash, ts, \
+             request_id, payload, version, is_deleted) \
+             SELECT tenant, {{r:String}}, kind, id, hash, at, {{r:String}}, body, 1, 0 FROM ({recent})"
+        ),
+        format!(
+            "INSERT INTO weft_narrative_nodes (tenant, kind, id, narrative_id, request_id, ts, version) \
+             SELECT tenant, kind, id, {{r:String}}, {{r:String}}, at, 1 FROM ({recent})"
+        ),
+    ] {
+        c.query(&sql)
+            .param("t", TENANT)
+            .param("r", NEW)
+            .execute()
+            .await
+            .unwrap();
+    }
+
+    let (_, d) = dashboards()
+        .into_iter()
+        .find(|(_, d)| d["uid"] == "weft-compliance")
+        .unwrap();
+    let now = now_micros() / 1000;
+    let range = TimeRange {
+        from_ms: now - 3600 * 1000,
+        to_ms: now + 60 * 1000,
+        interval_ms: 60_000,
+    };
+    let vars = BTreeMap::from([("tenant", TENANT.to_owned()), ("narrative", NEW.to_owned())]);
+    let http = reqwest::Client::new();
+    let run = |sql: &str| {
+        let sql = expand_macros(&interpolate(sql, &vars), range);
+        let http = http.clone();
+        let db = p.db.clone();
+        async move {
+            run_sql_read(&http, &db, &sql)
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{sql}"))
+        }
+    };
+    // What reading the history's times costs (8 bytes a row), and one more granule of
+    // keys at most (the last granule of the history may hold the recent rows too). The
+    // history's keys are 40-odd bytes a row and its payloads over PAD.
+    let times = HISTORY * 8 + (1 << 20);
+
+    let picker = d["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "narrative")
+        .unwrap();
+    let (_, rows, read) = run(picker["query"].as_str().unwrap()).await;
+    assert_eq!(
+        rows,
+        vec![vec![json!(NEW)]],
+        "the picker over the last hour"
+    );
+    assert!(
+        read.bytes < times,
+        "the picker read {read:?} for a range without history, over its times ({times} bytes)"
+    );
+
+    let panel = |title: &str| {
+        panels(&d)
+            .into_iter()
+            .find(|p| p["title"] == title)
+            .unwrap_or_else(|| panic!("no panel {title}"))["targets"][0]["rawSql"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (cols, rows, read) = run(&panel("Narratives")).await;
+    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+    assert_eq!(
+        rows.len(),
+        1,
+        "the Narratives panel over the last hour: {rows:?}"
+    );
+    assert_eq!(rows[0][at("narrative_id")], json!(NEW));
+    assert_eq!(rows[0][at("principals")], json!("agent-new"));
+    // ClickHouse's JSON output quotes 64-bit integers.
+    assert_eq!(rows[0][at("events")].to_string().trim_matches('"'), "5");
+    assert!(
+        read.bytes < times,
+        "the Narratives panel read {read:?} for a range without history, over its times \
+         ({times} bytes)"
+    );
+
+    let (_, rows, read) = run(&panel("Narrative trace: decision -> frame -> handle")).await;
+    assert_eq!(
+        rows.len(),
+        6,
+        "the narrative's span and its 5 members: {rows:?}"
+    );
+    assert!(
+        read.rows < HISTORY,
+        "the trace panel read {read:?} for one narrative of 5 members, \
+         beside {HISTORY} node rows of others"
+    );
 }
