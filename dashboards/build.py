@@ -677,9 +677,14 @@ FROM
 ) AS f
 INNER JOIN
 (
+    -- The failing events' node rows only (the table is ordered by id), not every trace event's.
     SELECT id, argMax(narrative_id, version) AS narrative_id
     FROM weft_narrative_nodes
-    WHERE {TENANT} AND kind = 'trace_event'
+    WHERE {TENANT} AND kind = 'trace_event' AND id IN
+    (
+        SELECT id FROM weft_events
+        WHERE {TENANT} AND kind = 'trace_event' AND event_type = 'flow_failed' AND $__timeFilter(ts)
+    )
     GROUP BY id
 ) AS n ON f.id = n.id
 ORDER BY failed_at DESC

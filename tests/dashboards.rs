@@ -1045,9 +1045,10 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
 /// The narrative panels and the narrative picker read what their range or narrative needs,
 /// not the tenant's history. With 200,000 older members of 10,000 narratives (each member
 /// with a 1 KB payload, and a node row each), over the last hour: the Narratives panel and
-/// the picker read the history's times but none of its keys or payloads, and the trace
-/// panel reads one narrative's rows. They used to read every member's payload (4.8 GB and
-/// 17 s at 10M events), every node row, and every node row five times (25 s):
+/// the picker read the history's times but none of its keys or payloads, and the Failed
+/// narratives and trace panels read one narrative's rows. They used to read every member's
+/// payload (4.8 GB and 17 s at 10M events), every node row, every trace event's node row,
+/// and every node row five times (25 s):
 /// docs/BENCHMARKS.md, "Dashboards at 10M events".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_narrative_panels_read_their_range_not_the_history() {
@@ -1081,20 +1082,22 @@ async fn the_narrative_panels_read_their_range_not_the_history() {
     .execute()
     .await
     .unwrap();
-    // The narrative of the last hour: five trace events, stored as facts and as members.
+    // The narrative of the last hour: five trace events (the last one its flow failing),
+    // stored as facts and as members.
     const NEW: &str = "req-recent";
     let recent = "SELECT {t:String} AS tenant, 'trace_event' AS kind, \
         concat('te-recent-', toString(number)) AS id, \
         toFixedString(leftPad(toString(number), 32, '0'), 32) AS hash, \
         addSeconds(now64(6) - toIntervalMinute(10), number) AS at, \
-        concat('{\"event_id\":\"te-recent-', toString(number), \
-          '\",\"event_type\":\"capability_executed\",\"principal\":\"agent-new\"}') AS body \
+        if(number = 4, 'flow_failed', 'capability_executed') AS type, \
+        concat('{\"event_id\":\"te-recent-', toString(number), '\",\"event_type\":\"', type, \
+          '\",\"principal\":\"agent-new\",\"error_message\":\"boom\"}') AS body \
         FROM numbers(5)";
     for sql in [
         format!(
             "INSERT INTO weft_events (tenant, kind, id, content_hash, ts, request_id, event_type, \
              principal, payload) \
-             SELECT tenant, kind, id, hash, at, {{r:String}}, 'capability_executed', 'agent-new', body \
+             SELECT tenant, kind, id, hash, at, {{r:String}}, type, 'agent-new', body \
              FROM ({recent})"
         ),
         format!(
@@ -1177,12 +1180,28 @@ async fn the_narrative_panels_read_their_range_not_the_history() {
     );
     assert_eq!(rows[0][at("narrative_id")], json!(NEW));
     assert_eq!(rows[0][at("principals")], json!("agent-new"));
+    assert_eq!(rows[0][at("failed")], json!(1));
     // ClickHouse's JSON output quotes 64-bit integers.
     assert_eq!(rows[0][at("events")].to_string().trim_matches('"'), "5");
     assert!(
         read.bytes < times,
         "the Narratives panel read {read:?} for a range without history, over its times \
          ({times} bytes)"
+    );
+
+    let (cols, rows, read) = run(&panel("Failed narratives")).await;
+    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
+    assert_eq!(
+        rows.len(),
+        1,
+        "the failed narratives of the last hour: {rows:?}"
+    );
+    assert_eq!(rows[0][at("narrative_id")], json!(NEW));
+    assert_eq!(rows[0][at("error")], json!("boom"));
+    assert!(
+        read.rows < HISTORY,
+        "the Failed narratives panel read {read:?} for one failing event, \
+         beside {HISTORY} node rows of other trace events"
     );
 
     let (_, rows, read) = run(&panel("Narrative trace: decision -> frame -> handle")).await;
