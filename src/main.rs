@@ -4,6 +4,8 @@
 mod cmd;
 mod config;
 mod config_flags;
+#[cfg(unix)]
+mod heap;
 
 use std::process::ExitCode;
 

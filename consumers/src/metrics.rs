@@ -334,6 +334,11 @@ impl IngestMetrics {
         }
     }
 
+    /// The registry, for a collector the process adds (the binary's heap gauges).
+    pub fn registry(&self) -> &MetricsRegistry {
+        &self.registry
+    }
+
     /// The Prometheus text exposition (stall gauges refreshed first).
     pub fn render(&self) -> String {
         self.stalled.set(i64::from(self.health.stalled().is_some()));

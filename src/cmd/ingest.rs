@@ -183,6 +183,8 @@ pub async fn run(a: IngestArgs, settings: Settings) -> anyhow::Result<()> {
     let keys = api_keys(a.api_keys.as_deref(), a.api_keys_file.as_deref())?;
     let store = Store::new(settings.clickhouse)?;
     let metrics = Arc::new(IngestMetrics::new());
+    #[cfg(unix)]
+    metrics.registry().register(crate::heap::Heap::new());
     metrics.health.set_stall_after(cfg.stall_after_secs);
     if let Some(addr) = listen_addr(&cfg)? {
         let listener = weft_http::bind(addr, a.allow_remote).await?;
