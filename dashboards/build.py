@@ -12,10 +12,16 @@ SQL against ClickHouse, and fails when the JSON and this file disagree.
 import json
 import os
 import sys
+import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CH = {"type": "grafana-clickhouse-datasource", "uid": "${datasource}"}
 TENANT = "tenant = ${tenant:sqlstring}"
+
+
+def indent(sql, n):
+    """`sql` indented by `n` spaces, to nest a shared subquery."""
+    return textwrap.indent(sql, " " * n)
 
 # The plugin's query types and formats (src/types/sql.ts, Format in queryBuilder.ts).
 QT = {"timeseries": ("timeseries", 0), "table": ("table", 1), "traces": ("traces", 3)}
@@ -386,6 +392,17 @@ ORDER BY topic, partition
 ]
 
 # ---------------------------------------------------------------- compliance
+# The live members of the range, one row each: the range filters the rows before they are
+# grouped (a member's time is the same in every version of its row: a move or a tombstone
+# copies it), so the narrative panels read the range's keys, not the history's.
+LIVE_MEMBERS = f"""
+SELECT narrative_id, kind, any(ts) AS at
+FROM weft_narratives
+WHERE {TENANT} AND $__timeFilter(ts)
+GROUP BY narrative_id, kind, id, content_hash
+HAVING argMax(is_deleted, version) = 0
+"""
+
 # Every violation rule, over the facts of one tenant: subject events in the time range,
 # lookups (does the referenced event exist? what did the token say?) over all time, where
 # `weft audit check` looks only within --lookaround-secs (a day) of its range (but for
@@ -701,19 +718,14 @@ LIMIT 500
         f"""
 WITH
 (
-    -- The 500 narratives of the range, newest first: keys only (no payload), and only the
-    -- rows in the range (a member's time is the same in every version of its row).
+    -- The 500 narratives of the range, newest first, from their members' keys (no payload).
     SELECT groupArray((narrative_id, started, ended, events, kinds)) FROM
     (
         SELECT narrative_id, min(at) AS started, max(at) AS ended, count() AS events,
                uniqExact(kind) AS kinds
         FROM
         (
-            SELECT narrative_id, kind, any(ts) AS at
-            FROM weft_narratives
-            WHERE {TENANT} AND $__timeFilter(ts)
-            GROUP BY narrative_id, kind, id, content_hash
-            HAVING argMax(is_deleted, version) = 0
+{indent(LIVE_MEMBERS.strip(), 12)}
         )
         GROUP BY narrative_id
         ORDER BY started DESC
@@ -825,11 +837,7 @@ NARRATIVE_VAR = query_var(
 SELECT narrative_id
 FROM
 (
-    SELECT narrative_id, any(ts) AS at
-    FROM weft_narratives
-    WHERE {TENANT} AND $__timeFilter(ts)
-    GROUP BY narrative_id, kind, id, content_hash
-    HAVING argMax(is_deleted, version) = 0
+{indent(LIVE_MEMBERS.strip(), 4)}
 )
 GROUP BY narrative_id
 ORDER BY max(at) DESC

@@ -1042,6 +1042,21 @@ async fn the_violations_panel_waits_the_grace_period_like_the_check() {
     }
 }
 
+/// The one row of an answer that must have exactly one, by column name.
+fn only_row<'a>(
+    cols: &'a [String],
+    rows: &'a [Vec<Value>],
+    what: &str,
+) -> impl Fn(&str) -> &'a Value {
+    assert_eq!(rows.len(), 1, "{what}: {rows:?}");
+    move |c| {
+        &rows[0][cols
+            .iter()
+            .position(|x| x == c)
+            .unwrap_or_else(|| panic!("no column {c}"))]
+    }
+}
+
 /// The narrative panels and the narrative picker read what their range or narrative needs,
 /// not the tenant's history. With 200,000 older members of 10,000 narratives (each member
 /// with a 1 KB payload, and a node row each), over the last hour: the Narratives panel and
@@ -1172,17 +1187,12 @@ async fn the_narrative_panels_read_their_range_not_the_history() {
             .to_owned()
     };
     let (cols, rows, read) = run(&panel("Narratives")).await;
-    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
-    assert_eq!(
-        rows.len(),
-        1,
-        "the Narratives panel over the last hour: {rows:?}"
-    );
-    assert_eq!(rows[0][at("narrative_id")], json!(NEW));
-    assert_eq!(rows[0][at("principals")], json!("agent-new"));
-    assert_eq!(rows[0][at("failed")], json!(1));
+    let col = only_row(&cols, &rows, "the Narratives panel over the last hour");
+    assert_eq!(col("narrative_id"), &json!(NEW));
+    assert_eq!(col("principals"), &json!("agent-new"));
+    assert_eq!(col("failed"), &json!(1));
     // ClickHouse's JSON output quotes 64-bit integers.
-    assert_eq!(rows[0][at("events")].to_string().trim_matches('"'), "5");
+    assert_eq!(col("events").to_string().trim_matches('"'), "5");
     assert!(
         read.bytes < times,
         "the Narratives panel read {read:?} for a range without history, over its times \
@@ -1190,14 +1200,9 @@ async fn the_narrative_panels_read_their_range_not_the_history() {
     );
 
     let (cols, rows, read) = run(&panel("Failed narratives")).await;
-    let at = |c: &str| cols.iter().position(|x| x == c).unwrap();
-    assert_eq!(
-        rows.len(),
-        1,
-        "the failed narratives of the last hour: {rows:?}"
-    );
-    assert_eq!(rows[0][at("narrative_id")], json!(NEW));
-    assert_eq!(rows[0][at("error")], json!("boom"));
+    let col = only_row(&cols, &rows, "the failed narratives of the last hour");
+    assert_eq!(col("narrative_id"), &json!(NEW));
+    assert_eq!(col("error"), &json!("boom"));
     assert!(
         read.rows < HISTORY,
         "the Failed narratives panel read {read:?} for one failing event, \
