@@ -81,6 +81,13 @@ cargo test --test ingest_scale_out -- --test-threads=1
 cargo test --test narrative_shards -- --test-threads=1
 
 step "fuzz targets, 30 s each (docs/FUZZING.md)"
+# The fuzz build (its own flags, its own target folder) needs about 1.5 GB more. In CI
+# nothing uses the debug build after this point, so it goes first: a CI run once failed
+# here with "No space left on device" on a machine whose shared disk had filled up.
+if [ "${CI:-}" = true ]; then
+  rm -rf target/debug
+  echo "[disk] $(df -Pk "$REPO" | awk 'NR==2 { printf "%.1f", $4 / 1048576 }') GiB free for the fuzz build"
+fi
 # cargo-fuzz's -s none mode needs no nightly toolchain; install it when missing.
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 (
