@@ -63,7 +63,8 @@ pub struct IngestArgs {
     /// `weft_ingest_stalled` is 1 (default 120; 0 disables).
     #[arg(long, value_name = "SECS")]
     pub stall_after_secs: Option<u64>,
-    /// Nodes the narrative graph keeps in memory (default 300000, about 180 MB): beyond it
+    /// Nodes the narrative graph keeps in memory (default 300000, about 180 MB; its tables
+    /// are sized for it and a half at start, so they never grow later): beyond it
     /// the least recently touched components are evicted, and load again from ClickHouse
     /// when a later event names them. Narratives stay exact at any value.
     #[arg(long, value_name = "NODES")]
@@ -80,9 +81,10 @@ pub struct IngestArgs {
     /// one process's work. Changing N: docs/NARRATIVES.md, "Several processes".
     #[arg(long, env = "WEFT_NARRATIVE_SHARD", value_name = "I/N")]
     pub narrative_shard: Option<NarrativeShard>,
-    /// Identities each partition holds exactly, per generation (default 20000): copies of
-    /// older ones are found through the window's filter and a ClickHouse check, so
-    /// deduplication stays exact at any value.
+    /// Identities each partition holds exactly, per generation (default 20000; the two
+    /// generations' tables are sized for it when the partition is assigned, about 1.3 MB
+    /// each at the default): copies of older ones are found through the window's filter and
+    /// a ClickHouse check, so deduplication stays exact at any value.
     #[arg(long, value_name = "IDENTITIES")]
     pub dedup_max_entries: Option<usize>,
     /// Keys for the narrative API: `KEY=TENANT[,KEY=TENANT...]`, each key scoped

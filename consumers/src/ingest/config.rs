@@ -188,6 +188,30 @@ pub(super) fn kafka_config(cfg: &IngestConfig) -> ClientConfig {
     client_settings(cfg).client_config()
 }
 
+/// Bound what librdkafka prefetches, unless `[kafka.ingest.properties]` sets it.
+///
+/// It prefetches up to 64 MB by default; 16 MB keeps a backlog's records in Kafka rather than
+/// in this process, and still covers many batches. With one queue per partition (`align`)
+/// the bound applies to each, so the 16 MB are shared out among the partitions expected
+/// (`partitions` per event topic; the count is not known before assignment, so topics with
+/// more partitions prefetch more). The bound counts the records' bytes; a fetch may bring
+/// each partition up to `max.partition.fetch.bytes` more (docs/OPERATIONS.md, "Memory").
+pub(super) fn bound_prefetch(cfg: &IngestConfig, c: &mut ClientConfig) {
+    if cfg
+        .kafka_properties
+        .contains_key("queued.max.messages.kbytes")
+    {
+        return;
+    }
+    let queues = if cfg.role != Role::Facts && cfg.align_skew_ms > 0 {
+        cfg.topics.event_topics().len() * cfg.partitions.max(1) as usize
+    } else {
+        1
+    };
+    let kbytes = (16384 / queues.max(1)).max(512);
+    c.set("queued.max.messages.kbytes", kbytes.to_string());
+}
+
 fn client_settings(cfg: &IngestConfig) -> ClientSettings {
     ClientSettings::new(&cfg.brokers, &cfg.kafka_properties)
 }
@@ -218,6 +242,31 @@ pub fn listen_addr(cfg: &IngestConfig) -> Result<Option<SocketAddr>, IngestError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With one queue per partition the 16 MB are shared out; a value the operator set is
+    /// left alone.
+    #[test]
+    fn the_prefetch_is_shared_out_among_the_queues() {
+        let get = |cfg: &IngestConfig| {
+            let mut c = ClientConfig::new();
+            bound_prefetch(cfg, &mut c);
+            c.get("queued.max.messages.kbytes").map(str::to_owned)
+        };
+        let aligned = IngestConfig::default();
+        assert_eq!(aligned.role, Role::All);
+        assert!(aligned.align_skew_ms > 0);
+        let queues = aligned.topics.event_topics().len() * 4;
+        assert_eq!(get(&aligned), Some((16384 / queues).max(512).to_string()));
+        let facts = IngestConfig {
+            role: Role::Facts,
+            ..IngestConfig::default()
+        };
+        assert_eq!(get(&facts), Some("16384".into()), "one queue: all 16 MB");
+        let mut set = IngestConfig::default();
+        set.kafka_properties
+            .insert("queued.max.messages.kbytes".into(), "64".into());
+        assert_eq!(get(&set), None, "left to the operator's value");
+    }
 
     #[test]
     fn only_the_narratives_role_commits_under_a_group_of_its_own() {

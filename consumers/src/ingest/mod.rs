@@ -48,7 +48,7 @@ use crate::narrative::filter::RebuildGate;
 use crate::narrative::projector::{LoadError, Projector};
 use crate::telemetry::Telemetry;
 use batch::PartitionState;
-use config::{ensure_topics, kafka_config};
+use config::{bound_prefetch, ensure_topics, kafka_config};
 use flush::{Flusher, FlusherSlot};
 use lag::spawn_lag_monitor;
 use rebalance::RebalanceWatch;
@@ -233,23 +233,7 @@ impl Ingestor {
             // evict us for it.
             .set("max.poll.interval.ms", "3600000")
             .set("fetch.wait.max.ms", "100");
-        // librdkafka prefetches up to 64 MB by default; 16 MB keeps a backlog's records in
-        // Kafka rather than in this process, and still covers many batches. With one queue
-        // per partition (`align`) the bound applies to each, so the 16 MB are shared out
-        // among the partitions expected (`partitions` per event topic; the count is not
-        // known before assignment, so topics with more partitions prefetch more).
-        if !cfg
-            .kafka_properties
-            .contains_key("queued.max.messages.kbytes")
-        {
-            let queues = if cfg.role != Role::Facts && cfg.align_skew_ms > 0 {
-                cfg.topics.event_topics().len() * cfg.partitions.max(1) as usize
-            } else {
-                1
-            };
-            let kbytes = (16384 / queues.max(1)).max(512);
-            consumer_config.set("queued.max.messages.kbytes", kbytes.to_string());
-        }
+        bound_prefetch(&cfg, &mut consumer_config);
         let consumer: StreamConsumer<RebalanceWatch> =
             consumer_config.create_with_context(watch)?;
         let dlq = dead_letter::producer(&cfg)?;

@@ -243,7 +243,7 @@ impl Projector {
         );
         Ok(Self {
             store,
-            graph: Graph::new(),
+            graph: Graph::with_budget(max_nodes),
             clock: VersionClock::after(newest),
             progress,
             max_nodes,

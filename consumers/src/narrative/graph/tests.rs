@@ -241,6 +241,28 @@ fn eviction_drops_whole_stale_components_and_keeps_the_current_pass() {
     assert!(g.is_empty());
 }
 
+/// The projector's cycle (a pass, then eviction once over the budget, down to 3/4 of it)
+/// never makes the node table or the index grow: they were sized for the budget at start.
+#[test]
+fn a_graph_at_its_budget_never_grows_its_tables() {
+    let mut g = Graph::with_budget(20);
+    let room = (g.nodes.capacity(), g.index.capacity());
+    assert!(room.0 >= 30 && room.1 >= 30, "{room:?}");
+    for pass in 0..40 {
+        g.begin_pass();
+        let p: &'static str = Box::leak(format!("p{pass}-").into_boxed_str());
+        for (kind, id, r, links) in flow("req", p) {
+            let n = g.add_event(NodeKey::event("t", kind, id), r, 0, &links);
+            let seeds = g.seeds(n);
+            g.settle(&seeds);
+        }
+        if g.len() > 20 {
+            g.evict(15);
+        }
+    }
+    assert_eq!((g.nodes.capacity(), g.index.capacity()), room);
+}
+
 #[test]
 fn a_colored_node_stays_while_a_kept_component_borders_it() {
     let mut g = Graph::new();
